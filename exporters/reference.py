@@ -1,0 +1,164 @@
+"""The float64 numpy reference forward: the oracle every export is validated against.
+
+Written for clarity, not speed: one token sequence (batch 1), dense causal attention, keys stored
+after RoPE at their absolute positions in a growing cache. It follows `transformers`' Llama/Qwen2
+modeling code (rotate-half RoPE, RMSNorm in full precision, GQA by repeating KV heads) and is
+checked against it in tests/test_parity_transformers.py.
+
+    model = ReferenceModel(ckpt.args, ckpt.weights)
+    logits = model.forward(ids)                     # [T, V], whole sequence
+    cache = DenseKVCache(); model.forward(prompt, cache); model.forward([next_id], cache)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+
+
+@dataclass
+class DenseKVCache:
+    """A growing cache: per layer K and V `[Hkv, T, D]` (K after RoPE) and the keys' positions `[T]`."""
+
+    keys: list[np.ndarray] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+
+def _f64(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    # x: [T, H]
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE on the first `2 * cos.shape[-1]` dims of x [heads, T, D]; cos/sin [T, rot/2]."""
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+
+
+class ReferenceModel:
+    """Float64 forward of a Llama-family decoder from `ModelWeights` (per-layer widths may differ)."""
+
+    def __init__(self, args: ModelArgs, weights: ModelWeights):
+        self.args = args
+        self.embed = _f64(weights.embed)
+        self.lm_head = self.embed if weights.lm_head is weights.embed else _f64(weights.lm_head)
+        self.final_norm = _f64(weights.final_norm)
+        self.layers = [
+            LayerWeights(**{f.name: _f64(getattr(lw, f.name)) for f in fields(LayerWeights)}) for lw in weights.layers
+        ]
+        self.inv_freq = args.rope.inv_freq(args.head_dim)  # [rot/2] float64
+
+    def rope_cos_sin(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]  # [T, rot/2]
+        return np.cos(angles), np.sin(angles)
+
+    def forward(self, ids: Sequence[int] | np.ndarray, cache: DenseKVCache | None = None) -> np.ndarray:
+        """Logits [T, V] for `ids`, continuing `cache` (which grows by T) when given."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        cache = cache if cache is not None else DenseKVCache()
+        start = len(cache)
+        positions = np.arange(start, start + ids.shape[0], dtype=np.int64)
+        cache.positions = np.concatenate([cache.positions, positions])
+        cos, sin = self.rope_cos_sin(positions)
+        eps = self.args.rms_norm_eps
+
+        x = self.embed[ids]  # [T, H]
+        for i, lw in enumerate(self.layers):
+            x = x + self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
+            x = x + self._mlp(lw, rms_norm(x, lw.mlp_norm, eps))
+        return rms_norm(x, self.final_norm, eps) @ self.lm_head.T  # [T, V]
+
+    def _attention(
+        self,
+        i: int,
+        lw: LayerWeights,
+        h: np.ndarray,
+        positions: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        cache: DenseKVCache,
+    ) -> np.ndarray:
+        d = self.args.head_dim
+        t = h.shape[0]
+        hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+
+        def proj(w: np.ndarray, b: np.ndarray | None, heads: int) -> np.ndarray:
+            y = h @ w.T if b is None else h @ w.T + b  # [T, heads*D]
+            return y.reshape(t, heads, d).transpose(1, 0, 2)  # [heads, T, D]
+
+        q = apply_rope(proj(lw.q, lw.q_bias, hq), cos, sin)
+        k = apply_rope(proj(lw.k, lw.k_bias, hkv), cos, sin)
+        v = proj(lw.v, lw.v_bias, hkv)
+        if i < len(cache.keys):
+            cache.keys[i] = np.concatenate([cache.keys[i], k], axis=1)
+            cache.values[i] = np.concatenate([cache.values[i], v], axis=1)
+        else:
+            cache.keys.append(k)
+            cache.values.append(v)
+        keys = np.repeat(cache.keys[i], hq // hkv, axis=0)  # [Hq, Tk, D]
+        values = np.repeat(cache.values[i], hq // hkv, axis=0)
+
+        scores = q @ keys.transpose(0, 2, 1) / np.sqrt(d)  # [Hq, T, Tk]
+        key_pos = cache.positions[None, :]
+        allowed = key_pos <= positions[:, None]
+        if self.args.sliding_window is not None:
+            allowed &= key_pos > positions[:, None] - self.args.sliding_window
+        scores = np.where(allowed[None], scores, -np.inf)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = (probs @ values).transpose(1, 0, 2).reshape(t, hq * d)  # [T, Hq*D]
+        out = out @ lw.o.T
+        return out if lw.o_bias is None else out + lw.o_bias
+
+    @staticmethod
+    def _mlp(lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+        gate = h @ lw.gate.T if lw.gate_bias is None else h @ lw.gate.T + lw.gate_bias
+        up = h @ lw.up.T if lw.up_bias is None else h @ lw.up.T + lw.up_bias
+        out = (silu(gate) * up) @ lw.down.T
+        return out if lw.down_bias is None else out + lw.down_bias
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def perplexity(model: ReferenceModel, ids: Sequence[int] | np.ndarray) -> float:
+    """exp(mean NLL of ids[1:] given their prefixes), one forward over the whole sequence."""
+    ids = np.asarray(ids, dtype=np.int64)
+    logp = log_softmax(model.forward(ids[:-1]))
+    return float(np.exp(-logp[np.arange(ids.shape[0] - 1), ids[1:]].mean()))
+
+
+def greedy_generate(
+    model: ReferenceModel, prompt: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()
+) -> list[int]:
+    """Greedy decoding with the growing cache; stops after an EOS id (included) or max_new_tokens."""
+    cache = DenseKVCache()
+    logits = model.forward(prompt, cache)[-1]
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(np.argmax(logits))
+        out.append(token)
+        if token in eos_ids:
+            break
+        logits = model.forward([token], cache)[-1]
+    return out

@@ -1,0 +1,185 @@
+"""A numpy reader for safetensors checkpoints: memory-mapped, single file or sharded, no torch.
+
+File format: an 8-byte little-endian header length N, N bytes of JSON
+({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}), then the raw
+little-endian tensor bytes, offsets relative to the end of the header.
+
+Float tensors come back as float32: fp16 widens exactly, and bf16 is the top half of an fp32, so
+`(u16 << 16).view(float32)` is exact too.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from edge_runtime.errors import CheckpointError, CorruptCheckpointError
+
+_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's own limit
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16) -> float32, exactly."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+class SafetensorsFile:
+    """One `.safetensors` file, validated on open, tensors memory-mapped on demand."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            size = self.path.stat().st_size
+            with self.path.open("rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise self._corrupt(f"file is {size} bytes, shorter than the 8-byte header length")
+                (n,) = struct.unpack("<Q", head)
+                if n > _MAX_HEADER or 8 + n > size:
+                    raise self._corrupt(f"header length {n} does not fit in a {size}-byte file (truncated?)")
+                header_bytes = f.read(n)
+        except OSError as e:
+            raise CheckpointError(f"cannot read '{self.path}': {e.strerror or e}") from e
+        try:
+            header = json.loads(header_bytes)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise self._corrupt(f"header is not valid JSON ({e})") from e
+        if not isinstance(header, dict):
+            raise self._corrupt("header is not a JSON object")
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + n
+        self._data_size = size - self._data_start
+        self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            self._entries[name] = self._check_entry(name, info)
+        self._mmap: np.memmap | None = None
+
+    def _corrupt(self, why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"'{self.path}' is not a valid safetensors file: {why}")
+
+    def _check_entry(self, name: str, info: object) -> tuple[str, tuple[int, ...], int, int]:
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]  # type: ignore[index]
+        except (TypeError, KeyError, ValueError) as e:
+            raise self._corrupt(f"tensor '{name}' has a malformed header entry {info!r}") from e
+        if dtype_name not in _DTYPES:
+            raise self._corrupt(f"tensor '{name}' has unsupported dtype {dtype_name!r}")
+        dtype = _DTYPES[dtype_name]
+        if not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise self._corrupt(f"tensor '{name}' has an invalid shape {list(shape)}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end and end - begin == nbytes):
+            raise self._corrupt(f"tensor '{name}' offsets {[begin, end]} do not match {dtype_name}{list(shape)}")
+        if end > self._data_size:
+            raise self._corrupt(
+                f"tensor '{name}' ends at byte {end} of a {self._data_size}-byte data section (file truncated?)"
+            )
+        return dtype_name, shape, begin, end
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def dtype_name(self, name: str) -> str:
+        return self._entries[name][0]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._entries[name][1]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored bytes as a read-only memory-mapped array (bf16 as uint16)."""
+        dtype_name, shape, begin, end = self._entries[name]
+        if self._mmap is None:
+            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
+        buf = self._mmap[self._data_start + begin : self._data_start + end]
+        return buf.view(_DTYPES[dtype_name]).reshape(shape)
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor; fp16/bf16 widened to float32 (exactly), others as stored."""
+        dtype_name, arr = self._entries[name][0], self.raw(name)
+        if dtype_name == "BF16":
+            return bf16_to_f32(arr)
+        if dtype_name == "F16":
+            return arr.astype(np.float32)
+        return arr
+
+
+class CheckpointTensors(Mapping[str, np.ndarray]):
+    """All tensors of a checkpoint directory, by name, across shards. Loads lazily on `[name]`."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self._where: dict[str, SafetensorsFile] = {}
+        index = self.directory / "model.safetensors.index.json"
+        if index.is_file():
+            self._open_index(index)
+        else:
+            files = sorted(self.directory.glob("*.safetensors"))
+            if not files:
+                raise CheckpointError(
+                    f"no model.safetensors or model.safetensors.index.json in '{self.directory}'; "
+                    "export the checkpoint with safe_serialization=True"
+                )
+            for path in files:
+                self._add(SafetensorsFile(path), expect=None)
+
+    def _open_index(self, index: Path) -> None:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            assert isinstance(weight_map, dict)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+            raise CorruptCheckpointError(f"'{index}' is not a valid index (needs a 'weight_map' object): {e}") from e
+        by_file: dict[str, set[str]] = {}
+        for name, file in weight_map.items():
+            by_file.setdefault(file, set()).add(name)
+        for file, names in sorted(by_file.items()):
+            path = self.directory / file
+            if not path.is_file():
+                raise CheckpointError(f"shard '{file}' named in '{index.name}' is missing from '{self.directory}'")
+            self._add(SafetensorsFile(path), expect=names)
+
+    def _add(self, f: SafetensorsFile, expect: set[str] | None) -> None:
+        present = set(f.names)
+        if expect is not None and expect - present:
+            missing = sorted(expect - present)
+            raise CorruptCheckpointError(
+                f"index says '{f.path.name}' holds {missing[:3]} but the shard does not (mismatched shards?)"
+            )
+        for name in f.names if expect is None else sorted(expect):
+            if name in self._where:
+                raise CorruptCheckpointError(
+                    f"tensor '{name}' appears in both '{self._where[name].path.name}' and '{f.path.name}'"
+                )
+            self._where[name] = f
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._where[name].get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._where[name].shape(name)
+
+    @property
+    def files(self) -> list[Path]:
+        return sorted({f.path for f in self._where.values()})

@@ -1,0 +1,57 @@
+"""Architecture knowledge: one small file per Hugging Face `model_type`, resolved through an alias table.
+
+arch = get_arch(config)          # Architecture for config["model_type"]
+args = arch.parse(config)        # typed ModelArgs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edge_runtime.errors import UnsupportedArchitectureError
+
+from . import llama, qwen2
+from .base import Architecture, LayerWeights, ModelArgs, ModelWeights, RopeConfig, WeightNames
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (llama.ARCH, qwen2.ARCH)}
+
+# model_type -> architecture file, where the model is the same network under another name.
+ALIASES: dict[str, str] = {"mistral": "llama"}
+
+# The demo checkpoint trained by scripts/train_demo_model.py and shipped with the package.
+DEMO_MODEL = "shakespeare-llama-5m"
+CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
+DEMO_CHECKPOINT = CHECKPOINTS_DIR / DEMO_MODEL
+
+
+def supported_model_types() -> list[str]:
+    return sorted([*ARCHITECTURES, *ALIASES])
+
+
+def get_arch(config: dict[str, Any] | str) -> Architecture:
+    """The architecture for a config dict (or a bare `model_type` string)."""
+    model_type = config if isinstance(config, str) else config.get("model_type")
+    name = ALIASES.get(model_type, model_type) if isinstance(model_type, str) else None
+    if name not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(supported_model_types())}"
+        )
+    return ARCHITECTURES[name]
+
+
+__all__ = [
+    "ALIASES",
+    "ARCHITECTURES",
+    "CHECKPOINTS_DIR",
+    "DEMO_CHECKPOINT",
+    "DEMO_MODEL",
+    "Architecture",
+    "LayerWeights",
+    "ModelArgs",
+    "ModelWeights",
+    "RopeConfig",
+    "WeightNames",
+    "get_arch",
+    "supported_model_types",
+]

@@ -1,0 +1,376 @@
+"""The uniform contract every architecture file fills in: typed args, RoPE settings, weight names.
+
+An architecture file (`llama.py`, `qwen2.py`, ...) declares an `Architecture`: a `parse(config) ->
+ModelArgs` function and the Hugging Face tensor names of its weights. Everything else (loading,
+the reference forward, graph building) is generic over these and never branches on `model_type`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.errors import ConfigError, WeightMappingError
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json readers: one place that type-checks and names the offending key
+# ---------------------------------------------------------------------------------------------
+
+
+def req_int(cfg: dict[str, Any], key: str) -> int:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"config.json: required key '{key}' is missing; it must be a positive integer")
+    return _as_int(cfg, key)
+
+
+def opt_int(cfg: dict[str, Any], key: str, default: int | None) -> int | None:
+    return default if cfg.get(key) is None else _as_int(cfg, key)
+
+
+def opt_float(cfg: dict[str, Any], key: str, default: float) -> float:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"config.json: '{key}' = {value!r} must be a finite number")
+    return float(value)
+
+
+def opt_bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"config.json: '{key}' = {value!r} must be true or false")
+    return value
+
+
+def _as_int(cfg: dict[str, Any], key: str) -> int:
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config.json: '{key}' = {value!r} must be a positive integer")
+    return value
+
+
+def _token_ids(value: Any, key: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ConfigError(f"config.json: '{key}' = {value!r} must be a token id or a list of token ids")
+    return tuple(values)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding settings, normalised from either config vintage.
+
+    transformers >= 5 writes `rope_parameters` (with `rope_theta` inside); older configs use
+    top-level `rope_theta` and `rope_scaling` ({"type"|"rope_type": ...}).
+    """
+
+    theta: float = 10000.0
+    rope_type: str = "default"  # one of ROPE_TYPES
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+    partial_rotary_factor: float = 1.0
+
+    def rotary_dim(self, head_dim: int) -> int:
+        dim = int(head_dim * self.partial_rotary_factor)
+        return dim - dim % 2
+
+    def inv_freq(self, head_dim: int) -> np.ndarray:
+        """[rotary_dim // 2] float64 angular frequencies, scaling applied (matches transformers)."""
+        dim = self.rotary_dim(head_dim)
+        inv = 1.0 / (self.theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+        if self.rope_type == "linear":
+            return inv / self.factor
+        if self.rope_type == "llama3":
+            low_wavelen = self.original_max_position / self.low_freq_factor
+            high_wavelen = self.original_max_position / self.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
+            smooth = (self.original_max_position / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            return np.where(medium, smoothed, scaled)
+        return inv
+
+
+def parse_rope(cfg: dict[str, Any]) -> RopeConfig:
+    params = cfg.get("rope_parameters")
+    if params is None:
+        params = dict(cfg.get("rope_scaling") or {})
+        params.setdefault("rope_theta", cfg.get("rope_theta"))
+    if not isinstance(params, dict):
+        raise ConfigError(f"config.json: 'rope_parameters' = {params!r} must be an object")
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(
+            f"config.json: RoPE scaling type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
+        )
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    rope = RopeConfig(
+        theta=opt_float(params, "rope_theta", 10000.0),
+        rope_type=rope_type,
+        factor=opt_float(params, "factor", 1.0),
+        low_freq_factor=opt_float(params, "low_freq_factor", 1.0),
+        high_freq_factor=opt_float(params, "high_freq_factor", 4.0),
+        original_max_position=opt_int(params, "original_max_position_embeddings", 8192) or 8192,
+        partial_rotary_factor=opt_float({"p": partial}, "p", 1.0),
+    )
+    if rope_type != "default" and rope.factor <= 0:
+        raise ConfigError(f"config.json: RoPE scaling factor {rope.factor} must be > 0")
+    if not 0 < rope.partial_rotary_factor <= 1:
+        raise ConfigError(f"config.json: 'partial_rotary_factor' = {partial!r} must be in (0, 1]")
+    if rope_type == "llama3" and rope.high_freq_factor <= rope.low_freq_factor:
+        raise ConfigError("config.json: llama3 RoPE needs high_freq_factor > low_freq_factor")
+    return rope
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed model arguments
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Everything the exporter needs to know about a decoder, parsed once from `config.json`.
+
+    Widths here are the checkpoint's nominal ones; a pruned model's per-layer widths are read from
+    its weight shapes (see `LayerWeights`).
+    """
+
+    model_type: str  # as written in config.json (e.g. "mistral")
+    arch: str  # the architecture file that handles it (e.g. "llama")
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # attention span in tokens (Mistral); None = full causal
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.rope.rotary_dim(self.head_dim)
+
+
+def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
+    """The keys shared by the Llama family; `flags` are the arch file's own (bias, window ...)."""
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ConfigError(f"config.json: 'hidden_act' = {act!r} is not supported; supported: silu")
+    hidden = req_int(cfg, "hidden_size")
+    heads = req_int(cfg, "num_attention_heads")
+    kv_heads = opt_int(cfg, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(
+            f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
+    head_dim = opt_int(cfg, "head_dim", None)
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigError(
+                f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set 'head_dim'"
+            )
+        head_dim = hidden // heads
+    bos = _token_ids(cfg.get("bos_token_id"), "bos_token_id")
+    return ModelArgs(
+        model_type=str(cfg.get("model_type")),
+        arch=arch,
+        vocab_size=req_int(cfg, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=req_int(cfg, "intermediate_size"),
+        num_layers=req_int(cfg, "num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=opt_float(cfg, "rms_norm_eps", 1e-6),
+        rope=parse_rope(cfg),
+        tie_word_embeddings=opt_bool(cfg, "tie_word_embeddings", False),
+        max_position_embeddings=opt_int(cfg, "max_position_embeddings", 2048) or 2048,
+        bos_token_id=bos[0] if bos else None,
+        eos_token_ids=_token_ids(cfg.get("eos_token_id"), "eos_token_id"),
+        **flags,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights: names in the checkpoint -> typed arrays, consuming every tensor
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, in Hugging Face layout: Linear weights are [out, in]."""
+
+    attn_norm: np.ndarray  # [H]
+    q: np.ndarray  # [Hq*D, H]
+    k: np.ndarray  # [Hkv*D, H]
+    v: np.ndarray  # [Hkv*D, H]
+    o: np.ndarray  # [H, Hq*D]
+    mlp_norm: np.ndarray  # [H]
+    gate: np.ndarray  # [I, H]
+    up: np.ndarray  # [I, H]
+    down: np.ndarray  # [H, I]
+    q_bias: np.ndarray | None = None  # [Hq*D]
+    k_bias: np.ndarray | None = None  # [Hkv*D]
+    v_bias: np.ndarray | None = None  # [Hkv*D]
+    o_bias: np.ndarray | None = None  # [H]
+    gate_bias: np.ndarray | None = None  # [I]
+    up_bias: np.ndarray | None = None  # [I]
+    down_bias: np.ndarray | None = None  # [H]
+
+    def num_heads(self, head_dim: int) -> int:
+        return self.q.shape[0] // head_dim
+
+    def num_kv_heads(self, head_dim: int) -> int:
+        return self.k.shape[0] // head_dim
+
+
+@dataclass
+class ModelWeights:
+    embed: np.ndarray  # [V, H]
+    final_norm: np.ndarray  # [H]
+    lm_head: np.ndarray  # [V, H]; the same array as `embed` when tied
+    layers: list[LayerWeights] = field(default_factory=list)
+
+
+_BIAS_FLAGS = {
+    "qkv_bias": ("q_bias", "k_bias", "v_bias"),
+    "o_bias": ("o_bias",),
+    "mlp_bias": ("gate_bias", "up_bias", "down_bias"),
+}
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """HF tensor-name templates; `{i}` is the layer index. `ignore` matches buffers to skip."""
+
+    embed: str
+    final_norm: str
+    lm_head: str
+    layer: dict[str, str]  # LayerWeights field -> template
+    ignore: tuple[str, ...] = ()  # regexes of tensors that carry no weights (e.g. old inv_freq buffers)
+
+    def bind(self, args: ModelArgs, names: Collection[str], load: Callable[[str], np.ndarray]) -> ModelWeights:
+        """Load every weight `args` calls for; every tensor in `names` must be used or ignorable."""
+        available = set(names)
+        used: set[str] = set()
+
+        def take(name: str) -> np.ndarray:
+            if name not in available:
+                raise WeightMappingError(
+                    f"checkpoint has no tensor '{name}', which a {args.model_type} model with this config needs"
+                )
+            used.add(name)
+            return load(name)
+
+        wanted = {"attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down"}
+        for flag, fields in _BIAS_FLAGS.items():
+            if getattr(args, flag):
+                wanted.update(fields)
+        layers = [
+            LayerWeights(**{f: take(t.format(i=i)) for f, t in self.layer.items() if f in wanted})
+            for i in range(args.num_layers)
+        ]
+        embed = take(self.embed)
+        if args.tie_word_embeddings:
+            lm_head = embed
+            used.add(self.lm_head)  # some exporters save the tied copy too; transformers ignores it
+        else:
+            lm_head = take(self.lm_head)
+        weights = ModelWeights(embed=embed, final_norm=take(self.final_norm), lm_head=lm_head, layers=layers)
+
+        leftover = sorted(n for n in available - used if not any(re.fullmatch(p, n) for p in self.ignore))
+        if leftover:
+            more = f" and {len(leftover) - 5} more" if len(leftover) > 5 else ""
+            raise WeightMappingError(
+                f"checkpoint tensor(s) {', '.join(repr(n) for n in leftover[:5])}{more} are not used by the "
+                f"{args.model_type} weight map; the config and the weights disagree (wrong model_type or layer count?)"
+            )
+        check_shapes(args, weights, self)
+        return weights
+
+
+def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
+    """Shapes must agree with the config; per-layer widths may differ (pruned models) but be consistent."""
+    h, d, v = args.hidden_size, args.head_dim, args.vocab_size
+
+    def expect(name: str, arr: np.ndarray, shape: tuple[int, ...]) -> None:
+        if tuple(arr.shape) != shape:
+            raise WeightMappingError(f"tensor '{name}' has shape {tuple(arr.shape)}, expected {shape} from config.json")
+
+    expect(names.embed, w.embed, (v, h))
+    expect(names.final_norm, w.final_norm, (h,))
+    if not args.tie_word_embeddings:
+        expect(names.lm_head, w.lm_head, (v, h))
+    for i, lw in enumerate(w.layers):
+
+        def n(f: str, i: int = i) -> str:
+            return names.layer[f].format(i=i)
+
+        q_out, kv_out, inter = lw.q.shape[0], lw.k.shape[0], lw.gate.shape[0]
+        if q_out % d or kv_out % d or q_out == 0 or kv_out == 0 or (q_out // d) % (kv_out // d):
+            raise WeightMappingError(
+                f"tensors '{n('q')}' {lw.q.shape} / '{n('k')}' {lw.k.shape}: rows must be whole heads of "
+                f"head_dim {d}, query heads a multiple of KV heads"
+            )
+        for f, shape in (
+            ("attn_norm", (h,)),
+            ("q", (q_out, h)),
+            ("k", (kv_out, h)),
+            ("v", (kv_out, h)),
+            ("o", (h, q_out)),
+            ("mlp_norm", (h,)),
+            ("gate", (inter, h)),
+            ("up", (inter, h)),
+            ("down", (h, inter)),
+            ("q_bias", (q_out,)),
+            ("k_bias", (kv_out,)),
+            ("v_bias", (kv_out,)),
+            ("o_bias", (h,)),
+            ("gate_bias", (inter,)),
+            ("up_bias", (inter,)),
+            ("down_bias", (h,)),
+        ):
+            arr = getattr(lw, f)
+            if arr is not None:
+                expect(n(f), arr, shape)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What an architecture file registers: its name, config parser and weight names."""
+
+    name: str
+    parse: Callable[[dict[str, Any]], ModelArgs]
+    weights: WeightNames

@@ -1,0 +1,98 @@
+"""Tiny random Hugging Face checkpoints, made on the fly with `transformers` (dev extra).
+
+`TINY_CONFIGS` is the registry the meta-test checks: every architecture and alias in
+`edge_runtime.models` must have at least one entry here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+_BASE: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-tied": {**_BASE, "model_type": "llama", "tie_word_embeddings": True},
+    "llama-untied": {**_BASE, "model_type": "llama", "tie_word_embeddings": False, "num_hidden_layers": 3},
+    # original_max_position 32 with head_dim 16 puts frequencies in all three llama3 bands.
+    "llama-llama3-rope": {
+        **_BASE,
+        "model_type": "llama",
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    },
+    "llama-linear-rope-bias": {
+        **_BASE,
+        "model_type": "llama",
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    },
+    # A window shorter than the 64-token parity prompt, so the sliding mask is exercised.
+    "mistral-window": {**_BASE, "model_type": "mistral", "tie_word_embeddings": False, "sliding_window": 24},
+    "qwen2": {
+        **_BASE,
+        "model_type": "qwen2",
+        "tie_word_embeddings": False,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "use_sliding_window": False,
+    },
+}
+
+
+def make_hf_model(name: str, seed: int = 0, **overrides: Any):
+    """A `transformers` model of a tiny config with every parameter randomised (biases and norms too)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {**TINY_CONFIGS[name], **overrides}
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    return model.eval()
+
+
+def save_tiny_checkpoint(
+    name: str,
+    directory: Path,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_shard_size: str | None = None,
+    **overrides: Any,
+):
+    """Save a tiny random checkpoint to `directory`; returns the fp32 `transformers` model it came from."""
+    import torch
+
+    model = make_hf_model(name, seed, **overrides)
+    saved = model.to(getattr(torch, dtype))
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    saved.save_pretrained(directory, safe_serialization=True, **kwargs)
+    return saved.to(torch.float32)
