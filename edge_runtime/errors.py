@@ -29,3 +29,51 @@ class UnsupportedArchitectureError(ConfigError):
 
 class WeightMappingError(CheckpointError):
     """Checkpoint tensors that do not match the architecture's weight map (missing, unused or mis-shaped)."""
+
+
+class ExportError(EdgeRuntimeError):
+    """An export that cannot be completed (bad option, validation failure, write failure)."""
+
+
+class ValidationError(ExportError):
+    """An exported graph that disagrees with the float64 reference beyond its precision's tolerance."""
+
+
+class BundleError(EdgeRuntimeError):
+    """A bundle directory that is missing files, fails its checksums or has an invalid manifest."""
+
+
+class ManifestVersionError(BundleError):
+    """A bundle written in a format version this runtime does not read."""
+
+
+class TargetError(EdgeRuntimeError):
+    """A device target that cannot be loaded or detected."""
+
+
+class UnknownTargetError(TargetError):
+    """A target name that is neither a built-in profile nor a readable profile file."""
+
+
+class ProfileSchemaError(TargetError):
+    """A target profile YAML with an unknown key, a missing key or an ill-typed value."""
+
+
+class DetectionError(TargetError):
+    """`--target auto` could not tell which profile fits this machine."""
+
+
+class TelemetryError(EdgeRuntimeError):
+    """A power meter that cannot be opened or read."""
+
+
+class SensorUnavailableError(TelemetryError):
+    """A power meter whose sensor is absent on this machine (no such device, command or library)."""
+
+
+class SensorPermissionError(SensorUnavailableError):
+    """A sensor that exists but this user may not read (e.g. RAPL `energy_uj`, root-only since CVE-2020-8694)."""
+
+
+class SensorReadError(TelemetryError):
+    """A sensor read that failed after the meter was opened (device vanished, garbled value, command failed)."""

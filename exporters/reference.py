@@ -162,3 +162,50 @@ def greedy_generate(
             break
         logits = model.forward([token], cache)[-1]
     return out
+
+
+class StreamingReference:
+    """A plain transcription of StreamingLLM's semantics (mit-han-lab `StartRecentKVCache` with
+    position shift), one token at a time: per layer the *pre-RoPE* keys and the values of the
+    retained tokens (S sinks + the W - 1 most recent), re-rotated every step at their positions
+    within the cache; the query sits at the last cache position. Deliberately naive: it shares no
+    code path with the ring buffer it validates.
+    """
+
+    def __init__(self, model: ReferenceModel, sinks: int, window: int):
+        self.model, self.sinks, self.window = model, sinks, window
+        self.keys: list[list[np.ndarray]] = [[] for _ in model.layers]  # per layer: [Hkv, D] per retained token
+        self.values: list[list[np.ndarray]] = [[] for _ in model.layers]
+        self.tokens = 0
+
+    def step(self, token: int) -> np.ndarray:
+        """Logits [V] for the next token of the stream."""
+        m, d = self.model, self.model.args.head_dim
+        eps = m.args.rms_norm_eps
+        x = m.embed[[token]]  # [1, H]
+        for i, lw in enumerate(m.layers):
+            h = rms_norm(x, lw.attn_norm, eps)
+            hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+            q = (h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(hq, 1, d)
+            k = (h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(hkv, d)
+            v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(hkv, d)
+            self.keys[i].append(k)
+            self.values[i].append(v)
+            n = len(self.keys[i])
+            cos, sin = m.rope_cos_sin(np.arange(n))  # positions within the cache: 0 .. n-1
+            keys = apply_rope(np.stack(self.keys[i], axis=1), cos, sin)  # [Hkv, n, D]
+            q = apply_rope(q, cos[-1:], sin[-1:])  # the query at cache position n - 1
+            keys = np.repeat(keys, hq // hkv, axis=0)
+            values = np.repeat(np.stack(self.values[i], axis=1), hq // hkv, axis=0)
+            scores = (q @ keys.transpose(0, 2, 1))[:, 0, :] / np.sqrt(d)  # [Hq, n]
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            attn = np.einsum("hn,hnd->hd", probs, values).reshape(1, hq * d) @ lw.o.T
+            x = x + (attn if lw.o_bias is None else attn + lw.o_bias)
+            x = x + m._mlp(lw, rms_norm(x, lw.mlp_norm, eps))
+        self.tokens += 1
+        # Evict: keep the sinks and the W - 1 most recent, so the next token attends S + W.
+        for cache in (*self.keys, *self.values):
+            if len(cache) > self.sinks + self.window - 1:
+                del cache[self.sinks]
+        return (rms_norm(x, m.final_norm, eps) @ m.lm_head.T)[0]

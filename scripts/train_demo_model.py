@@ -176,7 +176,7 @@ def main() -> None:
         num_hidden_layers=6,
         num_attention_heads=8,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=CTX,
         rms_norm_eps=1e-5,
         rope_theta=ROPE_THETA,
         tie_word_embeddings=True,

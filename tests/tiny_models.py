@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 _BASE: dict[str, Any] = dict(
-    vocab_size=256,
+    vocab_size=320,
     hidden_size=64,
     intermediate_size=96,
     num_hidden_layers=2,
@@ -19,8 +19,8 @@ _BASE: dict[str, Any] = dict(
     max_position_embeddings=512,
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
-    bos_token_id=1,
-    eos_token_id=2,
+    bos_token_id=0,
+    eos_token_id=1,
 )
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -80,6 +80,30 @@ def make_hf_model(name: str, seed: int = 0, **overrides: Any):
     return model.eval()
 
 
+_TEXT = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
+    "arrows of outrageous fortune, or to take arms against a sea of troubles and by opposing end them. "
+) * 4
+
+
+def write_tiny_tokenizer(path: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer (BOS prepended like Llama's) sized to a tiny config's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_TEXT], trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(str(path))
+
+
 def save_tiny_checkpoint(
     name: str,
     directory: Path,
@@ -95,4 +119,5 @@ def save_tiny_checkpoint(
     saved = model.to(getattr(torch, dtype))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     saved.save_pretrained(directory, safe_serialization=True, **kwargs)
+    write_tiny_tokenizer(Path(directory) / "tokenizer.json", model.config.vocab_size)
     return saved.to(torch.float32)

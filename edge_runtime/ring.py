@@ -1,0 +1,150 @@
+"""StreamingLLM bookkeeping for the static ring-buffer KV cache (DESIGN.md §5). Pure numpy, no model knowledge.
+
+Buffer rows (per layer, K and V each `[1, H_kv, capacity, D]`):
+
+    | sink 0 .. sink S-1 | ring slot 0 .. ring slot R-1 |      R = W + slack
+      token t < S -> row t;  token t >= S -> row S + (t - S) mod R
+
+Keys are stored after RoPE at their absolute position and never move. A row attends the sinks plus the
+W most recent tokens (itself included). The query is rotated twice: at its absolute position for the
+window columns and at its *cache-logical* position min(t, S + W - 1) for the sink columns, which is
+exactly StreamingLLM's "positions within the cache". `slack` extra ring slots let a chunk of up to
+`slack + 1` tokens be prefilled past capacity without overwriting keys its own earlier rows still need.
+
+cos/sin are computed here in float64 (fp32 angles at position 1e7 are off by ~1 rad) and cast once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EdgeRuntimeError
+
+MASKED = -1e30  # additive mask value; finite so a fully-masked row would not produce NaN in fp32
+MASKED_FP16 = -65504.0
+
+
+@dataclass(frozen=True)
+class RingGeometry:
+    sinks: int  # S
+    window: int  # W: recent tokens attended, the current one included
+    slack: int = 0  # extra ring rows for chunked prefill past capacity
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0 or self.window < 1 or self.slack < 0:
+            raise EdgeRuntimeError(
+                f"invalid cache geometry sinks={self.sinks}, window={self.window}, slack={self.slack}: "
+                "need sinks >= 0, window >= 1, slack >= 0"
+            )
+
+    @property
+    def ring(self) -> int:
+        return self.window + self.slack
+
+    @property
+    def capacity(self) -> int:
+        """Rows of each K/V buffer."""
+        return self.sinks + self.ring
+
+    @property
+    def logical_capacity(self) -> int:
+        """Tokens one row attends at most: S + W."""
+        return self.sinks + self.window
+
+    def slot(self, t: int) -> int:
+        return t if t < self.sinks else self.sinks + (t - self.sinks) % self.ring
+
+    def max_chunk(self, t0: int) -> int:
+        """Most tokens from token index t0 that one graph call may take.
+
+        Rows must be contiguous (the in-graph scatter does not wrap), and once a chunk's writes evict
+        older tokens (token t >= capacity evicts t - R) it may hold at most slack + 1 tokens, or its
+        first row would lose a key inside its window.
+        """
+        contiguous = self.capacity - (t0 if t0 < self.sinks else self.slot(t0))
+        return min(contiguous, max(self.capacity - t0, self.slack + 1))
+
+
+@dataclass
+class StepInputs:
+    """Host-side graph inputs for one call covering tokens [t0, t0 + n)."""
+
+    write_index: np.ndarray  # [1] int64: buffer row of the first new token
+    cos: np.ndarray  # [n, R/2] at absolute positions
+    sin: np.ndarray
+    cos_sink: np.ndarray  # [n, R/2] at cache-logical positions (for the sink columns)
+    sin_sink: np.ndarray
+    attn_mask: np.ndarray  # [n, K] additive, K = attended columns (capacity, or capacity + n for `trt`)
+    sink_mask: np.ndarray  # [K] bool: column uses the sink-rotated query
+
+
+class RingState:
+    """What the host tracks per sequence: tokens processed and the position held by every buffer row."""
+
+    def __init__(self, geometry: RingGeometry, inv_freq: np.ndarray, position_offset: int = 0):
+        self.geometry = geometry
+        self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
+        self.position_offset = position_offset  # absolute position of token 0 (tests start it at 1e7)
+        self.tokens = 0
+        self.row_pos = np.full(geometry.capacity, -1, dtype=np.int64)  # -1: empty row
+
+    def reset(self) -> None:
+        self.tokens = 0
+        self.row_pos[:] = -1
+
+    def _angles(self, positions: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        a = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
+        return np.cos(a).astype(dtype), np.sin(a).astype(dtype)
+
+    def plan(self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32) -> StepInputs:
+        """Inputs for the next `n` tokens (n <= geometry.max_chunk(tokens)); advances the state.
+
+        `new_rows_as_columns`: the graph attends [buffer rows ..., this call's new rows] (the `trt`
+        flavor, which cannot update the buffer in place) instead of the updated buffer (`ort`).
+        """
+        g = self.geometry
+        t0 = self.tokens
+        if not 1 <= n <= g.max_chunk(t0):
+            raise EdgeRuntimeError(f"chunk of {n} tokens at token {t0} exceeds the ring's limit {g.max_chunk(t0)}")
+        steps = np.arange(t0, t0 + n, dtype=np.int64)
+        pos = steps + self.position_offset  # absolute positions
+        logical = np.minimum(steps, g.logical_capacity - 1) + self.position_offset
+        first = g.slot(t0)
+        rows = np.arange(first, first + n)
+
+        old = self.row_pos.copy()
+        self.row_pos[rows] = pos
+        if new_rows_as_columns:
+            col_pos = np.concatenate([old, pos])
+            col_sink = np.concatenate([np.arange(g.capacity) < g.sinks, steps < g.sinks])
+        else:
+            col_pos = self.row_pos
+            col_sink = np.arange(g.capacity) < g.sinks
+        diff = pos[:, None] - col_pos[None, :]  # [n, K]: how far back each column's token is
+        visible = (col_pos[None, :] >= 0) & (diff >= 0) & (col_sink[None, :] | (diff < g.window))
+        masked = MASKED_FP16 if np.dtype(dtype) == np.float16 else MASKED
+        cos, sin = self._angles(pos, dtype)
+        cos_s, sin_s = self._angles(logical, dtype)
+        self.tokens += n
+        return StepInputs(
+            write_index=np.array([first], dtype=np.int64),
+            cos=cos,
+            sin=sin,
+            cos_sink=cos_s,
+            sin_sink=sin_s,
+            attn_mask=np.where(visible, 0.0, masked).astype(dtype),
+            sink_mask=col_sink.copy(),
+        )
+
+    def chunks(self, n_tokens: int, max_chunk: int | None = None) -> list[int]:
+        """Split n_tokens (starting at the current state) into graph calls: at the ring's wrap point and,
+        past capacity, every slack + 1 tokens."""
+        sizes, t = [], self.tokens
+        while n_tokens > 0:
+            n = min(n_tokens, self.geometry.max_chunk(t), max_chunk or n_tokens)
+            sizes.append(n)
+            t += n
+            n_tokens -= n
+        return sizes

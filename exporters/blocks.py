@@ -1,0 +1,204 @@
+"""Graph blocks of a Llama-family decoder, each a free function over a GraphBuilder.
+
+Shapes: T = tokens in this call, H = hidden, D = head dim, R = rotary dim, Hq/Hkv = query/KV heads,
+G = Hq / Hkv, K = attended cache columns. Batch is 1 (an edge runtime serves one stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_runtime.models import LayerWeights
+
+from .graph import ONNX_DTYPE, GraphBuilder
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class FloatWeights:
+    """Weights stored as fp32 or fp16 initializers. The quantized formats implement the same two methods."""
+
+    storage: np.dtype
+
+    def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
+        """x [.., in] @ w.T (w is HF's [out, in]) + bias."""
+        wt = g.weight(f"{prefix}/weight", w.T.astype(self.storage))  # [in, out]
+        wt = self._to_compute(g, prefix, wt)
+        y = g.op("MatMul", [x, wt], f"{prefix}/MatMul")
+        if bias is not None:
+            y = g.op("Add", [y, g.const(bias.astype(g.dtype))], f"{prefix}/BiasAdd")
+        return y
+
+    def gather_rows(self, g: GraphBuilder, prefix: str, table: str, ids: str) -> str:
+        rows = g.op("Gather", [table, ids], f"{prefix}/Gather")
+        return self._to_compute(g, f"{prefix}/rows", rows)
+
+    def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
+        """A [V, H] table shared by the embedding Gather and a tied LM head."""
+        return g.weight(f"{prefix}/weight", w.astype(self.storage))
+
+    def matmul_table(self, g: GraphBuilder, prefix: str, x2d: str, table: str) -> str:
+        """x [N, H] @ table.T -> [N, V] without storing a transposed copy."""
+        return g.op("Gemm", [x2d, self._to_compute(g, f"{prefix}/table", table)], f"{prefix}/Gemm", transB=1)
+
+    def _to_compute(self, g: GraphBuilder, prefix: str, value: str) -> str:
+        if np.dtype(self.storage) == g.dtype:
+            return value
+        return g.op("Cast", [value], f"{prefix}/Cast", to=ONNX_DTYPE[g.dtype])
+
+
+# ------------------------------------------------------------------------------------------------
+#   x ──► Pow 2 ─► ReduceMean ─► + eps ─► Sqrt ─┐
+#   └──────────────────────────────────────────► Div ─► * weight ─► y
+# The pattern onnxruntime fuses into SimplifiedLayerNormalization. With fp16 activations it runs
+# in fp32: a sum of squares overflows fp16 for hidden values above ~256.
+# ------------------------------------------------------------------------------------------------
+def rms_norm(g: GraphBuilder, prefix: str, x: str, weight: np.ndarray, eps: float) -> str:
+    f32 = np.dtype(np.float32)
+    if g.dtype != f32:
+        x = g.op("Cast", [x], f"{prefix}/CastUp", to=ONNX_DTYPE[f32])
+    sq = g.op("Pow", [x, g.const(np.array(2.0, f32))], f"{prefix}/Pow")
+    mean = g.op("ReduceMean", [sq, g.const([-1])], f"{prefix}/ReduceMean", keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [mean, g.const(np.array(eps, f32))], f"{prefix}/AddEps")], f"{prefix}/Sqrt")
+    y = g.op("Mul", [g.op("Div", [x, std], f"{prefix}/Div"), g.const(weight.astype(f32))], f"{prefix}/MulWeight")
+    if g.dtype != f32:
+        y = g.op("Cast", [y], f"{prefix}/CastDown", to=ONNX_DTYPE[g.dtype])
+    return y
+
+
+# ------------------------------------------------------------------------------------------------
+#   x [.., R | D-R] ─► x1 = x[..:R/2], x2 = x[R/2:R], rest = x[R:]
+#   y = concat(x1*cos - x2*sin, x2*cos + x1*sin, rest)          (rotate-half, as in transformers)
+# cos/sin arrive from the host, already computed in float64 and broadcastable to x1.
+# ------------------------------------------------------------------------------------------------
+def rope(g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, rotary_dim: int, head_dim: int) -> str:
+    half = rotary_dim // 2
+
+    def part(lo: int, hi: int, tag: str) -> str:
+        return g.op("Slice", [x, g.const([lo]), g.const([hi]), g.const([-1])], f"{prefix}/Slice{tag}")
+
+    x1, x2 = part(0, half, "1"), part(half, rotary_dim, "2")
+    a = g.op(
+        "Sub", [g.op("Mul", [x1, cos], f"{prefix}/Mul1c"), g.op("Mul", [x2, sin], f"{prefix}/Mul2s")], f"{prefix}/Sub"
+    )
+    b = g.op(
+        "Add", [g.op("Mul", [x2, cos], f"{prefix}/Mul2c"), g.op("Mul", [x1, sin], f"{prefix}/Mul1s")], f"{prefix}/Add"
+    )
+    parts = [a, b] + ([part(rotary_dim, head_dim, "Rest")] if rotary_dim < head_dim else [])
+    return g.op("Concat", parts, f"{prefix}/Concat", axis=-1)
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """Graph inputs shared by every layer (see edge_runtime.ring.StepInputs)."""
+
+    cos_q: str  # [1, T, 1, 1, R/2]  absolute positions, broadcast over [1, T, Hkv, G, R/2]
+    sin_q: str
+    cos_q_sink: str  # [1, T, 1, 1, R/2] cache-logical positions, for the sink columns
+    sin_q_sink: str
+    cos_k: str  # [1, T, 1, R/2]
+    sin_k: str
+    attn_mask: str  # [T, K] additive
+    sink_mask: str  # [K] bool
+    write_index: str | None  # [1] int64 (`ort` flavor only)
+
+
+# ------------------------------------------------------------------------------------------------
+#  h ─► q_proj ─► [1,T,Hkv,G,D] ─*scale─► RoPE(abs) ──► q_abs ─┐            ┌─► s_abs ─┐
+#                                     └─► RoPE(sink) ─► q_sink ─┼─► @ keysᵀ ──┤          ├ Where(sink col)
+#  h ─► k_proj ─► [1,T,Hkv,D] ─► RoPE(abs) ─► k_new ─┐          │            └─► s_sink ┘      │
+#  h ─► v_proj ─► [1,T,Hkv,D] ───────────────► v_new ┤          │                       + attn_mask
+#        ort: keys = TensorScatter(past_key, k_new @ write_index)  (in place, = present_key)   │
+#        trt: keys = Concat(past_key, k_new); k_new is an output the host copies into its row  Softmax
+#                                                                     values ─► probs @ values ─► o_proj
+# ------------------------------------------------------------------------------------------------
+def attention(
+    g: GraphBuilder,
+    prefix: str,
+    h: str,
+    lw: LayerWeights,
+    wf: FloatWeights,
+    step: StepTensors,
+    *,
+    layer: int,
+    head_dim: int,
+    rotary_dim: int,
+    in_place: bool,
+) -> str:
+    d = head_dim
+    hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+    grp = hq // hkv
+    q = wf.matmul(g, f"{prefix}/q_proj", h, lw.q, lw.q_bias)  # [1, T, Hq*D]
+    k = wf.matmul(g, f"{prefix}/k_proj", h, lw.k, lw.k_bias)  # [1, T, Hkv*D]
+    v = wf.matmul(g, f"{prefix}/v_proj", h, lw.v, lw.v_bias)
+    q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
+    q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
+    perm_q = [0, 2, 3, 1, 4]  # -> [1, Hkv, G, T, D]
+    q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
+    q_abs = g.op("Transpose", [q_abs], f"{prefix}/q_abs_transpose", perm=perm_q)
+    q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
+    q_sink = g.op("Transpose", [q_sink], f"{prefix}/q_sink_transpose", perm=perm_q)
+
+    k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
+    k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
+    k = g.op("Transpose", [k], f"{prefix}/k_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
+    v = g.op("Reshape", [v, g.const([0, 0, hkv, d])], f"{prefix}/v_reshape")
+    v = g.op("Transpose", [v], f"{prefix}/v_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
+
+    cache_shape = [1, hkv, "capacity", d]
+    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
+    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
+    if in_place:
+        keys = g.op(
+            "TensorScatter",
+            [past_k, k, step.write_index],
+            f"{prefix}/k_cache/TensorScatter",
+            out=f"present_key.{layer}",
+            axis=2,
+        )
+        values = g.op(
+            "TensorScatter",
+            [past_v, v, step.write_index],
+            f"{prefix}/v_cache/TensorScatter",
+            out=f"present_value.{layer}",
+            axis=2,
+        )
+        g.output(keys, keys, g.dtype, cache_shape)
+        g.output(values, values, g.dtype, cache_shape)
+    else:
+        keys = g.op("Concat", [past_k, k], f"{prefix}/k_cache/Concat", axis=2)  # [1, Hkv, C + T, D]
+        values = g.op("Concat", [past_v, v], f"{prefix}/v_cache/Concat", axis=2)
+        g.output(k, f"new_key.{layer}", g.dtype, [1, hkv, "tokens", d])
+        g.output(v, f"new_value.{layer}", g.dtype, [1, hkv, "tokens", d])
+
+    keys_t = g.op(
+        "Transpose",
+        [g.op("Unsqueeze", [keys, g.const([2])], f"{prefix}/k_unsqueeze")],
+        f"{prefix}/k_transpose_t",
+        perm=[0, 1, 2, 4, 3],
+    )  # [1, Hkv, 1, D, K]
+    values = g.op("Unsqueeze", [values, g.const([2])], f"{prefix}/v_unsqueeze")  # [1, Hkv, 1, K, D]
+    s_abs = g.op("MatMul", [q_abs, keys_t], f"{prefix}/qk_abs/MatMul")  # [1, Hkv, G, T, K]
+    s_sink = g.op("MatMul", [q_sink, keys_t], f"{prefix}/qk_sink/MatMul")
+    scores = g.op("Where", [step.sink_mask, s_sink, s_abs], f"{prefix}/sink_select/Where")
+    scores = g.op("Add", [scores, step.attn_mask], f"{prefix}/mask/Add")
+    probs = g.op("Softmax", [scores], f"{prefix}/Softmax", axis=-1)
+    out = g.op("MatMul", [probs, values], f"{prefix}/pv/MatMul")  # [1, Hkv, G, T, D]
+    out = g.op("Reshape", [out, g.const([1, hq, -1, d])], f"{prefix}/out_heads")  # [1, Hq, T, D]
+    out = g.op("Transpose", [out], f"{prefix}/out_transpose", perm=[0, 2, 1, 3])  # [1, T, Hq, D]
+    out = g.op("Reshape", [out, g.const([0, 0, hq * d])], f"{prefix}/out_reshape")  # [1, T, Hq*D]
+    return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
+
+
+# ------------------------------------------------------------------------------------------------
+#   h ─► gate_proj ─► SiLU ─┐
+#   h ─► up_proj ───────────► * ─► down_proj ─► y             SiLU(x) = x * Sigmoid(x)
+# ------------------------------------------------------------------------------------------------
+def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: FloatWeights) -> str:
+    gate = wf.matmul(g, f"{prefix}/gate_proj", h, lw.gate, lw.gate_bias)  # [1, T, I]
+    up = wf.matmul(g, f"{prefix}/up_proj", h, lw.up, lw.up_bias)
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{prefix}/act/Sigmoid")], f"{prefix}/act/Mul")
+    return wf.matmul(g, f"{prefix}/down_proj", g.op("Mul", [act, up], f"{prefix}/Mul"), lw.down, lw.down_bias)

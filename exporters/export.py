@@ -1,0 +1,250 @@
+"""The export pipeline: checkpoint -> graph of one flavor -> validated -> bundle, written atomically.
+
+manifest = export(ExportOptions(checkpoint=Path("models/checkpoints/shakespeare-llama-5m"),
+                                out=Path("bundle"), flavor=Flavor.ORT, precision=Precision.FP32))
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from edge_runtime import __version__
+from edge_runtime.bundle import sha256_file
+from edge_runtime.errors import CheckpointError, ExportError, ValidationError
+from edge_runtime.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    CacheSpec,
+    GraphSpec,
+    Manifest,
+    ModelSpec,
+    TokenizerSpec,
+    ValidationCase,
+    ValidationRecord,
+)
+
+from .bundle_writer import atomic_directory
+from .checkpoint import Checkpoint, load_checkpoint
+from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
+from .reference import ReferenceModel
+from .validate import TOLERANCE, validation_grid
+
+GRAPH_FILE, DATA_FILE, TOKENIZER_FILE = "model.onnx", "model.onnx.data", "tokenizer.json"
+DEFAULT_SINKS = 4
+DEFAULT_WINDOW_CAP = 2044  # S + W = 2048 unless the model's trained context is shorter
+DEFAULT_SLACK = 63  # a 64-token prefill chunk fits past capacity
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    checkpoint: Path
+    out: Path
+    flavor: Flavor = Flavor.ORT
+    precision: Precision = Precision.FP32
+    sinks: int = DEFAULT_SINKS
+    window: int | None = None  # None: fill the model's trained context (capped at DEFAULT_WINDOW_CAP)
+    overwrite: bool = False
+
+
+Progress = Callable[[str], None]
+
+
+def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manifest:
+    t_start = time.perf_counter()
+    progress(f"loading {opts.checkpoint}")
+    ckpt = load_checkpoint(opts.checkpoint)
+    tokenizer = _tokenizer_spec(ckpt)
+    cache = _cache_spec(ckpt, opts)
+
+    progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
+    built = build_decoder(ckpt.args, ckpt.weights, opts.flavor, opts.precision)
+
+    with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
+        progress("writing graph and weights")
+        onnx.save_model(
+            built.model,
+            tmp / GRAPH_FILE,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=DATA_FILE,
+            size_threshold=1024,
+        )
+        shutil.copyfile(ckpt.tokenizer_file, tmp / TOKENIZER_FILE)
+        validation = _validate(tmp / GRAPH_FILE, ckpt, built, progress)
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            model=_model_spec(ckpt),
+            graph=_graph_spec(built, tmp),
+            cache=cache,
+            tokenizer=tokenizer,
+            generation=_generation_defaults(ckpt.path),
+            quantization={"method": "none", "weights": opts.precision.value, "per_tensor": {}},
+            validation=validation,
+            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start),
+            files=files,
+        )
+        (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+    progress(f"wrote {opts.out} in {time.perf_counter() - t_start:.1f}s")
+    return manifest
+
+
+def _validate(graph: Path, ckpt: Checkpoint, built: BuiltGraph, progress: Progress) -> ValidationRecord:
+    t0 = time.perf_counter()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+    reference = ReferenceModel(ckpt.args, ckpt.weights)
+    kv_heads = [lw.num_kv_heads(ckpt.args.head_dim) for lw in ckpt.weights.layers]
+    progress(f"validating against the float64 reference (ONNX Runtime {ort.__version__} CPU)")
+    cases = validation_grid(
+        session,
+        reference,
+        flavor=built.flavor,
+        dtype=built.activation_dtype,
+        kv_heads=kv_heads,
+        sliding_window=ckpt.args.sliding_window,
+        progress=progress,
+    )
+    tol = TOLERANCE[built.precision.value]
+    worst = max(c.max_rel_err for c in cases)
+    if not worst <= tol:  # also catches NaN
+        raise ValidationError(
+            f"exported graph differs from the float64 reference by {worst:.3e} (max relative error), above the "
+            f"{built.precision.value} tolerance {tol:g}; no bundle written. Worst case: "
+            f"{max(cases, key=lambda c: c.max_rel_err).name}"
+        )
+    return ValidationRecord(
+        reference="float64 numpy StreamingLLM transcription (exporters/reference.py)",
+        tolerance=tol,
+        max_rel_err=worst,
+        cases=[ValidationCase(c.name, c.tokens, c.max_rel_err) for c in cases],
+        seconds=round(time.perf_counter() - t0, 2),
+    )
+
+
+def _cache_spec(ckpt: Checkpoint, opts: ExportOptions) -> CacheSpec:
+    args = ckpt.args
+    context = args.max_position_embeddings
+    sinks, window = opts.sinks, opts.window
+    if args.sliding_window is not None:  # trained with a local window (Mistral): no sinks, that window
+        sinks, window = 0, min(window or args.sliding_window, args.sliding_window)
+    window = window or min(context, DEFAULT_WINDOW_CAP + sinks) - sinks
+    if sinks < 0 or window < 1:
+        raise ExportError(f"cache geometry sinks={sinks}, window={window}: need sinks >= 0 and window >= 1")
+    if sinks + window > context:
+        raise ExportError(
+            f"sinks + window = {sinks + window} exceeds the model's trained context {context} "
+            f"(max_position_embeddings); positions within the cache would go past it. Use a smaller --window"
+        )
+    return CacheSpec(sinks=sinks, window=window, slack=DEFAULT_SLACK)
+
+
+def _tokenizer_spec(ckpt: Checkpoint) -> TokenizerSpec:
+    if ckpt.tokenizer_file is None:
+        raise CheckpointError(f"'{ckpt.path}' has no tokenizer.json; a bundle needs the fast-tokenizer file")
+    try:
+        tok = Tokenizer.from_file(str(ckpt.tokenizer_file))
+    except Exception as e:  # tokenizers raises plain Exception subclasses
+        raise CheckpointError(f"'{ckpt.tokenizer_file}' cannot be read by `tokenizers`: {e}") from e
+    gen = _read_json(ckpt.path / "generation_config.json")
+    eos = list(ckpt.args.eos_token_ids)
+    extra = gen.get("eos_token_id")
+    for e in extra if isinstance(extra, list) else [extra] if isinstance(extra, int) else []:
+        if e not in eos:
+            eos.append(e)
+    bos = ckpt.args.bos_token_id
+    probe = tok.encode("a").ids
+    pad = ckpt.config.get("pad_token_id")
+    return TokenizerSpec(
+        file=TOKENIZER_FILE,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        pad_token_id=pad if isinstance(pad, int) else None,
+        adds_bos=bool(probe) and bos is not None and probe[0] == bos,
+    )
+
+
+def _generation_defaults(path: Path) -> dict[str, Any]:
+    gen = _read_json(path / "generation_config.json")
+    keys = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")
+    return {k: gen[k] for k in keys if k in gen}
+
+
+def _model_spec(ckpt: Checkpoint) -> ModelSpec:
+    a, w = ckpt.args, ckpt.weights
+    return ModelSpec(
+        source_model_type=a.model_type,
+        arch=a.arch,
+        num_layers=a.num_layers,
+        hidden_size=a.hidden_size,
+        vocab_size=a.vocab_size,
+        head_dim=a.head_dim,
+        num_heads=[lw.num_heads(a.head_dim) for lw in w.layers],
+        num_kv_heads=[lw.num_kv_heads(a.head_dim) for lw in w.layers],
+        intermediate_size=[lw.gate.shape[0] for lw in w.layers],
+        rotary_dim=a.rotary_dim,
+        rope_inv_freq=[float(x) for x in a.rope.inv_freq(a.head_dim)],
+        max_position_embeddings=a.max_position_embeddings,
+        parameters=int(sum(int(np.prod(ckpt.tensors.shape(n))) for n in ckpt.tensors)),
+        tied_embeddings=w.lm_head is w.embed,
+    )
+
+
+def _graph_spec(built: BuiltGraph, bundle_dir: Path) -> GraphSpec:
+    inits = built.model.graph.initializer
+    total = sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in inits)
+    embed = next((t for t in inits if t.name == "/model/embed_tokens/weight"), None)
+    tied = not any(t.name == "/lm_head/weight" for t in inits)
+    # Per token every weight is read once, except an untied embedding table (one row is gathered).
+    per_token = total if tied or embed is None else total - int(np.prod(embed.dims)) * built.precision.dtype.itemsize
+    return GraphSpec(
+        file=GRAPH_FILE,
+        data_file=DATA_FILE,
+        flavor=built.flavor.value,
+        opset=OPSET[built.flavor],
+        weight_dtype=built.precision.value,
+        activation_dtype=np.dtype(built.activation_dtype).name,
+        inputs=built.io["inputs"],
+        outputs=built.io["outputs"],
+        kv=built.io["kv"],
+        weight_bytes=per_token,
+    )
+
+
+def _provenance(ckpt: Checkpoint, opts: ExportOptions, seconds: float) -> dict[str, Any]:
+    return {
+        "exporter": f"edge-runtime {__version__}",
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "export_seconds": round(seconds, 2),
+        "source": str(ckpt.path.resolve()),
+        "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"'{path}' is not valid JSON: {e}") from e
+    return data if isinstance(data, dict) else {}

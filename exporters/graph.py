@@ -1,0 +1,105 @@
+"""GraphBuilder: a thin, explicit way to write ONNX graphs from numpy (no tracing).
+
+Nodes are named by their place in the model (`/model/layers.3/attn/q_proj/MatMul`), outputs after
+their node (`.../MatMul/output_0`), small constants are de-duplicated by value, and weights keep
+the name of the parameter they came from so a bundle can be read against its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ONNX_DTYPE = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.bool_): TensorProto.BOOL,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+}
+
+Dim = int | str
+
+
+class GraphBuilder:
+    def __init__(self, name: str, opset: int, dtype: np.dtype):
+        self.name = name
+        self.opset = opset
+        self.dtype = np.dtype(dtype)  # activation dtype
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._consts: dict[tuple, str] = {}
+        self._names: set[str] = set()
+        self.domains: dict[str, int] = {}
+
+    # -- graph I/O ------------------------------------------------------------------------------
+
+    def input(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[np.dtype(dtype)], list(shape)))
+        return name
+
+    def output(self, value: str, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> str:
+        """Expose `value` as graph output `name` (an Identity only if it is not already called that)."""
+        if value != name:
+            self.op("Identity", [value], f"/model/outputs/{name}", out=name)
+        self.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[np.dtype(dtype)], list(shape)))
+        return name
+
+    # -- nodes ----------------------------------------------------------------------------------
+
+    def op(
+        self, op_type: str, inputs: Sequence[str], name: str, *, out: str | None = None, domain: str = "", **attrs
+    ) -> str:
+        """Add one node with a single output; returns the output's name."""
+        return self.op_multi(op_type, inputs, name, n_out=1, outs=[out] if out else None, domain=domain, **attrs)[0]
+
+    def op_multi(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        name: str,
+        *,
+        n_out: int,
+        outs: Sequence[str] | None = None,
+        domain: str = "",
+        **attrs,
+    ) -> list[str]:
+        if name in self._names:
+            raise ValueError(f"duplicate node name {name}")  # a builder bug, not a user error
+        self._names.add(name)
+        outputs = list(outs) if outs else [f"{name}/output_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, domain=domain or None, **attrs))
+        return outputs
+
+    # -- constants and weights ------------------------------------------------------------------
+
+    def const(self, value: np.ndarray | Sequence[int] | float, dtype: np.dtype | None = None) -> str:
+        """A small constant, shared by every node that uses the same value."""
+        arr = np.asarray(value, dtype=dtype if dtype is not None else None)
+        if arr.dtype == np.float64:
+            arr = arr.astype(self.dtype)
+        key = (arr.dtype.str, arr.shape, hashlib.sha1(arr.tobytes()).hexdigest())
+        if key not in self._consts:
+            name = f"/model/constants/{arr.dtype.name}_{'x'.join(map(str, arr.shape)) or 'scalar'}_{len(self._consts)}"
+            self.initializers.append(numpy_helper.from_array(arr, name))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def to_model(self, producer: str, doc: str = "") -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        opsets = [helper.make_opsetid("", self.opset)] + [helper.make_opsetid(d, v) for d, v in self.domains.items()]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name=producer, doc_string=doc)
+        model.ir_version = 10  # readable by onnxruntime >= 1.17 and TensorRT 10's parser
+        return model

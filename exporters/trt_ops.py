@@ -1,0 +1,82 @@
+"""ONNX operators the `trt` flavor may use: those TensorRT 10.3's ONNX parser imports.
+
+Source: onnx/onnx-tensorrt `docs/operators.md`. The 10.3 revision was not available offline, so this
+list is the intersection of the 8.4 and 10.15 support tables (an op supported in both was supported
+in between), minus the ops only newer parsers import (10.14+: Attention, RotaryEmbedding,
+RMSNormalization, TensorScatter). DequantizeLinear is listed for the quantized weights of issue 5
+(INT8, and INT4 since 10.0; zero-point must be 0). Not verified against a TensorRT install here.
+"""
+
+TRT_10_3_OPS = frozenset(
+    {
+        "Abs",
+        "Add",
+        "And",
+        "ArgMax",
+        "ArgMin",
+        "Cast",
+        "Ceil",
+        "Clip",
+        "Concat",
+        "Constant",
+        "ConstantOfShape",
+        "Cos",
+        "CumSum",
+        "DequantizeLinear",
+        "Div",
+        "Einsum",
+        "Equal",
+        "Erf",
+        "Exp",
+        "Expand",
+        "Flatten",
+        "Floor",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Gemm",
+        "Greater",
+        "GreaterOrEqual",
+        "Identity",
+        "Less",
+        "LessOrEqual",
+        "Log",
+        "LogSoftmax",
+        "MatMul",
+        "Max",
+        "Min",
+        "Mul",
+        "Neg",
+        "Not",
+        "Or",
+        "Pad",
+        "Pow",
+        "QuantizeLinear",
+        "Range",
+        "ReduceMax",
+        "ReduceMean",
+        "ReduceSum",
+        "Relu",
+        "Reshape",
+        "ScatterElements",
+        "ScatterND",
+        "Shape",
+        "Sigmoid",
+        "Sin",
+        "Slice",
+        "Softmax",
+        "Split",
+        "Sqrt",
+        "Squeeze",
+        "Sub",
+        "Tanh",
+        "Tile",
+        "TopK",
+        "Transpose",
+        "Unsqueeze",
+        "Where",
+    }
+)
+
+# Newer parsers only; listed so a test can say why such an op is refused.
+TRT_NEWER_ONLY = frozenset({"Attention", "RotaryEmbedding", "RMSNormalization", "TensorScatter"})

@@ -1,0 +1,155 @@
+"""The export pipeline end to end: bundle contents, checksums, atomicity, the CLI, the demo model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edge_runtime.bundle import open_bundle
+from edge_runtime.cli.export import main as export_cli
+from edge_runtime.errors import BundleError, ExportError, ManifestVersionError, ValidationError
+from edge_runtime.exporters import export as export_mod
+from edge_runtime.exporters.decoder import Flavor, Precision
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.manifest import MANIFEST_FILE, Manifest
+from edge_runtime.models import DEMO_CHECKPOINT
+
+from .tiny_models import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    save_tiny_checkpoint("llama-untied", d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundles") / "tiny"
+    manifest = export(ExportOptions(checkpoint=tiny, out=out, window=100))
+    return out, manifest
+
+
+def test_bundle_contents_and_manifest(bundle):
+    out, manifest = bundle
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.onnx", "model.onnx.data", "tokenizer.json"]
+    assert Manifest.read(out / MANIFEST_FILE) == manifest
+    m = manifest
+    assert (m.model.num_layers, m.model.num_kv_heads, m.graph.flavor) == (3, [2, 2, 2], "ort")
+    assert (m.cache.sinks, m.cache.window) == (4, 100)
+    assert m.tokenizer.adds_bos and m.tokenizer.bos_token_id == 0 and m.tokenizer.eos_token_ids == [1]
+    assert m.validation.max_rel_err <= m.validation.tolerance == 1e-4 and len(m.validation.cases) == 4
+    assert set(m.files) == {"model.onnx", "model.onnx.data", "tokenizer.json"}
+    assert m.graph.inputs["past_key.0"]["shape"] == [1, 2, "capacity", 16]
+    assert len(m.model.rope_inv_freq) == m.model.rotary_dim // 2 == 8
+    assert open_bundle(out).manifest == manifest
+
+
+@pytest.mark.parametrize("victim", ["model.onnx.data", "tokenizer.json", "model.onnx"])
+def test_flipped_byte_is_refused_naming_the_file(bundle, tmp_path, victim):
+    import shutil
+
+    out = tmp_path / "b"
+    shutil.copytree(bundle[0], out)
+    data = bytearray((out / victim).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (out / victim).write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=victim.replace(".", r"\.")):
+        open_bundle(out)
+
+
+def test_unknown_format_version_is_refused(bundle, tmp_path):
+    import shutil
+
+    out = tmp_path / "b"
+    shutil.copytree(bundle[0], out)
+    data = json.loads((out / MANIFEST_FILE).read_text())
+    data["format_version"] = 99
+    (out / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(ManifestVersionError, match="99"):
+        open_bundle(out)
+
+
+def _no_leftovers(parent):
+    return [p.name for p in parent.iterdir()]
+
+
+def test_validation_failure_leaves_no_bundle(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(export_mod.TOLERANCE, "fp32", 1e-12)
+    with pytest.raises(ValidationError, match="no bundle written"):
+        export(ExportOptions(checkpoint=tiny, out=tmp_path / "out", window=100))
+    assert _no_leftovers(tmp_path) == []
+
+
+def test_exception_mid_write_leaves_no_bundle_and_keeps_the_old_one(tiny, bundle, tmp_path, monkeypatch):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(bundle[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def boom(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_mod.shutil, "copyfile", boom)
+    with pytest.raises(OSError, match="No space"):
+        export(ExportOptions(checkpoint=tiny, out=out, window=100, overwrite=True))
+    assert _no_leftovers(tmp_path) == ["out"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_existing_output_needs_overwrite(tiny, bundle, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ExportError, match="--overwrite"):
+        export(ExportOptions(checkpoint=tiny, out=out, window=100))
+    m = export(ExportOptions(checkpoint=tiny, out=out, window=100, overwrite=True, flavor=Flavor.TRT))
+    assert open_bundle(out).manifest.graph.flavor == "trt" == m.graph.flavor
+    assert _no_leftovers(tmp_path) == ["out"]
+
+
+def test_window_past_trained_context_is_refused(tiny, tmp_path):
+    with pytest.raises(ExportError, match="trained context 512"):
+        export(ExportOptions(checkpoint=tiny, out=tmp_path / "o", window=600))
+
+
+def test_cli_export_and_inspect(tiny, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "b"
+    r = runner.invoke(export_cli, [str(tiny), "-o", str(out), "--flavor", "trt", "--dtype", "fp16", "--window", "64"])
+    assert r.exit_code == 0, r.output
+    assert "validat" in r.output and "trt/fp16" in r.output
+    r = runner.invoke(export_cli, ["inspect", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "all sha256 match" in r.output and "host_copy" in r.output
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["/nonexistent/ckpt", "-o", "x"], "does not exist"),
+        (["inspect", "/nonexistent/bundle"], "does not exist"),
+    ],
+)
+def test_cli_errors_are_one_line(args, message, tmp_path):
+    r = CliRunner().invoke(export_cli, args)
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()  # progress lines (stderr) may precede the error
+    assert "Traceback" not in r.output
+    assert lines[-1].startswith("Error: ") and message in lines[-1]
+    assert sum(line.startswith("Error") for line in lines) == 1
+
+
+@pytest.mark.parametrize("flavor,precision", [(Flavor.ORT, Precision.FP32), (Flavor.TRT, Precision.FP16)])
+def test_demo_model_exports(tmp_path, flavor, precision):
+    m = export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=tmp_path / "demo", flavor=flavor, precision=precision))
+    print(
+        f"demo {flavor.value}/{precision.value}: {m.provenance['export_seconds']}s, "
+        f"{sum(p.stat().st_size for p in (tmp_path / 'demo').iterdir()) / 1e6:.1f} MB, "
+        f"max rel err {m.validation.max_rel_err:.2e}"
+    )
+    assert m.validation.max_rel_err <= m.validation.tolerance
+    assert (m.cache.sinks, m.cache.sinks + m.cache.window) == (4, 512)  # fills the demo's trained context

@@ -1,0 +1,144 @@
+"""Exported graphs against the float64 references: every architecture, both flavors, both precisions,
+under capacity (= dense attention) and past it (= StreamingLLM), positions offset to 1e7 included."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edge_runtime.exporters import DenseKVCache, ReferenceModel, load_checkpoint
+from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
+from edge_runtime.exporters.reference import StreamingReference
+from edge_runtime.exporters.trt_ops import TRT_10_3_OPS
+from edge_runtime.exporters.validate import TOLERANCE, NumpyGraphRunner, rel_err, validation_grid
+from edge_runtime.ring import RingGeometry, RingState
+
+from .tiny_models import TINY_CONFIGS, save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for name in TINY_CONFIGS:
+        d = tmp_path_factory.mktemp(name)
+        save_tiny_checkpoint(name, d)
+        out[name] = load_checkpoint(d)
+    return out
+
+
+def session_for(ckpt, flavor, precision):
+    built = build_decoder(ckpt.args, ckpt.weights, flavor, precision)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return built, ort.InferenceSession(built.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def runner(ckpt, flavor, geometry, offset=0, precision=Precision.FP32):
+    built, sess = session_for(ckpt, flavor, precision)
+    kv = [lw.num_kv_heads(ckpt.args.head_dim) for lw in ckpt.weights.layers]
+    ref = ReferenceModel(ckpt.args, ckpt.weights)
+    return ref, NumpyGraphRunner(
+        sess,
+        flavor=flavor,
+        dtype=built.activation_dtype,
+        kv_heads=kv,
+        head_dim=ckpt.args.head_dim,
+        inv_freq=ref.inv_freq,
+        geometry=geometry,
+        position_offset=offset,
+    )
+
+
+@pytest.mark.parametrize("precision", list(Precision), ids=lambda p: p.value)
+@pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_validation_grid_within_tolerance(checkpoints, name, flavor, precision):
+    ckpt = checkpoints[name]
+    built, sess = session_for(ckpt, flavor, precision)
+    kv = [lw.num_kv_heads(ckpt.args.head_dim) for lw in ckpt.weights.layers]
+    cases = validation_grid(
+        sess,
+        ReferenceModel(ckpt.args, ckpt.weights),
+        flavor=flavor,
+        dtype=built.activation_dtype,
+        kv_heads=kv,
+        sliding_window=ckpt.args.sliding_window,
+    )
+    worst = max(c.max_rel_err for c in cases)
+    print(f"{name} {flavor.value} {precision.value}: " + ", ".join(f"{c.max_rel_err:.1e}" for c in cases))
+    assert worst <= TOLERANCE[precision.value]
+
+
+@pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
+def test_under_capacity_ring_equals_dense_attention(checkpoints, flavor):
+    ckpt = checkpoints["llama-untied"]
+    ref, run = runner(ckpt, flavor, RingGeometry(sinks=4, window=60))
+    ids = np.random.default_rng(5).integers(0, ckpt.args.vocab_size, 40)
+    dense = DenseKVCache()
+    expected = [ref.forward(ids[:9], dense)] + [ref.forward(ids[t : t + 1], dense) for t in range(9, 40)]
+    got = [run.feed(ids[:9].tolist())] + [run.feed([int(t)]) for t in ids[9:]]
+    assert rel_err(np.concatenate(got), np.concatenate(expected)) <= 1e-5
+
+
+def _stream_errors(ckpt, flavor, geometry, offset, steps=90, prompt=0):
+    """Per-step relative errors of the graph vs the StreamingLLM transcription."""
+    ref, run = runner(ckpt, flavor, geometry, offset)
+    stream = StreamingReference(ref, geometry.sinks, geometry.window)
+    ids = np.random.default_rng(6).integers(0, ckpt.args.vocab_size, steps)
+    errs = []
+    if prompt:
+        got = run.feed(ids[:prompt].tolist())
+        want = np.stack([stream.step(int(t)) for t in ids[:prompt]])
+        errs += [rel_err(got[i : i + 1], want[i : i + 1]) for i in range(prompt)]
+    for t in ids[prompt:]:
+        errs.append(rel_err(run.feed([int(t)]), stream.step(int(t))[None]))
+    return np.array(errs)
+
+
+@pytest.mark.parametrize("offset", [0, 10_000_000], ids=["pos0", "pos1e7"])
+@pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
+def test_beyond_capacity_matches_streamingllm_every_step(checkpoints, flavor, offset):
+    geometry = RingGeometry(sinks=4, window=16)  # capacity 20; 90 steps = 4+ wraps of the ring
+    errs = _stream_errors(checkpoints["qwen2"], flavor, geometry, offset)
+    assert errs.max() <= 1e-5, f"worst step {errs.argmax()}: {errs.max():.2e}"
+
+
+@pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
+def test_prompt_of_three_capacities_chunked_prefill(checkpoints, flavor):
+    geometry = RingGeometry(sinks=4, window=16, slack=7)  # chunks of <= 8 tokens once past capacity
+    errs = _stream_errors(checkpoints["llama-tied"], flavor, geometry, 10_000_000, steps=3 * 27 + 10, prompt=3 * 27)
+    assert errs.max() <= 1e-5
+
+
+def test_float32_angles_would_fail_the_position_test(checkpoints, monkeypatch):
+    """The 1e7 test must catch an implementation that computes RoPE angles in float32."""
+
+    def angles_fp32(self, positions, dtype):
+        a = positions.astype(np.float32)[:, None] * self.inv_freq.astype(np.float32)[None, :]
+        return np.cos(a).astype(dtype), np.sin(a).astype(dtype)
+
+    monkeypatch.setattr(RingState, "_angles", angles_fp32)
+    errs = _stream_errors(checkpoints["qwen2"], Flavor.ORT, RingGeometry(4, 16), 10_000_000, steps=30)
+    assert errs.max() > 1e-3
+
+
+@pytest.mark.parametrize("precision", list(Precision), ids=lambda p: p.value)
+def test_trt_flavor_uses_only_tensorrt_10_3_ops(checkpoints, precision):
+    for name in ("llama-linear-rope-bias", "qwen2"):
+        model = build_decoder(checkpoints[name].args, checkpoints[name].weights, Flavor.TRT, precision).model
+        ops = {n.op_type for n in model.graph.node}
+        assert {n.domain for n in model.graph.node} <= {""}
+        assert ops <= TRT_10_3_OPS, f"not parsed by TensorRT 10.3: {sorted(ops - TRT_10_3_OPS)}"
+        assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [21]
+
+
+def test_ort_flavor_updates_cache_in_place_with_tensorscatter(checkpoints):
+    ckpt = checkpoints["llama-tied"]
+    model = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32).model
+    scatters = [n for n in model.graph.node if n.op_type == "TensorScatter"]
+    assert len(scatters) == 2 * ckpt.args.num_layers
+    outputs = {o.name for o in model.graph.output}
+    for n in scatters:  # each scatter writes a graph output named like its cache input (same buffer bound)
+        assert n.output[0] in outputs and n.input[0].replace("past_", "present_") == n.output[0]
+    assert scatters[0].name == "/model/layers.0/attn/k_cache/TensorScatter"

@@ -1,0 +1,62 @@
+"""Ring-buffer bookkeeping properties (edge_runtime.ring)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_runtime.errors import EdgeRuntimeError
+from edge_runtime.ring import RingGeometry, RingState
+
+geometries = st.builds(RingGeometry, sinks=st.integers(0, 6), window=st.integers(1, 24), slack=st.integers(0, 9))
+
+
+@given(geometries, st.integers(0, 500))
+def test_slots_stay_in_their_region(g, t):
+    s = g.slot(t)
+    assert 0 <= s < g.capacity
+    assert (s < g.sinks) == (t < g.sinks)
+
+
+@settings(max_examples=60, deadline=None)
+@given(geometries, st.lists(st.integers(1, 40), min_size=1, max_size=8))
+def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests):
+    state = RingState(g, np.ones(2))
+    for n_tokens in requests:
+        for n in state.chunks(n_tokens):
+            t0 = state.tokens
+            rows = [g.slot(t) for t in range(t0, t0 + n)]
+            assert rows == list(range(rows[0], rows[0] + n))  # no wrap inside a call
+            plan = state.plan(n, new_rows_as_columns=False)
+            visible = plan.attn_mask == 0
+            for r, t in enumerate(range(t0, t0 + n)):
+                # Row t sees exactly: the sinks and the last W tokens up to itself.
+                want = {p for p in range(t + 1) if p < g.sinks or t - p < g.window}
+                assert {int(state.row_pos[c]) for c in np.flatnonzero(visible[r])} == want
+            assert (state.row_pos[: g.sinks] >= 0).sum() == min(state.tokens, g.sinks)
+
+
+def test_plan_refuses_an_illegal_chunk():
+    state = RingState(RingGeometry(4, 8), np.ones(2))
+    state.plan(12, new_rows_as_columns=False)
+    with pytest.raises(EdgeRuntimeError, match="exceeds the ring's limit 1"):
+        state.plan(2, new_rows_as_columns=False)
+
+
+def test_bad_geometry_is_named():
+    with pytest.raises(EdgeRuntimeError, match="window=0"):
+        RingGeometry(4, 0)
+
+
+def test_sink_query_position_is_cache_logical():
+    g = RingGeometry(sinks=2, window=3)
+    inv = np.array([1.0])
+    state = RingState(g, inv, position_offset=100)
+    plans = [state.plan(1, new_rows_as_columns=False) for _ in range(8)]
+    angles_abs = [np.arctan2(p.sin[0, 0], p.cos[0, 0]) for p in plans]
+    angles_sink = [np.arctan2(p.sin_sink[0, 0], p.cos_sink[0, 0]) for p in plans]
+    wrap = lambda a: (a + np.pi) % (2 * np.pi) - np.pi  # noqa: E731
+    assert np.allclose(angles_abs, wrap(100 + np.arange(8)))
+    assert np.allclose(angles_sink, wrap(100 + np.minimum(np.arange(8), 4)))  # min(t, S + W - 1)
