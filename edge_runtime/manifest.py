@@ -116,6 +116,8 @@ class Manifest:
     @classmethod
     def read(cls, path: str | Path) -> Manifest:
         path = Path(path)
+        if not path.parent.is_dir():
+            raise BundleError(f"bundle directory '{path.parent}' does not exist")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:

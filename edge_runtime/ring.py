@@ -80,6 +80,22 @@ class StepInputs:
     sink_mask: np.ndarray  # [K] bool: column uses the sink-rotated query
 
 
+@dataclass
+class DecodeBuffers:
+    """Preallocated single-token graph inputs (see `RingState.decode_into`)."""
+
+    cos: np.ndarray  # [1, R/2]
+    sin: np.ndarray
+    cos_sink: np.ndarray
+    sin_sink: np.ndarray
+    attn_mask: np.ndarray  # [1, K]
+    sink_mask: np.ndarray  # [K]
+    write_index: np.ndarray  # [1] int64
+    masked: float
+    angle: np.ndarray  # [R/2] float64 scratch
+    trig: np.ndarray  # [R/2] float64 scratch
+
+
 class RingState:
     """What the host tracks per sequence: tokens processed and the position held by every buffer row."""
 
@@ -137,6 +153,60 @@ class RingState:
             attn_mask=np.where(visible, 0.0, masked).astype(dtype),
             sink_mask=col_sink.copy(),
         )
+
+    # -- the decode hot path: one token, every input written in place, no array allocated ---------
+
+    def sync_decode(self, bufs: DecodeBuffers) -> None:
+        """Rebuild the decode inputs that `decode_into` maintains incrementally, after a prefill:
+        the visibility of every buffer row for the next token, and the sink-query angles."""
+        g = self.geometry
+        pos = self.tokens + self.position_offset
+        sinks = np.arange(g.capacity) < g.sinks
+        visible = (self.row_pos >= 0) & (sinks | (pos - self.row_pos < g.window))
+        bufs.attn_mask[0, : g.capacity] = np.where(visible, 0.0, bufs.masked)
+        self._sink_angles(bufs, self.tokens)
+
+    def _sink_angles(self, bufs: DecodeBuffers, t: int) -> None:
+        np.multiply(
+            self.inv_freq, float(min(t, self.geometry.logical_capacity - 1) + self.position_offset), out=bufs.angle
+        )
+        np.cos(bufs.angle, out=bufs.trig)
+        bufs.cos_sink[0] = bufs.trig
+        np.sin(bufs.angle, out=bufs.trig)
+        bufs.sin_sink[0] = bufs.trig
+
+    def decode_into(self, bufs: DecodeBuffers, *, new_rows_as_columns: bool) -> int:
+        """Write the inputs for the next single token into `bufs`; returns its buffer row.
+
+        Keeps `bufs.attn_mask` incrementally: the token leaving the window is masked, the new row
+        unmasked (for the host-copy flavor only once its row is written: see `decode_done`).
+        """
+        g = self.geometry
+        t = self.tokens
+        leaving = t - g.window
+        if leaving >= g.sinks:
+            bufs.attn_mask[0, g.slot(leaving)] = bufs.masked
+        row = g.slot(t)
+        self.row_pos[row] = t + self.position_offset
+        if new_rows_as_columns:
+            bufs.attn_mask[0, g.capacity] = 0.0
+            bufs.sink_mask[g.capacity] = t < g.sinks
+        else:
+            bufs.attn_mask[0, row] = 0.0
+        np.multiply(self.inv_freq, float(t + self.position_offset), out=bufs.angle)
+        np.cos(bufs.angle, out=bufs.trig)
+        bufs.cos[0] = bufs.trig
+        np.sin(bufs.angle, out=bufs.trig)
+        bufs.sin[0] = bufs.trig
+        if t < g.logical_capacity:  # past it the sink query position stays at S + W - 1 (set by sync_decode)
+            self._sink_angles(bufs, t)
+        bufs.write_index[0] = row
+        self.tokens += 1
+        return row
+
+    def decode_done(self, bufs: DecodeBuffers, row: int) -> None:
+        """Host-copy flavor: the new row now holds its token, so its column becomes visible."""
+        bufs.attn_mask[0, row] = 0.0
 
     def chunks(self, n_tokens: int, max_chunk: int | None = None) -> list[int]:
         """Split n_tokens (starting at the current state) into graph calls: at the ring's wrap point and,

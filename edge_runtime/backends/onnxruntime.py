@@ -1,0 +1,122 @@
+"""ONNX Runtime backend: one InferenceSession, IOBinding over the static pool.
+
+Decode binds every buffer once (`_decode_binding`) and then only the arrays' contents change; each
+layer's K/V OrtValue is bound as both `past_*` input and `present_*` output, so ONNX Runtime's
+TensorScatter writes the new row in place (no cache copy). Host-copy (`trt`) bundles bind the new
+rows to small pool buffers and the caller copies them into their slots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edge_runtime.errors import BundleError
+from edge_runtime.manifest import Manifest
+from edge_runtime.pool import StaticPool
+from edge_runtime.ring import StepInputs
+
+_ov = ort.OrtValue.ortvalue_from_numpy  # shares memory with the numpy array on CPU
+
+
+class OrtBackend:
+    def __init__(
+        self, graph: Path, manifest: Manifest, pool: StaticPool, *, threads: int | None = None, log_severity: int = 3
+    ):
+        so = ort.SessionOptions()
+        so.log_severity_level = log_severity
+        if threads:
+            so.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
+            raise BundleError(f"ONNX Runtime cannot load '{graph}': {e}") from e
+        self.pool = pool
+        self.layers = manifest.model.num_layers
+        self.host_copy = manifest.graph.kv["update"] == "host_copy"
+        # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
+        self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
+        self._decode_binding = self._bind_decode()
+
+    def _bind_kv(self, io: ort.IOBinding) -> None:
+        for i, (k, v) in enumerate(self._kv):
+            io.bind_ortvalue_input(f"past_key.{i}", k)
+            io.bind_ortvalue_input(f"past_value.{i}", v)
+            if not self.host_copy:
+                io.bind_ortvalue_output(f"present_key.{i}", k)
+                io.bind_ortvalue_output(f"present_value.{i}", v)
+
+    def _bind_decode(self) -> ort.IOBinding:
+        p, d = self.pool, self.pool.decode
+        io = self.session.io_binding()
+        self._decode_values = {
+            "input_ids": _ov(p.input_ids),
+            "cos": _ov(d.cos),
+            "sin": _ov(d.sin),
+            "cos_sink": _ov(d.cos_sink),
+            "sin_sink": _ov(d.sin_sink),
+            "attn_mask": _ov(d.attn_mask),
+            "sink_mask": _ov(d.sink_mask),
+            "num_logits_to_keep": _ov(p.keep),
+        }
+        if not self.host_copy:
+            self._decode_values["write_index"] = _ov(d.write_index)
+        for name, value in self._decode_values.items():
+            io.bind_ortvalue_input(name, value)
+        self._bind_kv(io)
+        self._logits = _ov(p.logits)
+        io.bind_ortvalue_output("logits", self._logits)
+        if self.host_copy:
+            self._new = [(_ov(k), _ov(v)) for k, v in zip(p.new_keys, p.new_values, strict=True)]
+            for i, (k, v) in enumerate(self._new):
+                io.bind_ortvalue_output(f"new_key.{i}", k)
+                io.bind_ortvalue_output(f"new_value.{i}", v)
+        return io
+
+    def run_decode(self, row: int) -> None:
+        """One token; inputs already written into the pool. Logits land in `pool.logits`."""
+        self.session.run_with_iobinding(self._decode_binding)
+        if self.host_copy:
+            for i in range(self.layers):
+                self.pool.keys[i][:, :, row] = self.pool.new_keys[i][:, :, 0]
+                self.pool.values[i][:, :, row] = self.pool.new_values[i][:, :, 0]
+
+    def run_chunk(self, ids: np.ndarray, plan: StepInputs, keep: int) -> np.ndarray:
+        """A prefill chunk of n tokens (shapes vary per chunk, so this binding is built per call).
+        Returns the logits of the last `keep` tokens, [keep, V]."""
+        n = ids.shape[0]
+        io = self.session.io_binding()
+        feeds = {
+            "input_ids": np.ascontiguousarray(ids[None, :]),
+            "cos": plan.cos,
+            "sin": plan.sin,
+            "cos_sink": plan.cos_sink,
+            "sin_sink": plan.sin_sink,
+            "attn_mask": plan.attn_mask,
+            "sink_mask": plan.sink_mask,
+            "num_logits_to_keep": np.array([keep], np.int64),
+        }
+        if not self.host_copy:
+            feeds["write_index"] = plan.write_index
+        held = {name: _ov(np.ascontiguousarray(a)) for name, a in feeds.items()}
+        for name, value in held.items():
+            io.bind_ortvalue_input(name, value)
+        self._bind_kv(io)
+        logits = np.empty((1, keep, self.pool.logits.shape[-1]), np.float32)
+        io.bind_ortvalue_output("logits", _ov(logits))
+        new = []
+        if self.host_copy:
+            for i, k in enumerate(self.pool.keys):
+                shape = (1, k.shape[1], n, k.shape[3])
+                pair = (np.empty(shape, k.dtype), np.empty(shape, k.dtype))
+                io.bind_ortvalue_output(f"new_key.{i}", _ov(pair[0]))
+                io.bind_ortvalue_output(f"new_value.{i}", _ov(pair[1]))
+                new.append(pair)
+        self.session.run_with_iobinding(io)
+        row = int(plan.write_index[0])
+        for i, (k, v) in enumerate(new):  # chunks never wrap, so the rows are contiguous
+            self.pool.keys[i][:, :, row : row + n] = k
+            self.pool.values[i][:, :, row : row + n] = v
+        return logits[0]

@@ -1,0 +1,196 @@
+"""`edge-run`: stream a completion from a bundle (or a checkpoint, exported on first use).
+
+edge-run                                   # the bundled demo model, target auto-detected
+edge-run --prompt "ROMEO." --max-tokens 64 --temperature 0.8 --top-p 0.95 --seed 1 --stats
+edge-run --bundle out/ --json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .common import debug_option, friendly_errors
+
+DEFAULT_PROMPT = "ROMEO.\nWhat light"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("EDGE_RUNTIME_CACHE"):
+        return Path(os.environ["EDGE_RUNTIME_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge-runtime"
+
+
+def _checkpoint_key(checkpoint: Path) -> str:
+    """Identifies a checkpoint's content cheaply: config bytes plus weight files' names, sizes, mtimes."""
+    h = hashlib.sha256((checkpoint / "config.json").read_bytes())
+    for f in sorted(checkpoint.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+def ensure_bundle(checkpoint: Path, flavor: str) -> Path:
+    """The bundle for `checkpoint` in the cache, exported (and validated) on first use."""
+    from edge_runtime import __version__
+    from edge_runtime.errors import CheckpointError
+
+    if not (checkpoint / "config.json").is_file():
+        raise CheckpointError(f"'{checkpoint}' is not a Hugging Face checkpoint directory (no config.json)")
+    out = cache_dir() / "bundles" / f"{checkpoint.name}-{flavor}-fp32-{_checkpoint_key(checkpoint)}-v{__version__}"
+    if (out / "manifest.json").is_file():
+        return out
+    from edge_runtime.exporters.decoder import Flavor, Precision
+    from edge_runtime.exporters.export import ExportOptions, export
+
+    click.echo(f"exporting {checkpoint.name} for first use into {out}", err=True)
+    export(
+        ExportOptions(checkpoint=checkpoint, out=out, flavor=Flavor(flavor), precision=Precision.FP32),
+        progress=lambda msg: click.echo(f"  {msg}", err=True),
+    )
+    return out
+
+
+def _window_for(bundle_dir: Path, profile_window: int, profile_sinks: int, explicit: bool) -> tuple[int, int] | None:
+    """The target's cache geometry, clamped to the model's trained context unless given explicitly."""
+    if explicit:
+        return None
+    from edge_runtime.manifest import Manifest
+
+    m = Manifest.read(bundle_dir / "manifest.json")
+    window = min(profile_window, m.model.max_position_embeddings - profile_sinks)
+    return profile_sinks, window
+
+
+@click.command()
+@click.option("--prompt", default=None, help=f"Prompt text [default: {DEFAULT_PROMPT!r}].")
+@click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
+@click.option("--model", type=click.Path(path_type=Path), help="A Hugging Face checkpoint; exported on first use.")
+@click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="0 = off.")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--sinks", type=int, default=None, help="Attention sinks [default: target, then bundle].")
+@click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
+@click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
+@click.option("--stats", is_flag=True, help="Print TTFT, ITL p50/p90/p99, tokens/s and peak RSS to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, stats) instead of streaming.")
+@debug_option
+@friendly_errors
+def main(
+    prompt: str | None,
+    bundle: Path | None,
+    model: Path | None,
+    target: str,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    repetition_penalty: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    sinks: int | None,
+    window: int | None,
+    threads: int | None,
+    stats: bool,
+    as_json: bool,
+) -> None:
+    """Generate text on this device. With no arguments: the bundled demo model, target auto-detected."""
+    from edge_runtime.engine import LoadOptions, load
+    from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.generate import GenerationConfig, stream_generate
+    from edge_runtime.models import DEMO_CHECKPOINT
+    from edge_runtime.sampling import SamplingParams
+    from edge_runtime.targets import resolve_target
+    from edge_runtime.tokenizer import Tokenizer
+
+    if bundle and model:
+        raise EdgeRuntimeError("give --bundle or --model, not both")
+    detection = resolve_target(target)
+    profile = detection.profile
+    if profile.backend.name != "onnxruntime":
+        raise EdgeRuntimeError(
+            f"target '{profile.name}' uses the {profile.backend.name} backend, which this version does not have yet; "
+            "its trt-flavor bundles run on ONNX Runtime CPU with --target x86"
+        )
+    if not as_json:
+        click.echo(detection.reason, err=True)
+    bundle_dir = bundle or ensure_bundle(model or DEMO_CHECKPOINT, profile.graph_flavor)
+    geometry = _window_for(
+        bundle_dir, profile.kv_cache.window, profile.kv_cache.sinks, explicit=sinks is not None or window is not None
+    )
+    opts = LoadOptions(
+        sinks=sinks if geometry is None else geometry[0],
+        window=window if geometry is None else geometry[1],
+        threads=threads or profile.backend.threads or None,
+        memory_budget=profile.memory_budget_bytes,
+    )
+    engine = load(bundle_dir, opts)
+    tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
+    config = GenerationConfig(
+        max_tokens=max_tokens,
+        stop_strings=stop,
+        sampling=SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+        ),
+    )
+    text = DEFAULT_PROMPT if prompt is None else prompt
+    prompt_ids = tok.encode(text)
+    ids, parts, final = [], [], None
+    stream = stream_generate(engine, tok, prompt_ids, config)
+    if not as_json:
+        click.echo(text, nl=False)
+    try:
+        for ev in stream:
+            final = ev.stats or final
+            if ev.token_id >= 0:
+                ids.append(ev.token_id)
+            parts.append(ev.text)
+            if not as_json:
+                click.echo(ev.text, nl=False)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: close the stream, keep the partial output and its stats
+        final = stream.throw(KeyboardInterrupt()).stats
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "text": "".join(parts),
+                    "token_ids": ids,
+                    "prompt_token_ids": prompt_ids,
+                    "stats": final.to_dict() if final else None,
+                    "target": profile.name,
+                    "bundle": str(bundle_dir),
+                }
+            )
+        )
+        return
+    click.echo()
+    if stats and final:
+        s = final.to_dict()
+        itl = s["itl_ms"]
+        click.echo(
+            f"--- {s['finish_reason']}: {s['prompt_tokens']} prompt + {s['generated_tokens']} generated tokens | "
+            f"TTFT {s['ttft_ms']:.1f} ms | prefill {s['prefill_tokens_per_s']:.1f} tok/s | "
+            f"decode {s['decode_tokens_per_s']:.1f} tok/s | ITL p50/p90/p99 {itl['p50']:.2f}/{itl['p90']:.2f}/"
+            f"{itl['p99']:.2f} ms | peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB | "
+            f"target {profile.name}, cache {engine.geometry.sinks}+{engine.geometry.window}",
+            err=True,
+        )

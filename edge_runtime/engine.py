@@ -1,0 +1,114 @@
+"""Engine: a loaded bundle ready to run: static pool + StreamingLLM ring state + backend.
+
+engine = load("bundle/")                   # verifies checksums, version, memory budget
+logits = engine.prefill(prompt_ids)        # [V], chunked at the ring's wrap point
+logits = engine.decode(next_id)            # [V], a view into the pool (valid until the next call)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .backends.onnxruntime import OrtBackend
+from .bundle import Bundle, open_bundle
+from .errors import BundleError, EdgeRuntimeError
+from .pool import StaticPool
+from .ring import RingGeometry, RingState
+
+
+class MemoryBudgetError(EdgeRuntimeError):
+    """Weights plus the static pool do not fit the target's memory budget."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    sinks: int | None = None  # None: the bundle's default
+    window: int | None = None
+    threads: int | None = None  # None: ONNX Runtime's default (all cores)
+    memory_budget: int | None = None  # bytes; None: no check
+    position_offset: int = 0  # absolute position of the first token (tests emulate long streams)
+    verify: bool = True
+
+
+class Engine:
+    def __init__(self, bundle: Bundle, opts: LoadOptions):
+        m = bundle.manifest
+        self.bundle, self.manifest = bundle, m
+        self.geometry = _geometry(bundle, opts)
+        kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry)
+        weight_bytes = sum((bundle.path / f).stat().st_size for f in (m.graph.file, m.graph.data_file))
+        if opts.memory_budget is not None and weight_bytes + kv_bytes > opts.memory_budget:
+            raise MemoryBudgetError(
+                f"bundle needs {(weight_bytes + kv_bytes) / 2**20:.1f} MiB (weights {weight_bytes / 2**20:.1f} MiB + "
+                f"KV cache {kv_bytes / 2**20:.1f} MiB for capacity {self.geometry.capacity}) but the memory budget is "
+                f"{opts.memory_budget / 2**20:.1f} MiB; use a smaller --window or a more quantized bundle"
+            )
+        self.weight_bytes = weight_bytes
+        self.pool = StaticPool.allocate(m, self.geometry)
+        self.ring = RingState(self.geometry, np.asarray(m.model.rope_inv_freq), opts.position_offset)
+        self.host_copy = m.graph.kv["update"] == "host_copy"
+        self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads)
+        self._decoding = False
+
+    @property
+    def tokens(self) -> int:
+        return self.ring.tokens
+
+    def reset(self) -> None:
+        """Start a new stream (the buffers stay; every row is masked until rewritten)."""
+        self.ring.reset()
+        self._decoding = False
+
+    def prefill(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+        """Feed prompt tokens; logits of the last one [V] (or of every one [n, V])."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise EdgeRuntimeError(f"prefill needs a non-empty 1-D list of token ids, got shape {ids.shape}")
+        if ids.min() < 0 or ids.max() >= self.manifest.model.vocab_size:
+            raise EdgeRuntimeError(
+                f"token ids must be in [0, {self.manifest.model.vocab_size}), got {ids.min()}..{ids.max()}"
+            )
+        out, pos = [], 0
+        for n in self.ring.chunks(ids.size):
+            plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.keys[0].dtype)
+            out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
+            pos += n
+        self._decoding = False
+        return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def decode(self, token: int) -> np.ndarray:
+        """Feed one token; its logits [V] (a view into the pool, overwritten by the next call)."""
+        d = self.pool.decode
+        if not self._decoding:  # after a prefill the incremental mask is rebuilt once
+            self.ring.sync_decode(d)
+            self._decoding = True
+        self.pool.input_ids[0, 0] = token
+        row = self.ring.decode_into(d, new_rows_as_columns=self.host_copy)
+        self.backend.run_decode(row)
+        if self.host_copy:
+            self.ring.decode_done(d, row)
+        return self.pool.logits[0, 0]
+
+
+def _geometry(bundle: Bundle, opts: LoadOptions) -> RingGeometry:
+    c = bundle.manifest.cache
+    sinks = c.sinks if opts.sinks is None else opts.sinks
+    window = c.window if opts.window is None else opts.window
+    context = bundle.manifest.model.max_position_embeddings
+    if sinks < 0 or window < 1:
+        raise BundleError(f"cache geometry sinks={sinks}, window={window}: need sinks >= 0 and window >= 1")
+    if sinks + window > context:
+        raise BundleError(
+            f"sinks + window = {sinks + window} exceeds the model's trained context {context}; "
+            f"use --window {context - sinks} or less"
+        )
+    return RingGeometry(sinks=sinks, window=window, slack=c.slack)
+
+
+def load(bundle_dir: str | Path, opts: LoadOptions | None = None) -> Engine:
+    """Open, verify and load a bundle. Raises an EdgeRuntimeError subclass naming the problem."""
+    opts = opts or LoadOptions()
+    return Engine(open_bundle(bundle_dir, verify=opts.verify), opts)

@@ -1,0 +1,228 @@
+"""Generation, layered `generate_step -> stream_generate -> generate` (as in mlx-lm).
+
+- `generate_step` yields token ids: prefill once, then sample and decode one token at a time.
+- `stream_generate` adds text (incremental detokenizer), stop conditions and timings; it yields one
+  `TokenEvent` per token, the last one carrying `finish_reason` and the run's `GenerationStats`.
+- `generate` collects a stream into a `GenerationResult`; Ctrl-C ends it cleanly with the partial
+  output (finish_reason "cancelled").
+"""
+
+from __future__ import annotations
+
+import array
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .engine import Engine
+from .errors import EdgeRuntimeError
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamingDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_strings: tuple[str, ...] = ()
+    stop_on_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise EdgeRuntimeError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise EdgeRuntimeError("stop strings must be non-empty")
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float  # start -> first token sampled (tokenize + prefill + sample)
+    prefill_s: float
+    decode_s: float
+    itl_ms: dict[str, float]  # inter-token latency percentiles: p50, p90, p99
+    peak_rss_bytes: int
+    finish_reason: str  # "eos" | "stop" | "length" | "cancelled"
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens per second after the first one (the first is part of TTFT)."""
+        n = self.generated_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "ttft_ms": round(self.ttft_s * 1e3, 3),
+            "prefill_tokens_per_s": round(self.prefill_tps, 2),
+            "decode_tokens_per_s": round(self.decode_tps, 2),
+            "itl_ms": {k: round(v, 3) for k, v in self.itl_ms.items()},
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    text: str  # text completed by this token (may be empty while a character is incomplete)
+    index: int  # 0-based position among generated tokens
+    elapsed_s: float  # since the start of the request
+    finish_reason: str | None = None  # set on the last event only
+    stats: GenerationStats | None = None  # set on the last event only
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    stats: GenerationStats
+
+
+def peak_rss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+def generate_step(engine: Engine, prompt_ids: Sequence[int], sampler: Sampler) -> Iterator[int]:
+    """Yield sampled token ids forever; the caller decides when to stop."""
+    engine.reset()
+    logits = engine.prefill(prompt_ids)
+    # Repetition penalty looks at the tokens the cache can still hold: bounded, like the cache.
+    history: deque[int] | None = None
+    if sampler.params.repetition_penalty != 1.0:
+        history = deque(prompt_ids, maxlen=engine.geometry.logical_capacity)
+    while True:
+        token = sampler(logits, history if history is not None else ())
+        yield token
+        if history is not None:
+            history.append(token)
+        logits = engine.decode(token)
+
+
+class _StopMatcher:
+    """Finds stop strings across token boundaries; holds back text that may be the start of one."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(stops)
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was hit)."""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        out, self.pending = self.pending[: len(self.pending) - hold], self.pending[len(self.pending) - hold :]
+        return out, False
+
+
+def stream_generate(
+    engine: Engine, tokenizer: Tokenizer, prompt: str | Sequence[int], config: GenerationConfig | None = None
+) -> Iterator[TokenEvent]:
+    config = config or GenerationConfig()
+    t0 = time.perf_counter()
+    prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
+    detok = StreamingDetokenizer(tokenizer)
+    stops = _StopMatcher(config.stop_strings)
+    itl = array.array("d")
+    steps = generate_step(engine, prompt_ids, Sampler(config.sampling))
+    prefill_s = first_s = 0.0
+    last = t0
+    index = produced = 0
+    reason = "length"
+    try:
+        for index, token in enumerate(steps):
+            now = time.perf_counter()
+            if index == 0:
+                first_s = now - t0
+                prefill_s = first_s  # prefill + one sample; sampling is microseconds
+            else:
+                itl.append((now - last) * 1e3)
+            last = now
+            finished = token in eos
+            text, hit = ("", False) if finished else stops.push(detok.add(token))
+            if finished or hit or index + 1 >= config.max_tokens:
+                reason = "eos" if finished else "stop" if hit else "length"
+                if reason == "length":
+                    tail, hit = stops.push(detok.flush())
+                    text += tail + ("" if hit else stops.pending)
+                yield _final(token, text, index, index + 1, t0, reason, prompt_ids, first_s, prefill_s, itl)
+                return
+            produced = index + 1
+            yield TokenEvent(token_id=token, text=text, index=index, elapsed_s=now - t0)
+    except KeyboardInterrupt:
+        text = stops.pending  # text held back for a possible stop string is released on cancel
+        yield _final(-1, text, produced, produced, t0, "cancelled", prompt_ids, first_s, prefill_s, itl)
+    finally:
+        steps.close()
+
+
+def _final(
+    token: int,
+    text: str,
+    index: int,
+    generated: int,
+    t0: float,
+    reason: str,
+    prompt_ids: Sequence[int],
+    first_s: float,
+    prefill_s: float,
+    itl: array.array,
+) -> TokenEvent:
+    now = time.perf_counter()
+    pct = np.percentile(np.frombuffer(itl, dtype=np.float64), [50, 90, 99]) if len(itl) else [0.0, 0.0, 0.0]
+    stats = GenerationStats(
+        prompt_tokens=len(prompt_ids),
+        generated_tokens=generated,
+        ttft_s=first_s,
+        prefill_s=prefill_s,
+        decode_s=max(0.0, (now - t0) - first_s) if generated > 1 else 0.0,
+        itl_ms={"p50": float(pct[0]), "p90": float(pct[1]), "p99": float(pct[2])},
+        peak_rss_bytes=peak_rss_bytes(),
+        finish_reason=reason,
+    )
+    return TokenEvent(token_id=token, text=text, index=index, elapsed_s=now - t0, finish_reason=reason, stats=stats)
+
+
+def generate(
+    engine: Engine, tokenizer: Tokenizer, prompt: str | Sequence[int], config: GenerationConfig | None = None
+) -> GenerationResult:
+    """Run a whole request; Ctrl-C returns the partial result with finish_reason 'cancelled'."""
+    prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    ids: list[int] = []
+    parts: list[str] = []
+    final: list[GenerationStats] = []
+
+    def take(ev: TokenEvent) -> None:
+        if ev.token_id >= 0:
+            ids.append(ev.token_id)
+        parts.append(ev.text)
+        if ev.stats is not None:
+            final.append(ev.stats)
+
+    stream = stream_generate(engine, tokenizer, prompt_ids, config)
+    try:
+        for ev in stream:
+            take(ev)
+    except KeyboardInterrupt:  # raised outside the stream: let it close itself with its stats
+        take(stream.throw(KeyboardInterrupt()))
+    return GenerationResult(text="".join(parts), token_ids=ids, prompt_token_ids=prompt_ids, stats=final[-1])

@@ -1,0 +1,79 @@
+"""The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
+
+    K/V per layer      [1, H_kv, capacity, D]   bound as past_* (and present_* for in-place flavors)
+    decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1]
+    new K/V rows       [1, H_kv, 1, D] per layer (host-copy flavor only)
+    logits             [1, 1, V] float32
+
+Nothing here is reallocated per token: decode writes into these arrays in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .manifest import Manifest
+from .ring import MASKED, MASKED_FP16, DecodeBuffers, RingGeometry
+
+
+@dataclass
+class StaticPool:
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+    decode: DecodeBuffers
+    input_ids: np.ndarray  # [1, 1] int64
+    keep: np.ndarray  # [1] int64, always 1 in decode
+    logits: np.ndarray  # [1, 1, V] float32
+    new_keys: list[np.ndarray] = field(default_factory=list)  # host-copy flavor: [1, H_kv, 1, D]
+    new_values: list[np.ndarray] = field(default_factory=list)
+
+    @classmethod
+    def allocate(cls, manifest: Manifest, geometry: RingGeometry) -> StaticPool:
+        m, g = manifest.model, geometry
+        dtype = np.dtype(manifest.graph.activation_dtype)
+        host_copy = manifest.graph.kv["update"] == "host_copy"
+        cols = g.capacity + (1 if host_copy else 0)
+        half = m.rotary_dim // 2
+        masked = MASKED_FP16 if dtype == np.float16 else MASKED
+        keys = [np.zeros((1, h, g.capacity, m.head_dim), dtype) for h in m.num_kv_heads]
+        values = [np.zeros((1, h, g.capacity, m.head_dim), dtype) for h in m.num_kv_heads]
+        decode = DecodeBuffers(
+            cos=np.zeros((1, half), dtype),
+            sin=np.zeros((1, half), dtype),
+            cos_sink=np.zeros((1, half), dtype),
+            sin_sink=np.zeros((1, half), dtype),
+            attn_mask=np.full((1, cols), masked, dtype),
+            sink_mask=np.arange(cols) < g.sinks,
+            write_index=np.zeros(1, np.int64),
+            masked=masked,
+            angle=np.zeros(half, np.float64),
+            trig=np.zeros(half, np.float64),
+        )
+        pool = cls(
+            keys=keys,
+            values=values,
+            decode=decode,
+            input_ids=np.zeros((1, 1), np.int64),
+            keep=np.ones(1, np.int64),
+            logits=np.zeros((1, 1, m.vocab_size), np.float32),
+        )
+        if host_copy:
+            pool.new_keys = [np.zeros((1, h, 1, m.head_dim), dtype) for h in m.num_kv_heads]
+            pool.new_values = [np.zeros((1, h, 1, m.head_dim), dtype) for h in m.num_kv_heads]
+        return pool
+
+    def nbytes(self) -> int:
+        arrays = [*self.keys, *self.values, *self.new_keys, *self.new_values, self.input_ids, self.keep, self.logits]
+        d = self.decode
+        arrays += [d.cos, d.sin, d.cos_sink, d.sin_sink, d.attn_mask, d.sink_mask, d.write_index]
+        return sum(a.nbytes for a in arrays)
+
+    def kv_nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.keys, *self.values))
+
+    @staticmethod
+    def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry) -> int:
+        itemsize = np.dtype(manifest.graph.activation_dtype).itemsize
+        return 2 * sum(h * geometry.capacity * manifest.model.head_dim * itemsize for h in manifest.model.num_kv_heads)
