@@ -7,8 +7,9 @@ logits = engine.decode(next_id)            # [V], a view into the pool (valid un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from .bundle import Bundle, open_bundle
 from .errors import BundleError, EdgeRuntimeError
 from .pool import StaticPool
 from .ring import RingGeometry, RingState
+
+if TYPE_CHECKING:
+    from .targets import TargetProfile
 
 
 class MemoryBudgetError(EdgeRuntimeError):
@@ -108,7 +112,31 @@ def _geometry(bundle: Bundle, opts: LoadOptions) -> RingGeometry:
     return RingGeometry(sinks=sinks, window=window, slack=c.slack)
 
 
-def load(bundle_dir: str | Path, opts: LoadOptions | None = None) -> Engine:
-    """Open, verify and load a bundle. Raises an EdgeRuntimeError subclass naming the problem."""
+def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> LoadOptions:
+    """Fill what `opts` leaves open from a target profile: threads, memory budget and cache geometry.
+    The profile's window is clamped to the model's trained context; an explicit one is not."""
+    sinks, window = opts.sinks, opts.window
+    if sinks is None and window is None:
+        sinks = profile.kv_cache.sinks
+        window = min(profile.kv_cache.window, bundle.manifest.model.max_position_embeddings - sinks)
+    return replace(
+        opts, sinks=sinks, window=window, threads=opts.threads or profile.backend.threads or None,
+        memory_budget=opts.memory_budget if opts.memory_budget is not None else profile.memory_budget_bytes,
+    )
+
+
+def load(bundle_dir: str | Path, opts: LoadOptions | None = None, *,
+         target: str | TargetProfile | None = None) -> Engine:
+    """Open, verify and load a bundle, optionally for a target (a profile, a name, a YAML path or "auto").
+
+    Raises an EdgeRuntimeError subclass naming the problem (bad checksum, version, geometry, budget).
+    """
     opts = opts or LoadOptions()
-    return Engine(open_bundle(bundle_dir, verify=opts.verify), opts)
+    bundle = open_bundle(bundle_dir, verify=opts.verify)
+    if isinstance(target, str):
+        from .targets import resolve_target
+
+        target = resolve_target(target).profile
+    if target is not None:
+        opts = apply_target(opts, target, bundle)
+    return Engine(bundle, opts)

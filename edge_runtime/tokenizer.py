@@ -8,6 +8,7 @@ suffix per token (the prefix/read offsets of vLLM's incremental detokenizer), no
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -22,6 +23,11 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises plain Exceptions
             raise BundleError(f"cannot read tokenizer '{path}': {e}") from e
         self.spec = spec
+
+    @classmethod
+    def for_engine(cls, engine: Any) -> Tokenizer:
+        """The tokenizer shipped in a loaded engine's bundle."""
+        return cls(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
 
     def encode(self, text: str) -> list[int]:
         """Prompt ids, BOS first (added here when the tokenizer does not add it itself)."""

@@ -57,17 +57,6 @@ def ensure_bundle(checkpoint: Path, flavor: str) -> Path:
     return out
 
 
-def _window_for(bundle_dir: Path, profile_window: int, profile_sinks: int, explicit: bool) -> tuple[int, int] | None:
-    """The target's cache geometry, clamped to the model's trained context unless given explicitly."""
-    if explicit:
-        return None
-    from edge_runtime.manifest import Manifest
-
-    m = Manifest.read(bundle_dir / "manifest.json")
-    window = min(profile_window, m.model.max_position_embeddings - profile_sinks)
-    return profile_sinks, window
-
-
 @click.command()
 @click.option("--prompt", default=None, help=f"Prompt text [default: {DEFAULT_PROMPT!r}].")
 @click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
@@ -128,16 +117,7 @@ def main(
     if not as_json:
         click.echo(detection.reason, err=True)
     bundle_dir = bundle or ensure_bundle(model or DEMO_CHECKPOINT, profile.graph_flavor)
-    geometry = _window_for(
-        bundle_dir, profile.kv_cache.window, profile.kv_cache.sinks, explicit=sinks is not None or window is not None
-    )
-    opts = LoadOptions(
-        sinks=sinks if geometry is None else geometry[0],
-        window=window if geometry is None else geometry[1],
-        threads=threads or profile.backend.threads or None,
-        memory_budget=profile.memory_budget_bytes,
-    )
-    engine = load(bundle_dir, opts)
+    engine = load(bundle_dir, LoadOptions(sinks=sinks, window=window, threads=threads), target=profile)
     tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
     config = GenerationConfig(
         max_tokens=max_tokens,
