@@ -79,6 +79,22 @@ class StepInputs:
     attn_mask: np.ndarray  # [n, K] additive, K = attended columns (capacity, or capacity + n for `trt`)
     sink_mask: np.ndarray  # [K] bool: column uses the sink-rotated query
 
+    def feeds(self, ids: np.ndarray, keep: int, *, in_place: bool) -> dict[str, np.ndarray]:
+        """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py)."""
+        feeds = {
+            "input_ids": np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1),
+            "cos": self.cos,
+            "sin": self.sin,
+            "cos_sink": self.cos_sink,
+            "sin_sink": self.sin_sink,
+            "attn_mask": self.attn_mask,
+            "sink_mask": self.sink_mask,
+            "num_logits_to_keep": np.array([keep], dtype=np.int64),
+        }
+        if in_place:
+            feeds["write_index"] = self.write_index
+        return feeds
+
 
 @dataclass
 class DecodeBuffers:

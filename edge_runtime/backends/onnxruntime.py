@@ -88,18 +88,7 @@ class OrtBackend:
         Returns the logits of the last `keep` tokens, [keep, V]."""
         n = ids.shape[0]
         io = self.session.io_binding()
-        feeds = {
-            "input_ids": np.ascontiguousarray(ids[None, :]),
-            "cos": plan.cos,
-            "sin": plan.sin,
-            "cos_sink": plan.cos_sink,
-            "sin_sink": plan.sin_sink,
-            "attn_mask": plan.attn_mask,
-            "sink_mask": plan.sink_mask,
-            "num_logits_to_keep": np.array([keep], np.int64),
-        }
-        if not self.host_copy:
-            feeds["write_index"] = plan.write_index
+        feeds = plan.feeds(ids, keep, in_place=not self.host_copy)
         held = {name: _ov(np.ascontiguousarray(a)) for name, a in feeds.items()}
         for name, value in held.items():
             io.bind_ortvalue_input(name, value)
