@@ -235,7 +235,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, model_max_length=2048
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, model_max_length=CTX
     )
     fast.save_pretrained(out)
     # transformers 5 writes its own class name; the generic one loads on 4.x and 5.x alike.
