@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -73,7 +74,14 @@ def ensure_bundle(checkpoint: Path, flavor: str) -> Path:
 @click.option("--sinks", type=int, default=None, help="Attention sinks [default: target, then bundle].")
 @click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
 @click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
-@click.option("--stats", is_flag=True, help="Print TTFT, ITL p50/p90/p99, tokens/s and peak RSS to stderr.")
+@click.option(
+    "--stats",
+    is_flag=True,
+    help="Print TTFT, ITL p50/p90/p99, tokens/s, peak RSS, weight bandwidth and energy per phase to stderr.",
+)
+@click.option(
+    "--log", "log_file", type=click.Path(path_type=Path), help="Append this run's figures to a field log (JSONL)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, stats) instead of streaming.")
 @debug_option
 @friendly_errors
@@ -94,9 +102,12 @@ def main(
     window: int | None,
     threads: int | None,
     stats: bool,
+    log_file: Path | None,
     as_json: bool,
 ) -> None:
     """Generate text on this device. With no arguments: the bundled demo model, target auto-detected."""
+    from edge_runtime.bench.figures import format_energy, format_speed, run_figures
+    from edge_runtime.bench.runner import PhaseMarks, open_sampler
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import EdgeRuntimeError
     from edge_runtime.generate import GenerationConfig, stream_generate
@@ -117,8 +128,17 @@ def main(
     if not as_json:
         click.echo(detection.reason, err=True)
     bundle_dir = bundle or ensure_bundle(model or DEMO_CHECKPOINT, profile.graph_flavor)
+    # Power is sampled only when a figure needs it: phases load, prefill, decode (as in edge-bench).
+    sampler = open_sampler(profile)[0] if stats or log_file else None
+    if sampler is not None:
+        # However the command ends (an error, Ctrl-C), the sampling thread stops and the meter closes.
+        click.get_current_context().call_on_close(lambda: _close_sampler(sampler))
+        sampler.start()
+        sampler.mark("load")
     engine = load(bundle_dir, LoadOptions(sinks=sinks, window=window, threads=threads), target=profile)
     tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
+    if sampler is not None:
+        sampler.mark(None)
     config = GenerationConfig(
         max_tokens=max_tokens,
         stop_strings=stop,
@@ -137,8 +157,11 @@ def main(
     stream = stream_generate(engine, tok, prompt_ids, config)
     if not as_json:
         click.echo(text, nl=False)
+    marks = PhaseMarks(sampler)
+    marks.begin()
     try:
         for ev in stream:
+            marks.see(ev)
             final = ev.stats or final
             if ev.token_id >= 0:
                 ids.append(ev.token_id)
@@ -147,7 +170,16 @@ def main(
                 click.echo(ev.text, nl=False)
                 sys.stdout.flush()
     except KeyboardInterrupt:  # Ctrl-C: close the stream, keep the partial output and its stats
-        final = stream.throw(KeyboardInterrupt()).stats
+        last = stream.throw(KeyboardInterrupt())
+        marks.see(last)
+        final = last.stats
+    energy = figures = None
+    if sampler is not None:
+        energy = sampler.stop()
+        if final is not None:
+            figures = run_figures(final, engine.manifest.graph.weight_bytes, energy)
+    if log_file is not None and figures is not None and energy is not None:
+        _log_run(log_file, profile.name, bundle_dir, engine, prompt_ids, config, figures, energy)
     if as_json:
         click.echo(
             json.dumps(
@@ -158,19 +190,62 @@ def main(
                     "stats": final.to_dict() if final else None,
                     "target": profile.name,
                     "bundle": str(bundle_dir),
+                    **({"figures": figures, "power": energy.label()} if figures and energy else {}),
                 }
             )
         )
         return
     click.echo()
-    if stats and final:
-        s = final.to_dict()
-        itl = s["itl_ms"]
+    if stats and figures and energy:
+        s = figures
         click.echo(
             f"--- {s['finish_reason']}: {s['prompt_tokens']} prompt + {s['generated_tokens']} generated tokens | "
-            f"TTFT {s['ttft_ms']:.1f} ms | prefill {s['prefill_tokens_per_s']:.1f} tok/s | "
-            f"decode {s['decode_tokens_per_s']:.1f} tok/s | ITL p50/p90/p99 {itl['p50']:.2f}/{itl['p90']:.2f}/"
-            f"{itl['p99']:.2f} ms | peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB | "
-            f"target {profile.name}, cache {engine.geometry.sinks}+{engine.geometry.window}",
+            f"{format_speed(s)} | target {profile.name}, cache {engine.geometry.sinks}+{engine.geometry.window}\n"
+            f"--- {format_energy(s)}\n--- power: {energy.label()}",
             err=True,
         )
+
+
+def _close_sampler(sampler: Any) -> None:
+    if sampler.running:
+        sampler.stop()
+    sampler.meter.close()
+
+
+def _log_run(
+    log_file: Path,
+    target: str,
+    bundle_dir: Path,
+    engine: Any,
+    prompt_ids: list[int],
+    config: Any,
+    figures: dict[str, Any],
+    energy: Any,
+) -> None:
+    """One field-log record for this run, in the same shape edge-bench writes per trial."""
+    import dataclasses
+
+    from edge_runtime.bench.environment import bundle_info, environment
+    from edge_runtime.bench.fieldlog import append_record, make_record, new_run_id
+    from edge_runtime.bench.figures import describe_meter
+
+    g = engine.geometry
+    settings = {
+        "prompt_tokens": len(prompt_ids),
+        "max_tokens": config.max_tokens,
+        "sampling": dataclasses.asdict(config.sampling),
+        "stop": list(config.stop_strings),
+        "stop_on_eos": config.stop_on_eos,
+        "cache": {"sinks": g.sinks, "window": g.window},
+    }
+    record = make_record(
+        "edge-run",
+        environment=environment(),
+        target=target,
+        bundle=bundle_info(bundle_dir, engine.manifest),
+        settings=settings,
+        measurement=describe_meter(energy),
+        figures=figures,
+        run_id=new_run_id(),
+    )
+    append_record(log_file, record)
