@@ -7,6 +7,7 @@ G = Hq / Hkv, K = attended cache columns. Batch is 1 (an edge runtime serves one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -17,9 +18,21 @@ from .graph import ONNX_DTYPE, GraphBuilder
 INT64_MAX = np.iinfo(np.int64).max
 
 
+class WeightFormat(Protocol):
+    """How weights become initializers and nodes: FloatWeights here, the quantized formats in quant_graph.py."""
+
+    def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str: ...
+
+    def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str: ...
+
+    def gather_rows(self, g: GraphBuilder, prefix: str, table: str, ids: str) -> str: ...
+
+    def matmul_table(self, g: GraphBuilder, prefix: str, x2d: str, table: str) -> str: ...
+
+
 @dataclass(frozen=True)
 class FloatWeights:
-    """Weights stored as fp32 or fp16 initializers. The quantized formats implement the same two methods."""
+    """Weights stored as fp32 or fp16 initializers."""
 
     storage: np.dtype
 
@@ -120,7 +133,7 @@ def attention(
     prefix: str,
     h: str,
     lw: LayerWeights,
-    wf: FloatWeights,
+    wf: WeightFormat,
     step: StepTensors,
     *,
     layer: int,
@@ -197,7 +210,7 @@ def attention(
 #   h ─► gate_proj ─► SiLU ─┐
 #   h ─► up_proj ───────────► * ─► down_proj ─► y             SiLU(x) = x * Sigmoid(x)
 # ------------------------------------------------------------------------------------------------
-def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: FloatWeights) -> str:
+def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat) -> str:
     gate = wf.matmul(g, f"{prefix}/gate_proj", h, lw.gate, lw.gate_bias)  # [1, T, I]
     up = wf.matmul(g, f"{prefix}/up_proj", h, lw.up, lw.up_bias)
     act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{prefix}/act/Sigmoid")], f"{prefix}/act/Mul")

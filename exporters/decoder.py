@@ -20,8 +20,10 @@ import onnx
 from edge_runtime import __version__
 from edge_runtime.models import ModelArgs, ModelWeights
 
-from .blocks import INT64_MAX, FloatWeights, StepTensors, attention, mlp, rms_norm
+from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .graph import GraphBuilder
+from .quant_graph import quantized_format
+from .quant_model import QuantizedModel
 
 
 class Flavor(enum.Enum):
@@ -48,6 +50,7 @@ class BuiltGraph:
     precision: Precision
     activation_dtype: np.dtype
     io: dict[str, Any]  # the graph's I/O contract, for the manifest
+    weight_dtype: str  # "fp32" | "fp16" | "int8" | "int4" (the Linear weights' storage)
 
 
 def activation_dtype(flavor: Flavor, precision: Precision) -> np.dtype:
@@ -55,10 +58,29 @@ def activation_dtype(flavor: Flavor, precision: Precision) -> np.dtype:
     return precision.dtype if flavor is Flavor.TRT else np.dtype(np.float32)
 
 
-def build_decoder(args: ModelArgs, weights: ModelWeights, flavor: Flavor, precision: Precision) -> BuiltGraph:
+def build_decoder(
+    args: ModelArgs,
+    weights: ModelWeights,
+    flavor: Flavor,
+    precision: Precision,
+    quantized: QuantizedModel | None = None,
+) -> BuiltGraph:
+    """`quantized`: integer forms of `weights` (which must be `quantized.weights`), else float weights."""
     act = activation_dtype(flavor, precision)
     g = GraphBuilder("edge_runtime_decoder", OPSET[flavor], act)
-    wf = FloatWeights(precision.dtype)
+    wf: WeightFormat = FloatWeights(precision.dtype)
+    weight_dtype = precision.value
+    if quantized is not None:
+        if weights is not quantized.weights:
+            raise ValueError("build_decoder: pass quantized.weights as `weights` with `quantized`")
+        wf = quantized_format(
+            quantized,
+            trt=flavor is Flavor.TRT,
+            storage=precision.dtype,
+            activation=act,
+            accuracy_level=quantized.config.accuracy_level,
+        )
+        weight_dtype = f"int{quantized.config.method.linear_bits}"
     half = args.rotary_dim // 2
     cols = "capacity" if flavor is Flavor.ORT else "capacity_plus_tokens"
 
@@ -135,7 +157,9 @@ def build_decoder(args: ModelArgs, weights: ModelWeights, flavor: Flavor, precis
             "attended_columns": cols,
         },
     }
-    return BuiltGraph(model=model, flavor=flavor, precision=precision, activation_dtype=act, io=io)
+    return BuiltGraph(
+        model=model, flavor=flavor, precision=precision, activation_dtype=act, io=io, weight_dtype=weight_dtype
+    )
 
 
 def _spec(vi: onnx.ValueInfoProto) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import platform
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,10 @@ from edge_runtime.manifest import (
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
+from .quant import QuantConfig
+from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
-from .validate import TOLERANCE, validation_grid
+from .validate import TOLERANCE, tolerance_for, validation_grid
 
 GRAPH_FILE, DATA_FILE, TOKENIZER_FILE = "model.onnx", "model.onnx.data", "tokenizer.json"
 DEFAULT_SINKS = 4
@@ -57,6 +59,9 @@ class ExportOptions:
     sinks: int = DEFAULT_SINKS
     window: int | None = None  # None: fill the model's trained context (capped at DEFAULT_WINDOW_CAP)
     overwrite: bool = False
+    quant: QuantConfig = field(default_factory=QuantConfig)  # method none: float weights of `precision`
+    prune: float | None = None  # fraction of attention + MLP parameters to remove, in (0, 1)
+    calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else the demo model's
 
 
 Progress = Callable[[str], None]
@@ -68,9 +73,18 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     ckpt = load_checkpoint(opts.checkpoint)
     tokenizer = _tokenizer_spec(ckpt)
     cache = _cache_spec(ckpt, opts)
+    prepared = prepare_weights(
+        ckpt,
+        opts.quant,
+        opts.prune,
+        opts.calibration,
+        trt=opts.flavor is Flavor.TRT,
+        weights_label=opts.precision.value,
+        progress=progress,
+    )
 
     progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
-    built = build_decoder(ckpt.args, ckpt.weights, opts.flavor, opts.precision)
+    built = build_decoder(ckpt.args, prepared.weights, opts.flavor, opts.precision, prepared.quantized)
 
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
         progress("writing graph and weights")
@@ -83,16 +97,16 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             size_threshold=1024,
         )
         shutil.copyfile(ckpt.tokenizer_file, tmp / TOKENIZER_FILE)
-        validation = _validate(tmp / GRAPH_FILE, ckpt, built, progress)
+        validation = _validate(tmp / GRAPH_FILE, ckpt, built, prepared, progress)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         manifest = Manifest(
             format_version=FORMAT_VERSION,
-            model=_model_spec(ckpt),
-            graph=_graph_spec(built, tmp),
+            model=_model_spec(ckpt, prepared),
+            graph=_graph_spec(built, tmp, tied=prepared.weights.lm_head is prepared.weights.embed),
             cache=cache,
             tokenizer=tokenizer,
             generation=_generation_defaults(ckpt.path),
-            quantization={"method": "none", "weights": opts.precision.value, "per_tensor": {}},
+            quantization=prepared.record,
             validation=validation,
             provenance=_provenance(ckpt, opts, time.perf_counter() - t_start),
             files=files,
@@ -102,38 +116,71 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     return manifest
 
 
-def _validate(graph: Path, ckpt: Checkpoint, built: BuiltGraph, progress: Progress) -> ValidationRecord:
-    t0 = time.perf_counter()
+def _session(model: str | bytes, built: BuiltGraph) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
-    reference = ReferenceModel(ckpt.args, ckpt.weights)
-    kv_heads = [lw.num_kv_heads(ckpt.args.head_dim) for lw in ckpt.weights.layers]
-    progress(f"validating against the float64 reference (ONNX Runtime {ort.__version__} CPU)")
-    cases = validation_grid(
-        session,
-        reference,
-        flavor=built.flavor,
-        dtype=built.activation_dtype,
-        kv_heads=kv_heads,
-        sliding_window=ckpt.args.sliding_window,
-        progress=progress,
-    )
-    tol = TOLERANCE[built.precision.value]
-    worst = max(c.max_rel_err for c in cases)
-    if not worst <= tol:  # also catches NaN
-        raise ValidationError(
-            f"exported graph differs from the float64 reference by {worst:.3e} (max relative error), above the "
-            f"{built.precision.value} tolerance {tol:g}; no bundle written. Worst case: "
-            f"{max(cases, key=lambda c: c.max_rel_err).name}"
+    if built.flavor is Flavor.TRT:
+        # ORT fuses DequantizeLinear -> MatMul into MatMulNBits with int8 activations by default;
+        # TensorRT dequantizes and multiplies in fp16/fp32, which accuracy level 0 reproduces.
+        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def _validate(
+    graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: PreparedWeights, progress: Progress
+) -> ValidationRecord:
+    t0 = time.perf_counter()
+    # The reference runs the very weights the graph holds (pruned, dequantized): any difference
+    # is the graph's, not quantization's.
+    reference = ReferenceModel(ckpt.args, prepared.weights)
+    kv_heads = [lw.num_kv_heads(ckpt.args.head_dim) for lw in prepared.weights.layers]
+
+    def grid(session: ort.InferenceSession) -> list:
+        return validation_grid(
+            session,
+            reference,
+            flavor=built.flavor,
+            dtype=built.activation_dtype,
+            kv_heads=kv_heads,
+            sliding_window=ckpt.args.sliding_window,
+            progress=progress,
         )
+
+    q = prepared.quantized
+    int8_act = q is not None and built.flavor is Flavor.ORT and q.config.accuracy_level == 4
+    if int8_act:
+        progress("validating the same integer weights at accuracy_level 0 (fp32 compute) against the reference")
+        twin = build_decoder(ckpt.args, prepared.weights, built.flavor, built.precision, exact_twin(q))
+        exact = grid(_session(twin.model.SerializeToString(), twin))
+        _check(exact, TOLERANCE[built.precision.value], f"{built.precision.value} (accuracy_level 0 twin)")
+        prepared.record["exact_parity"] = {  # into the manifest's `quantization` record
+            "accuracy_level": 0,
+            "tolerance": TOLERANCE[built.precision.value],
+            "max_rel_err": max(c.max_rel_err for c in exact),
+        }
+    progress(f"validating against the float64 reference (ONNX Runtime {ort.__version__} CPU)")
+    cases = grid(_session(str(graph), built))
+    tol = tolerance_for(built.precision.value, int8_activations=int8_act)
+    worst = _check(cases, tol, built.precision.value + (" with int8 activations" if int8_act else ""))
+    what = "" if q is None and not prepared.pruned else " run with the exported (pruned/dequantized) weights"
     return ValidationRecord(
-        reference="float64 numpy StreamingLLM transcription (exporters/reference.py)",
+        reference=f"float64 numpy StreamingLLM transcription (exporters/reference.py){what}",
         tolerance=tol,
         max_rel_err=worst,
         cases=[ValidationCase(c.name, c.tokens, c.max_rel_err) for c in cases],
         seconds=round(time.perf_counter() - t0, 2),
     )
+
+
+def _check(cases: list, tol: float, label: str) -> float:
+    worst = max(c.max_rel_err for c in cases)
+    if not worst <= tol:  # also catches NaN
+        raise ValidationError(
+            f"exported graph differs from the float64 reference by {worst:.3e} (max relative error), above the "
+            f"{label} tolerance {tol:g}; no bundle written. Worst case: "
+            f"{max(cases, key=lambda c: c.max_rel_err).name}"
+        )
+    return worst
 
 
 def _cache_spec(ckpt: Checkpoint, opts: ExportOptions) -> CacheSpec:
@@ -184,8 +231,15 @@ def _generation_defaults(path: Path) -> dict[str, Any]:
     return {k: gen[k] for k in keys if k in gen}
 
 
-def _model_spec(ckpt: Checkpoint) -> ModelSpec:
-    a, w = ckpt.args, ckpt.weights
+def _model_spec(ckpt: Checkpoint, prepared: PreparedWeights) -> ModelSpec:
+    a, w = ckpt.args, prepared.weights
+    if prepared.pruned:
+        tied = w.lm_head is w.embed
+        arrays = [w.embed, w.final_norm, *([] if tied else [w.lm_head])]
+        arrays += [t for lw in w.layers for t in vars(lw).values() if t is not None]
+        parameters = int(sum(t.size for t in arrays))
+    else:
+        parameters = int(sum(int(np.prod(ckpt.tensors.shape(n))) for n in ckpt.tensors))
     return ModelSpec(
         source_model_type=a.model_type,
         arch=a.arch,
@@ -199,24 +253,23 @@ def _model_spec(ckpt: Checkpoint) -> ModelSpec:
         rotary_dim=a.rotary_dim,
         rope_inv_freq=[float(x) for x in a.rope.inv_freq(a.head_dim)],
         max_position_embeddings=a.max_position_embeddings,
-        parameters=int(sum(int(np.prod(ckpt.tensors.shape(n))) for n in ckpt.tensors)),
+        parameters=parameters,
         tied_embeddings=w.lm_head is w.embed,
     )
 
 
-def _graph_spec(built: BuiltGraph, bundle_dir: Path) -> GraphSpec:
+def _graph_spec(built: BuiltGraph, bundle_dir: Path, *, tied: bool) -> GraphSpec:
     inits = built.model.graph.initializer
-    total = sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in inits)
-    embed = next((t for t in inits if t.name == "/model/embed_tokens/weight"), None)
-    tied = not any(t.name == "/lm_head/weight" for t in inits)
+    total = sum(_tensor_bytes(t) for t in inits)
+    embed = sum(_tensor_bytes(t) for t in inits if t.name.startswith("/model/embed_tokens/"))
     # Per token every weight is read once, except an untied embedding table (one row is gathered).
-    per_token = total if tied or embed is None else total - int(np.prod(embed.dims)) * built.precision.dtype.itemsize
+    per_token = total if tied else total - embed
     return GraphSpec(
         file=GRAPH_FILE,
         data_file=DATA_FILE,
         flavor=built.flavor.value,
         opset=OPSET[built.flavor],
-        weight_dtype=built.precision.value,
+        weight_dtype=built.weight_dtype,
         activation_dtype=np.dtype(built.activation_dtype).name,
         inputs=built.io["inputs"],
         outputs=built.io["outputs"],
@@ -225,12 +278,20 @@ def _graph_spec(built: BuiltGraph, bundle_dir: Path) -> GraphSpec:
     )
 
 
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    n = int(np.prod(t.dims))
+    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return (n + 1) // 2
+    return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
 def _provenance(ckpt: Checkpoint, opts: ExportOptions, seconds: float) -> dict[str, Any]:
     return {
         "exporter": f"edge-runtime {__version__}",
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(seconds, 2),
         "source": str(ckpt.path.resolve()),
+        "options": {"quant": opts.quant.method.value, "block": opts.quant.block, "prune": opts.prune},
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},
         "onnx": onnx.__version__,
         "onnxruntime": ort.__version__,

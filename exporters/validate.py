@@ -21,6 +21,20 @@ from .decoder import Flavor
 from .reference import ReferenceModel, StreamingReference
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
+# MatMulNBits with accuracy_level 4 quantizes each activation block to int8 (scale = block max / 127)
+# before the integer dot products, so the graph no longer computes with the reference's activations.
+# Measured (ORT 1.32, x86): one MatMulNBits equals a numpy emulation of that rounding to 3e-7, and
+# the whole graph of the same weights at accuracy_level 0 matches the reference to ~2e-6. With int8
+# activations the validation grid gives 2.3e-2..9.1e-2 on the six random tiny test models (INT8,
+# INT4 block 32) and 7e-3..2e-2 on the trained demo model (INT8; INT4 RTN/AWQ/GPTQ, blocks 32 and
+# 128; pruned). Random tiny models amplify the rounding; 0.15 leaves a 1.6x margin over them. It only
+# has to catch gross breakage: export.py also validates the same integer weights at accuracy_level 0
+# against the fp32 tolerance.
+INT8_ACTIVATION_TOLERANCE = 0.15
+
+
+def tolerance_for(precision: str, *, int8_activations: bool) -> float:
+    return max(TOLERANCE[precision], INT8_ACTIVATION_TOLERANCE) if int8_activations else TOLERANCE[precision]
 
 
 class NumpyGraphRunner:

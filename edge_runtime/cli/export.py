@@ -1,6 +1,8 @@
 """`edge-export`: build a validated bundle from a Hugging Face checkpoint, or inspect one.
 
 edge-export CHECKPOINT_DIR -o OUT_DIR [--flavor ort|trt] [--dtype fp32|fp16] [--sinks N] [--window N]
+            [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO] [--calib FILE]
+            [--fp-embeddings]
 edge-export inspect BUNDLE_DIR
 """
 
@@ -47,15 +49,44 @@ def main() -> None:
 )
 @click.option("--sinks", type=int, default=4, show_default=True, help="StreamingLLM attention sinks.")
 @click.option("--window", type=int, default=None, help="Recent tokens attended [default: the trained context].")
+@click.option(
+    "--quant",
+    default="none",
+    show_default=True,
+    help="Weight quantization: none, int8 (per channel), int4 (round to nearest), int4-awq (activation-aware), "
+    "int4-gptq.",
+)
+@click.option("--block", type=int, default=None, help="INT4 block size: 32, 64 or 128 [default: 32 ort, 128 trt].")
+@click.option("--prune", type=float, default=None, help="Remove this fraction (0..1) of attention+MLP parameters.")
+@click.option(
+    "--calib",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Calibration text for int4-awq/int4-gptq/--prune [default: calibration.txt beside the checkpoint, "
+    "else the demo model's].",
+)
+@click.option("--fp-embeddings", is_flag=True, help="Keep the embedding table and LM head unquantized.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
 @friendly_errors
 def build(
-    checkpoint: Path, out: Path, flavor: str, dtype: str, sinks: int, window: int | None, overwrite: bool
+    checkpoint: Path,
+    out: Path,
+    flavor: str,
+    dtype: str,
+    sinks: int,
+    window: int | None,
+    quant: str,
+    block: int | None,
+    prune: float | None,
+    calib: Path | None,
+    fp_embeddings: bool,
+    overwrite: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory) to a validated bundle in OUT."""
     from edge_runtime.exporters.decoder import Flavor, Precision
     from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import QuantConfig, QuantMethod
 
     opts = ExportOptions(
         checkpoint=checkpoint,
@@ -65,13 +96,22 @@ def build(
         sinks=sinks,
         window=window,
         overwrite=overwrite,
+        quant=QuantConfig(
+            QuantMethod.parse(quant),
+            block=block if block is not None else 32 if flavor == "ort" else 128,
+            fp_embeddings=fp_embeddings,
+        ),
+        prune=prune,
+        calibration=calib,
     )
     t0 = time.perf_counter()
     manifest = export(opts, progress=lambda msg: click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True))
     size = sum(p.stat().st_size for p in out.iterdir())
+    ppl = manifest.quantization.get("heldout_ppl")
     click.echo(
         f"{out}: {manifest.graph.flavor}/{manifest.graph.weight_dtype}, {size / 1e6:.1f} MB, "
         f"validation max rel err {manifest.validation.max_rel_err:.2e} (tolerance {manifest.validation.tolerance:g})"
+        + (f", held-out ppl {ppl['original']:.3f} -> {ppl['exported']:.3f}" if ppl else "")
     )
 
 
@@ -96,7 +136,7 @@ def inspect(bundle: Path, no_verify: bool) -> None:
         f"cache       sinks {m.cache.sinks}, window {m.cache.window}, slack {m.cache.slack} "
         f"(KV update: {m.graph.kv['update']})",
         f"tokenizer   bos {m.tokenizer.bos_token_id}, eos {m.tokenizer.eos_token_ids}",
-        f"quantized   {m.quantization.get('method')}",
+        *_quantization_lines(m.quantization),
         f"validation  max rel err {m.validation.max_rel_err:.2e} <= {m.validation.tolerance:g} "
         f"({len(m.validation.cases)} cases, {m.validation.seconds:.1f}s)",
     ]
@@ -105,3 +145,49 @@ def inspect(bundle: Path, no_verify: bool) -> None:
     verdict = "not verified (--no-verify)" if no_verify else "all sha256 match"
     lines.append(f"files       {', '.join(m.files)}: {verdict}")
     click.echo("\n".join(lines))
+
+
+def _quantization_lines(q: dict) -> list[str]:
+    """The manifest's `quantization` record: method, per-tensor error summary, pruning, perplexity."""
+    if q.get("method", "none") == "none":
+        lines = [f"quantized   none ({q.get('weights')} weights)"]
+    else:
+        block = q.get("block")
+        level = f", accuracy_level {q['accuracy_level']}" if "accuracy_level" in q else ""
+        lines = [
+            f"quantized   {q['method']}: Linear int{q.get('linear_bits')} "
+            f"{'per channel' if block == 'channel' else f'block {block}'}, embeddings {q.get('embeddings')}{level}"
+        ]
+    per = q.get("per_tensor") or {}
+    if per:
+        errs = sorted((v["rel_err"], k) for k, v in per.items())
+        lines.append(
+            f"            {len(per)} tensors, weight error (rel. Frobenius) median {errs[len(errs) // 2][0]:.2e}, "
+            f"max {errs[-1][0]:.2e} ({errs[-1][1]})"
+        )
+        out = [v["rel_out_err"] for v in per.values() if "rel_out_err" in v]
+        if out:
+            median = sorted(out)[len(out) // 2]
+            lines.append(f"            Linear output error on calibration text: median {median:.2e}")
+    if "exact_parity" in q:
+        e = q["exact_parity"]
+        lines.append(
+            f"            same weights at accuracy_level 0: max rel err {e['max_rel_err']:.2e} <= {e['tolerance']:g}"
+        )
+    if "pruning" in q:
+        p = q["pruning"]
+        kept = p["prunable_parameters_after"] / p["prunable_parameters_before"]
+        lines.append(
+            f"pruned      ratio {p['ratio']:g} -> kept {kept:.1%} of attention+MLP parameters; "
+            f"MLP widths {p['intermediate_size']}, KV heads {p['num_kv_heads']}"
+        )
+    if "calibration" in q:
+        c = q["calibration"]
+        lines.append(f"calibration {c['file']} ({c['tokens']} tokens)")
+    if "heldout_ppl" in q:
+        h = q["heldout_ppl"]
+        lines.append(
+            f"held-out    perplexity {h['original']:.3f} -> {h['exported']:.3f} ({h['change_pct']:+.2f}%), "
+            f"{h['tokens']} tokens of heldout.txt"
+        )
+    return lines

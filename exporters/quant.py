@@ -1,0 +1,198 @@
+"""Weight quantization numerics: symmetric INT8 per-channel and INT4 block-wise codes (RTN, GPTQ).
+
+A `QuantizedMatrix` is the one integer form of a Linear weight `[out, in]`: signed codes and one
+positive scale per block of `block` consecutive input channels (`block == in`: per channel). Both
+graph flavors are written from it (MatMulNBits for `ort`, DequantizeLinear for `trt`; see
+quant_graph.py), so the two graphs compute with the same dequantized weights, bit for bit.
+
+The rounding rule is ours, not MLAS's: ONNX Runtime's symmetric quantizers
+(`quantize_matmul_4bits`, `quantize_qdq_matmul_4bits`) map a block's largest-magnitude value to -8
+with a *negative* scale when that value is positive [measured, ORT 1.32]. TensorRT's explicit
+quantization is specified with positive scales, so we pick the smallest positive scale whose
+[-8, 7] (or [-128, 127]) grid covers the block: `max(max(w) / 7, -min(w) / 8)`. Where the block's
+most negative value dominates this is MLAS's rule, exactly so when that scale is fp16-representable
+(a test checks it against ORT).
+Scales are rounded *up* to fp16-representable values so an fp16 TensorRT graph holds the same
+scales as an fp32 CPU graph; codes are computed with the rounded scale.
+
+GPTQ (Frantar et al. 2023) is implemented here in numpy because ONNX Runtime's copy
+(`onnxruntime.quantization.neural_compressor.gptq`) cannot serve: its package imports `onnx_ir`
+(not a dependency of ours), it needs a data reader feeding every input of a KV-cache decoder graph,
+and its symmetric output is re-quantized by `quant_tensor` onto a different grid than the one GPTQ
+optimised. Ours uses the calibration activations of the float64 reference and the grid above.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_runtime.errors import ExportError
+
+INT4_BLOCKS = (32, 64, 128)
+TRT_INT4_BLOCKS = (64, 128)  # TensorRT's INT4 weight-only blocks
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8
+_FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
+
+
+class QuantMethod(enum.Enum):
+    NONE = "none"
+    INT8 = "int8"  # every weight INT8 per output channel
+    INT4 = "int4"  # Linear weights INT4 blocks, round to nearest (the baseline)
+    INT4_AWQ = "int4-awq"  # activation-aware per-input-channel scales, then round to nearest
+    INT4_GPTQ = "int4-gptq"  # GPTQ's error-compensating rounding on calibration activations
+
+    @classmethod
+    def parse(cls, text: str) -> QuantMethod:
+        try:
+            return cls(text)
+        except ValueError:
+            known = ", ".join(m.value for m in cls)
+            raise ExportError(f"unknown quantization method {text!r}; choose one of: {known}") from None
+
+    @property
+    def linear_bits(self) -> int | None:
+        return {QuantMethod.NONE: None, QuantMethod.INT8: 8}.get(self, 4)
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self in (QuantMethod.INT4_AWQ, QuantMethod.INT4_GPTQ)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How the weights are stored. `block` applies to INT4 (INT8 is per output channel)."""
+
+    method: QuantMethod = QuantMethod.NONE
+    block: int = 32
+    fp_embeddings: bool = False  # keep the embedding table / LM head in the float precision
+    accuracy_level: int = 4  # MatMulNBits compute type; 4 = int8 activations (the fast CPU path)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, QuantMethod):
+            raise ExportError(f"quantization method {self.method!r} must be a QuantMethod")
+        if self.method.linear_bits == 4 and self.block not in INT4_BLOCKS:
+            known = ", ".join(map(str, INT4_BLOCKS))
+            raise ExportError(f"INT4 block size {self.block} is not supported; use one of {known} (--block)")
+        if self.accuracy_level not in ACCURACY_LEVELS:
+            raise ExportError(f"MatMulNBits accuracy_level {self.accuracy_level} must be one of {ACCURACY_LEVELS}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not QuantMethod.NONE
+
+
+@dataclass(frozen=True)
+class QuantizedMatrix:
+    """Integer form of a Linear weight `[out, in]`: `w ~= codes * scales` block-wise along `in`."""
+
+    codes: np.ndarray  # int8 [out, in], in [-2^(bits-1), 2^(bits-1) - 1]
+    scales: np.ndarray  # float32 [out, in // block], positive, fp16-representable
+    bits: int
+    block: int  # input channels per scale; == in for per-channel
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    @property
+    def per_channel(self) -> bool:
+        return self.block == self.codes.shape[1]
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [out, in]; exact (a <= 8-bit code times an fp16 scale fits fp32's mantissa)."""
+        out, k = self.codes.shape
+        blocks = self.codes.reshape(out, k // self.block, self.block).astype(np.float32)
+        return (blocks * self.scales[:, :, None]).reshape(out, k)
+
+    def storage_bytes(self, scale_bytes: int = 4) -> int:
+        return self.codes.size * self.bits // 8 + self.scales.size * scale_bytes
+
+
+def check_block(name: str, w: np.ndarray, block: int) -> None:
+    if w.shape[1] % block:
+        fits = [b for b in INT4_BLOCKS if w.shape[1] % b == 0]
+        hint = f"use --block {fits[-1]}" if fits else "no supported block divides it; export with --quant int8"
+        raise ExportError(
+            f"INT4 block size {block} does not divide the input dimension {w.shape[1]} of '{name}' "
+            f"{tuple(w.shape)}; {hint}"
+        )
+
+
+def block_scales(w: np.ndarray, bits: int) -> np.ndarray:
+    """Positive, fp16-representable scales for groups `w [..., block]` (the last axis is one block)."""
+    qmax = 2 ** (bits - 1) - 1
+    w = w.astype(np.float64)
+    s = np.maximum(w.max(axis=-1) / qmax, -w.min(axis=-1) / (qmax + 1))
+    s = np.maximum(s, _FP16_TINY)  # an all-zero block still gets a valid (non-zero) scale
+    s16 = s.astype(np.float16)
+    low = s16.astype(np.float64) < s  # round up so the grid still covers the block
+    s16[low] = np.nextafter(s16[low], np.float16(np.inf))
+    if not np.isfinite(s16).all():
+        raise ExportError(f"weights too large for fp16 quantization scales (max |w| {np.abs(w).max():.3g})")
+    return s16.astype(np.float32)
+
+
+def round_codes(w: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    qmax = 2 ** (bits - 1) - 1
+    return np.clip(np.rint(w / scales), -qmax - 1, qmax).astype(np.int8)
+
+
+def quantize_rtn(w: np.ndarray, bits: int, block: int | None = None) -> QuantizedMatrix:
+    """Round to nearest: INT4 blocks of `block`, or (block None) INT8/INT4 per output channel."""
+    out, k = w.shape
+    block = k if block is None else block
+    groups = np.asarray(w, dtype=np.float64).reshape(out, k // block, block)
+    scales = block_scales(groups, bits)
+    codes = round_codes(groups, scales[:, :, None].astype(np.float64), bits).reshape(out, k)
+    return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block)
+
+
+def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float = 0.01) -> QuantizedMatrix:
+    """GPTQ: quantize input columns left to right, spreading each column's rounding error over the
+    columns not yet quantized through the inverse Hessian `H = X^T X` of the calibration inputs.
+
+    Each block's scale is taken from the *updated* weights when its first column is reached.
+    Lazy batches of 128 columns (aligned to `block`) keep the updates matrix-sized.
+    """
+    out, k = w.shape
+    W = np.array(w, dtype=np.float64)
+    H = np.array(hessian, dtype=np.float64)
+    dead = np.diag(H) == 0  # channels never active in calibration: nothing to compensate with
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
+    try:
+        Hinv = np.linalg.cholesky(np.linalg.inv(H)).T
+    except np.linalg.LinAlgError as e:
+        raise ExportError(f"GPTQ: calibration Hessian of a [{out}, {k}] weight is not positive definite ({e})") from e
+
+    codes = np.zeros((out, k), np.int8)
+    scales = np.zeros((out, k // block), np.float32)
+    lazy = max(128, block)
+    for i1 in range(0, k, lazy):
+        i2 = min(i1 + lazy, k)
+        W1 = W[:, i1:i2].copy()
+        err = np.zeros_like(W1)
+        Hinv1 = Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if col % block == 0:
+                s = block_scales(W1[:, i : i + block], bits).astype(np.float64)
+                scales[:, col // block] = s
+            q = round_codes(W1[:, i], s, bits)
+            codes[:, col] = q
+            e = (W1[:, i] - q * s) / Hinv1[i, i]
+            W1[:, i:] -= np.outer(e, Hinv1[i, i:])
+            err[:, i] = e
+        W[:, i2:] -= err @ Hinv[i1:i2, i2:]
+    return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block)
+
+
+def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    """Relative Frobenius error ||approx - exact|| / ||exact||."""
+    exact = np.asarray(exact, dtype=np.float64)
+    denom = float(np.linalg.norm(exact))
+    return float(np.linalg.norm(np.asarray(approx, dtype=np.float64) - exact) / denom) if denom else 0.0

@@ -1,0 +1,118 @@
+"""Activation-aware per-input-channel scaling (AWQ, Lin et al. 2024), folded exactly into the float model.
+
+For a group of Linears sharing one input X, scale input channel j of their weights by
+s_j = mean|X_j|^alpha (normalised) and divide the input by s_j: the float model is unchanged, but
+the salient channels (large activations) get finer quantization steps. alpha is grid-searched per
+group to minimise || X W^T - (X/s) Q(W s)^T ||^2 on the calibration inputs; alpha = 0 is plain RTN,
+so the search can only improve on it (on calibration data). The division by s is folded where it
+is exact:
+
+    q, k, v  <- input_layernorm weight / s
+    o        <- v_proj rows / s   (s shared by the G query heads of a KV head: attention is linear in V)
+    gate, up <- post_attention_layernorm weight / s
+    down     <- up_proj rows / s  (SiLU(gate) * up is linear in up)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+
+from .calibrate import LinearInputs, copy_layer
+from .quant import quantize_rtn
+
+ALPHAS = tuple(np.round(np.arange(20) * 0.05, 2))  # 0, 0.05, ..., 0.95 as in the AWQ paper
+
+
+@dataclass(frozen=True)
+class ScaleSearch:
+    scales: np.ndarray  # [K] float64, divides the group's input
+    alpha: float
+    loss_ratio: float  # best loss / RTN loss (alpha = 0) on the calibration inputs
+
+
+def search_scales(
+    x: np.ndarray, weights: list[np.ndarray], block: int, tie: tuple[int, int, int] | None = None
+) -> ScaleSearch:
+    """Grid-search alpha for Linears `weights` ([out, K] each) that share the input `x` [n, K].
+
+    `tie = (Hkv, G, D)` makes the scale equal across the G query heads of each KV head (o_proj).
+    """
+    gram = x.astype(np.float64).T @ x  # ||X D^T||^2 = sum((D G) * D): K x K instead of n x K per candidate
+    mean = np.abs(x).mean(axis=0)
+    if tie is not None:
+        hkv, grp, d = tie
+        mean = np.broadcast_to(mean.reshape(hkv, grp, d).mean(axis=1, keepdims=True), (hkv, grp, d)).reshape(-1)
+    mean = np.maximum(mean, 1e-8)
+    losses = []
+    for alpha in ALPHAS:
+        s = mean.astype(np.float64) ** alpha
+        s = s / np.sqrt(s.max() * s.min())
+        loss = 0.0
+        for w in weights:  # (X/s) Q(W s)^T = X (Q(W s)/s)^T: the error in the original coordinates
+            delta = w - quantize_rtn(w * s, 4, block).dequantize() / s
+            loss += float(((delta @ gram) * delta).sum())
+        losses.append((loss, alpha, s))
+    best = min(losses, key=lambda t: t[0])
+    rtn = losses[0][0]
+    return ScaleSearch(scales=best[2], alpha=float(best[1]), loss_ratio=best[0] / rtn if rtn else 1.0)
+
+
+def apply_awq(
+    args: ModelArgs,
+    weights: ModelWeights,
+    acts: LinearInputs,
+    block: int,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> tuple[ModelWeights, LinearInputs, dict]:
+    """Scaled float weights (the same function), the inputs each Linear now sees, and the record."""
+    d = args.head_dim
+    layers: list[LayerWeights] = []
+    seen = LinearInputs()
+    record = {}
+    for i, lw in enumerate(weights.layers):
+        hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+        qkv = search_scales(acts.attn[i], [lw.q, lw.k, lw.v], block)
+        o = search_scales(acts.o[i], [lw.o], block, tie=(hkv, hq // hkv, d))
+        gu = search_scales(acts.mlp[i], [lw.gate, lw.up], block)
+        dn = search_scales(acts.down[i], [lw.down], block)
+        s_kv = o.scales.reshape(hkv, hq // hkv, d)[:, 0, :].reshape(-1)  # per v_proj output row
+
+        def rows(w: np.ndarray | None, s: np.ndarray) -> np.ndarray | None:
+            return None if w is None else (w.T / s).T if w.ndim == 2 else w / s
+
+        layers.append(
+            copy_layer(
+                lw,
+                attn_norm=lw.attn_norm / qkv.scales,
+                q=lw.q * qkv.scales,
+                k=lw.k * qkv.scales,
+                v=rows(lw.v * qkv.scales, s_kv),
+                v_bias=rows(lw.v_bias, s_kv),
+                o=lw.o * o.scales,
+                mlp_norm=lw.mlp_norm / gu.scales,
+                gate=lw.gate * gu.scales,
+                up=rows(lw.up * gu.scales, dn.scales),
+                up_bias=rows(lw.up_bias, dn.scales),
+                down=lw.down * dn.scales,
+            )
+        )
+        seen.attn.append(acts.attn[i] / qkv.scales)
+        seen.o.append(acts.o[i] / o.scales)
+        seen.mlp.append(acts.mlp[i] / gu.scales)
+        seen.down.append(acts.down[i] / dn.scales)
+        record[f"layer {i}"] = {
+            name: {"alpha": r.alpha, "loss_vs_rtn": round(r.loss_ratio, 4)}
+            for name, r in (("qkv", qkv), ("o", o), ("gate_up", gu), ("down", dn))
+        }
+        found = (("qkv", qkv), ("o", o), ("gate_up", gu), ("down", dn))
+        progress(
+            f"  awq layer {i}: alpha / squared output error vs RTN: "
+            + ", ".join(f"{n} {r.alpha:.2f} / {r.loss_ratio:.2f}" for n, r in found)
+        )
+    out = ModelWeights(embed=weights.embed, final_norm=weights.final_norm, lm_head=weights.lm_head, layers=layers)
+    return out, seen, record

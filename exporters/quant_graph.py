@@ -1,0 +1,182 @@
+"""Quantized weight formats for the graph builder: drop-in replacements for `blocks.FloatWeights`.
+
+Both write the same `QuantizedMatrix` codes and scales (DESIGN.md §4, §6):
+
+  ort flavor (ONNX Runtime CPU), codes + 2^(bits-1) as unsigned, no zero points (symmetric):
+    x ─► com.microsoft::MatMulNBits(B [N, k_blocks, blob], scales [N, k_blocks], accuracy_level) ─► y
+    ids ─► com.microsoft::GatherBlockQuantized(the same B, scales [V, k_blocks, 1]) ─► [1, T, k_blocks, blk]
+        ─► Reshape [1, T, H]                        (the tied table is stored once, read by both ops)
+
+  trt flavor (TensorRT 10.3: standard domain, opset 21; scales in the activation dtype):
+    INT4 codes [K, N] ─► DequantizeLinear(scales [K/blk, N], axis 0, block_size blk) ─► MatMul
+    INT8 codes [K, N] ─► DequantizeLinear(scales [N], axis 1)  (per channel)     ─► MatMul
+    INT8 table [V, H] ─► DequantizeLinear(scales [V], axis 0) ─► Gather (embedding) / Gemm transB (LM head)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from edge_runtime.errors import ExportError
+
+from .blocks import FloatWeights, WeightFormat
+from .graph import GraphBuilder
+from .quant import QuantizedMatrix
+from .quant_model import QuantizedModel
+
+MS_DOMAIN = "com.microsoft"
+NBITS_BLOCKS = (128, 64, 32, 16)  # MatMulNBits: a power of two >= 16
+
+
+def nbits_block(qm: QuantizedMatrix, name: str) -> int:
+    """MatMulNBits' block for `qm`: its own, or for per-channel codes the largest power of two
+    dividing K (the per-channel scale is repeated over the row's blocks, which is exact)."""
+    if not qm.per_channel:
+        return qm.block
+    k = qm.shape[1]
+    for b in NBITS_BLOCKS:
+        if k % b == 0:
+            return b
+    raise ExportError(
+        f"'{name}': input dimension {k} is not a multiple of 16, which MatMulNBits needs; "
+        f"export it with --flavor trt or without quantization"
+    )
+
+
+def pack_nbits(qm: QuantizedMatrix, name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(B uint8 [N, k_blocks, blob], scales float32 [N, k_blocks], block) in MatMulNBits' layout."""
+    n, k = qm.shape
+    blk = nbits_block(qm, name)
+    u = (qm.codes.astype(np.int16) + 2 ** (qm.bits - 1)).astype(np.uint8)  # default zero point 2^(bits-1)
+    if qm.bits == 4:
+        u = u[:, 0::2] | (u[:, 1::2] << 4)  # first value of a pair in the low nibble
+    scales = np.repeat(qm.scales, k // blk, axis=1) if qm.per_channel else qm.scales
+    return np.ascontiguousarray(u.reshape(n, k // blk, blk * qm.bits // 8)), scales.astype(np.float32), blk
+
+
+def int4_tensor(name: str, codes: np.ndarray) -> TensorProto:
+    """ONNX INT4 initializer: row-major, two values per byte, the first in the low nibble."""
+    flat = codes.reshape(-1).astype(np.int16) & 0xF
+    if flat.size % 2:
+        flat = np.append(flat, 0)
+    raw = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+    return helper.make_tensor(name, TensorProto.INT4, list(codes.shape), raw, raw=True)
+
+
+def _bias(g: GraphBuilder, prefix: str, y: str, bias: np.ndarray | None) -> str:
+    return y if bias is None else g.op("Add", [y, g.const(bias.astype(g.dtype))], f"{prefix}/BiasAdd")
+
+
+@dataclass(frozen=True)
+class NBitsWeights:
+    """`ort` flavor: MatMulNBits for every quantized product, GatherBlockQuantized for the embedding."""
+
+    model: QuantizedModel
+    accuracy_level: int
+    floats: FloatWeights  # tables kept in float (--fp-embeddings)
+    _tables: dict[str, tuple[QuantizedMatrix, np.ndarray, int]] = field(default_factory=dict, compare=False)
+
+    def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
+        qm = self.model.require(w, prefix)
+        b, scales, blk = pack_nbits(qm, prefix)
+        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), qm, scales, blk)
+        return _bias(g, prefix, y, bias)
+
+    def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
+        qm = self.model.lookup(w)
+        if qm is None:
+            return self.floats.table(g, prefix, w)
+        b, scales, blk = pack_nbits(qm, prefix)
+        name = g.weight(f"{prefix}/weight_q", b)
+        self._tables[name] = (qm, scales, blk)
+        return name
+
+    def gather_rows(self, g: GraphBuilder, prefix: str, table: str, ids: str) -> str:
+        if table not in self._tables:
+            return self.floats.gather_rows(g, prefix, table, ids)
+        qm, scales, blk = self._tables[table]
+        rows = g.op(
+            "GatherBlockQuantized",
+            [table, ids, g.weight(f"{prefix}/scales_gather", scales[:, :, None])],
+            f"{prefix}/GatherBlockQuantized",
+            domain=MS_DOMAIN,
+            bits=qm.bits,
+            block_size=blk,
+            gather_axis=0,
+            quantize_axis=2,
+        )  # [1, T, k_blocks, blk]
+        g.domains[MS_DOMAIN] = 1
+        return g.op("Reshape", [rows, g.const([0, 0, qm.shape[1]])], f"{prefix}/rows/Reshape")
+
+    def matmul_table(self, g: GraphBuilder, prefix: str, x2d: str, table: str) -> str:
+        if table not in self._tables:
+            return self.floats.matmul_table(g, prefix, x2d, table)
+        qm, scales, blk = self._tables[table]
+        return self._nbits(g, prefix, x2d, table, qm, scales, blk)
+
+    def _nbits(
+        self, g: GraphBuilder, prefix: str, x: str, b: str, qm: QuantizedMatrix, scales: np.ndarray, blk: int
+    ) -> str:
+        g.domains[MS_DOMAIN] = 1
+        n, k = qm.shape
+        return g.op(
+            "MatMulNBits",
+            [x, b, g.weight(f"{prefix}/scales", scales)],
+            f"{prefix}/MatMulNBits",
+            domain=MS_DOMAIN,
+            K=k,
+            N=n,
+            bits=qm.bits,
+            block_size=blk,
+            accuracy_level=self.accuracy_level,
+        )
+
+
+@dataclass(frozen=True)
+class QdqWeights:
+    """`trt` flavor: DequantizeLinear (opset 21) on integer initializers, feeding plain MatMul/Gather/Gemm."""
+
+    model: QuantizedModel
+    floats: FloatWeights  # storage = the activation dtype: dequantized tables need no Cast
+
+    def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
+        qm = self.model.require(w, prefix)
+        # Codes transposed to [K, N] (MatMul's B); blocks run along K = axis 0.
+        if qm.per_channel:
+            codes = g.weight(f"{prefix}/weight_q", qm.codes.T)  # int8
+            scales, attrs = qm.scales[:, 0], {"axis": 1}
+        else:
+            g.initializers.append(int4_tensor(f"{prefix}/weight_q", qm.codes.T))
+            codes, scales, attrs = f"{prefix}/weight_q", qm.scales.T, {"axis": 0, "block_size": qm.block}
+        wd = self._dequantize(g, prefix, codes, scales, attrs)
+        return _bias(g, prefix, g.op("MatMul", [x, wd], f"{prefix}/MatMul"), bias)
+
+    def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
+        qm = self.model.lookup(w)
+        if qm is None:
+            return self.floats.table(g, prefix, w)
+        codes = g.weight(f"{prefix}/weight_q", qm.codes)  # int8 [V, H], one scale per row
+        return self._dequantize(g, prefix, codes, qm.scales[:, 0], {"axis": 0})
+
+    def gather_rows(self, g: GraphBuilder, prefix: str, table: str, ids: str) -> str:
+        return self.floats.gather_rows(g, prefix, table, ids)
+
+    def matmul_table(self, g: GraphBuilder, prefix: str, x2d: str, table: str) -> str:
+        return self.floats.matmul_table(g, prefix, x2d, table)
+
+    @staticmethod
+    def _dequantize(g: GraphBuilder, prefix: str, codes: str, scales: np.ndarray, attrs: dict) -> str:
+        # Zero point omitted (= 0): TensorRT accepts only symmetric Q/DQ. DQ's output dtype is the scale's.
+        s = g.weight(f"{prefix}/scales", np.ascontiguousarray(scales.astype(g.dtype)))
+        return g.op("DequantizeLinear", [codes, s], f"{prefix}/DequantizeLinear", **attrs)
+
+
+def quantized_format(
+    model: QuantizedModel, *, trt: bool, storage: np.dtype, activation: np.dtype, accuracy_level: int
+) -> WeightFormat:
+    if trt:
+        return QdqWeights(model, FloatWeights(np.dtype(activation)))
+    return NBitsWeights(model, accuracy_level, FloatWeights(np.dtype(storage)))

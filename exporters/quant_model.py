@@ -1,0 +1,141 @@
+"""Quantize a whole model: every Linear (INT8 or INT4 by method), the embedding table / LM head (INT8
+unless kept in float), with the per-tensor error record the manifest carries.
+
+    qm = quantize_model(args, weights, names, QuantConfig(QuantMethod.INT4_AWQ, block=32), acts)
+    build_decoder(args, qm.weights, flavor, precision, quantized=qm)   # integer initializers
+    ReferenceModel(args, qm.weights)                                   # the same dequantized weights
+
+`qm.weights` holds the dequantized float32 values; the graph's weight format finds each array's
+integer form by identity (`lookup`), so blocks.py hands it the same arrays it would hand FloatWeights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.models import ModelArgs, ModelWeights, WeightNames
+
+from .calibrate import LinearInputs, copy_layer
+from .quant import QuantConfig, QuantizedMatrix, QuantMethod, check_block, gptq, quantize_rtn, relative_error
+from .quant_awq import apply_awq
+
+LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass
+class QuantizedModel:
+    config: QuantConfig
+    weights: ModelWeights  # dequantized float32: what the graph computes with
+    tensors: dict[str, QuantizedMatrix]  # checkpoint tensor name -> integer form
+    record: dict[str, Any]  # for the manifest's `quantization`
+    _by_id: dict[int, QuantizedMatrix] = field(default_factory=dict, repr=False)
+
+    def bind(self, dequantized: np.ndarray, qm: QuantizedMatrix) -> None:
+        self._by_id[id(dequantized)] = qm  # `weights` keeps the array alive, so the id stays unique
+
+    def lookup(self, array: np.ndarray) -> QuantizedMatrix | None:
+        return self._by_id.get(id(array))
+
+    def require(self, array: np.ndarray, where: str) -> QuantizedMatrix:
+        qm = self.lookup(array)
+        if qm is None:  # a builder bug: blocks.py passed an array that is not one of `weights`
+            raise ValueError(f"{where}: weight is not one of the quantized model's arrays")
+        return qm
+
+
+def check_blocks(weights: ModelWeights, names: WeightNames, config: QuantConfig, linears: tuple = LINEARS) -> None:
+    """INT4 needs every Linear's input dimension to be a multiple of the block: fail before any work."""
+    if config.method.linear_bits == 4:
+        for i, lw in enumerate(weights.layers):
+            for f in linears:
+                check_block(names.layer[f].format(i=i), getattr(lw, f), config.block)
+
+
+def quantize_model(
+    args: ModelArgs,
+    weights: ModelWeights,
+    names: WeightNames,
+    config: QuantConfig,
+    acts: LinearInputs | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> QuantizedModel:
+    """`acts` (calibration inputs of `weights`) is required by AWQ and GPTQ, optional otherwise
+    (then the record also gives each Linear's relative output error on them)."""
+    t0 = time.perf_counter()
+    method, bits, block = config.method, config.method.linear_bits, config.block
+    if bits is None:
+        raise ValueError("quantize_model needs a quantization method")
+    if method.needs_calibration and acts is None:
+        raise ValueError(f"{method.value} needs calibration inputs")
+    check_blocks(weights, names, config)
+
+    extra: dict[str, Any] = {}
+    if method is QuantMethod.INT4_AWQ:
+        progress(f"searching AWQ scales ({len(weights.layers)} layers)")
+        weights, acts, extra["awq"] = apply_awq(args, weights, acts, block, progress)
+
+    tensors: dict[str, QuantizedMatrix] = {}
+    per_tensor: dict[str, dict[str, Any]] = {}
+    out = QuantizedModel(config, weights, tensors, {})  # `weights` replaced below
+
+    def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: np.ndarray | None) -> np.ndarray:
+        deq = qm.dequantize()
+        tensors[name] = qm
+        entry = {"bits": qm.bits, "block": "channel" if qm.per_channel else qm.block, "rel_err": relative_error(deq, w)}
+        if x is not None:  # the error that matters: of the Linear's output on calibration inputs
+            x32 = x.astype(np.float32)
+            entry["rel_out_err"] = relative_error(x32 @ deq.T, x32 @ w.T.astype(np.float32))
+        per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
+        out.bind(deq, qm)
+        return deq
+
+    layers = []
+    for i, lw in enumerate(weights.layers):
+        hessians: dict[str, np.ndarray] = {}
+        new = {}
+        for f in LINEARS:
+            w, name = getattr(lw, f), names.layer[f].format(i=i)
+            x = acts.of(i, f) if acts is not None else None
+            if bits == 8:
+                qm = quantize_rtn(w, 8)
+            elif method is QuantMethod.INT4_GPTQ:
+                group = {"k": "q", "v": "q", "up": "gate"}.get(f, f)
+                if group not in hessians:
+                    x64 = x.astype(np.float64)
+                    hessians[group] = x64.T @ x64
+                qm = gptq(w, hessians[group], 4, block)
+            else:
+                qm = quantize_rtn(w, 4, block)
+            new[f] = add(name, w, qm, x)
+        layers.append(copy_layer(lw, **new))
+        worst = max(per_tensor[names.layer[f].format(i=i)]["rel_err"] for f in LINEARS)
+        progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
+
+    tied = weights.lm_head is weights.embed
+    if config.fp_embeddings:
+        embed, lm_head = np.array(weights.embed, np.float32), None
+    else:
+        embed = add(names.embed, weights.embed, quantize_rtn(weights.embed, 8), None)
+        lm_head = None if tied else add(names.lm_head, weights.lm_head, quantize_rtn(weights.lm_head, 8), None)
+    if lm_head is None:
+        lm_head = embed if tied else np.array(weights.lm_head, np.float32)
+    out.weights = ModelWeights(
+        embed=embed, final_norm=np.array(weights.final_norm, np.float32), lm_head=lm_head, layers=layers
+    )
+    out.record = {
+        "method": method.value,
+        "linear_bits": bits,
+        "block": block if bits == 4 else "channel",
+        "embeddings": "fp" if config.fp_embeddings else "int8 per row",
+        "scheme": "symmetric, positive fp16-representable scales, no zero points",
+        "accuracy_level": config.accuracy_level,
+        "per_tensor": per_tensor,
+        **extra,
+        "quantize_seconds": round(time.perf_counter() - t0, 2),
+    }
+    return out

@@ -1,0 +1,113 @@
+"""The export's weight stage: [calibrate] -> [prune] -> [quantize] -> held-out perplexity (DESIGN.md §3, §6).
+
+Every option is checked before any work, so a bad one fails fast and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from edge_runtime.errors import ExportError
+from edge_runtime.models import ModelWeights
+
+from .calibrate import CalibrationSet, capture_linear_inputs, heldout_ids, heldout_perplexity, load_calibration
+from .checkpoint import Checkpoint
+from .prune import PruneConfig, prune_model
+from .quant import TRT_INT4_BLOCKS, QuantConfig
+from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PreparedWeights:
+    weights: ModelWeights  # what the graph holds (pruned, dequantized); validated against the reference
+    quantized: QuantizedModel | None
+    record: dict[str, Any]  # the manifest's `quantization`
+    pruned: bool
+
+
+def check_options(quant: QuantConfig, trt: bool) -> None:
+    if trt and quant.method.linear_bits == 4 and quant.block not in TRT_INT4_BLOCKS:
+        raise ExportError(
+            f"INT4 block size {quant.block} is not supported by TensorRT (blocks {TRT_INT4_BLOCKS}); "
+            f"use --block 64 or --block 128 with --flavor trt"
+        )
+
+
+def pruning_unit(quant: QuantConfig) -> int:
+    """Pruned widths stay multiples of 32 (MatMulNBits' fast ARM path) or of the INT4 block."""
+    return max(32, quant.block) if quant.method.linear_bits == 4 else 32
+
+
+def prepare_weights(
+    ckpt: Checkpoint,
+    quant: QuantConfig,
+    prune_ratio: float | None,
+    calibration: Path | None,
+    *,
+    trt: bool,
+    weights_label: str,
+    progress: Progress,
+) -> PreparedWeights:
+    prune = None if prune_ratio is None else PruneConfig(prune_ratio, unit=pruning_unit(quant))
+    check_options(quant, trt)
+    args, weights = ckpt.args, ckpt.weights
+    # Pruning changes the inputs of o_proj and down_proj only (to multiples of the block).
+    check_blocks(weights, ckpt.arch.weights, quant, LINEARS if prune is None else ("q", "k", "v", "gate", "up"))
+    record: dict[str, Any] = {"method": quant.method.value, "weights": weights_label, "per_tensor": {}}
+    if not quant.enabled and prune is None:
+        return PreparedWeights(weights, None, record, pruned=False)
+
+    calib: CalibrationSet | None = None
+    acts = None
+    if quant.method.needs_calibration or prune is not None or calibration is not None:
+        calib = load_calibration(ckpt, calibration)
+        record["calibration"] = calib.record()
+    if quant.method.needs_calibration or prune is not None:
+        t0 = time.perf_counter()
+        progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
+        acts = capture_linear_inputs(args, weights, calib, progress)
+        record["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
+
+    if prune is not None:
+        progress(f"pruning {prune.ratio:.0%} of attention+MLP parameters (widths in multiples of {prune.unit})")
+        weights, record["pruning"] = prune_model(args, weights, acts, prune, progress)
+        acts = None  # they were the unpruned model's
+        if quant.method.needs_calibration:
+            progress("re-calibrating the pruned model")
+            acts = capture_linear_inputs(args, weights, calib, progress)
+
+    quantized = None
+    if quant.enabled:
+        block = f", block {quant.block}" if quant.method.linear_bits == 4 else ""
+        progress(f"quantizing: {quant.method.value}{block}")
+        quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress)
+        record.update(quantized.record)
+        record["weights"] = f"int{quant.method.linear_bits}"
+        if trt:  # TensorRT dequantizes and multiplies in fp16/fp32: MatMulNBits' compute type does not apply
+            record.pop("accuracy_level")
+        weights = quantized.weights
+
+    ids = heldout_ids(ckpt)
+    if ids is not None:
+        progress(f"held-out perplexity on {len(ids)} tokens of heldout.txt (float64 reference, before and after)")
+        before = heldout_perplexity(args, ckpt.weights, ids)
+        after = heldout_perplexity(args, weights, ids)
+        record["heldout_ppl"] = {
+            "tokens": len(ids),
+            "original": round(before, 4),
+            "exported": round(after, 4),
+            "change_pct": round(100 * (after / before - 1), 3),
+        }
+    return PreparedWeights(weights, quantized, record, pruned=prune is not None)
+
+
+def exact_twin(quantized: QuantizedModel) -> QuantizedModel:
+    """The same integer weights with MatMulNBits computing in fp32 (accuracy_level 0): the graph the
+    reference must match to fp32 tolerance, proving any other difference is int8 activations."""
+    return replace(quantized, config=replace(quantized.config, accuracy_level=0))

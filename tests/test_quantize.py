@@ -1,0 +1,341 @@
+"""Quantized exports: each format's graph against the float64 reference run with the same dequantized
+weights, `trt` against `ort` on the same integer weights, the quantizers themselves, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+from edge_runtime.cli.export import main as export_cli
+from edge_runtime.errors import ExportError
+from edge_runtime.exporters import ReferenceModel, load_checkpoint
+from edge_runtime.exporters.calibrate import capture_linear_inputs, load_calibration
+from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, quantize_rtn
+from edge_runtime.exporters.quant_awq import apply_awq
+from edge_runtime.exporters.quant_graph import pack_nbits
+from edge_runtime.exporters.quant_model import quantize_model
+from edge_runtime.exporters.trt_ops import TRT_10_3_OPS
+from edge_runtime.exporters.validate import (
+    INT8_ACTIVATION_TOLERANCE,
+    TOLERANCE,
+    NumpyGraphRunner,
+    rel_err,
+    validation_grid,
+)
+from edge_runtime.ring import RingGeometry
+
+from .tiny_models import _TEXT, save_tiny_checkpoint
+
+CALIB_TEXT = _TEXT  # ~340 tokens: enough for the tiny models, fast in float64
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Tiny checkpoints with widths blocks 32 and 64 divide (H 64, I 128): untied with every Linear
+    biased (q/k/v/o and MLP: the bias paths of every format and of AWQ's folding), and tied."""
+    out = {}
+    for name, extra in (("llama-untied", {"attention_bias": True, "mlp_bias": True}), ("llama-tied", {})):
+        d = tmp_path_factory.mktemp(name)
+        save_tiny_checkpoint(name, d, intermediate_size=128, **extra)
+        (d / "calibration.txt").write_text(CALIB_TEXT)
+        out[name] = load_checkpoint(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def acts(ckpts):
+    ck = ckpts["llama-untied"]
+    return capture_linear_inputs(ck.args, ck.weights, load_calibration(ck))
+
+
+def _session(model: onnx.ModelProto, flavor: Flavor) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if flavor is Flavor.TRT:  # no int8-activation fusion of DequantizeLinear -> MatMul: compute as TensorRT does
+        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _grid(ck, qm, flavor, precision=Precision.FP32):
+    built = build_decoder(ck.args, qm.weights, flavor, precision, quantized=qm)
+    kv = [lw.num_kv_heads(ck.args.head_dim) for lw in qm.weights.layers]
+    cases = validation_grid(
+        _session(built.model, flavor),
+        ReferenceModel(ck.args, qm.weights),
+        flavor=flavor,
+        dtype=built.activation_dtype,
+        kv_heads=kv,
+        sliding_window=ck.args.sliding_window,
+    )
+    return built, max(c.max_rel_err for c in cases)
+
+
+# -- the quantizers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits,block", [(4, 32), (4, 128), (8, None)])
+def test_rtn_grid_positive_fp16_scales_and_half_step_error(bits, block):
+    w = np.random.default_rng(0).standard_normal((48, 256)).astype(np.float32)
+    w[3, 5] = 40.0  # an outlier makes its block's scale large; other blocks are unaffected
+    qm = quantize_rtn(w, bits, block)
+    qmax = 2 ** (bits - 1) - 1
+    assert qm.codes.min() >= -qmax - 1 and qm.codes.max() <= qmax
+    assert (qm.scales > 0).all() and (qm.scales.astype(np.float16).astype(np.float32) == qm.scales).all()
+    blk = qm.block
+    step = np.repeat(qm.scales, blk, axis=1)
+    assert (np.abs(qm.dequantize() - w) <= step / 2 + 1e-7).all()  # nothing clipped: the grid covers each block
+    assert qm.scales.shape == (48, 256 // blk)
+
+
+def test_rtn_equals_onnxruntime_mlas_where_the_negative_side_dominates():
+    """Where a block's most negative value has the largest magnitude, MLAS's symmetric rule
+    (scale = value / -8) and ours coincide: same scales, same codes."""
+    rng = np.random.default_rng(1)
+    n, k, blk = 16, 64, 32
+    w = rng.uniform(-0.9, 0.85, (n, k)).astype(np.float32)
+    w[:, ::blk] = -1.0  # most negative value first in every block: scale 1/8 exactly (fp16-representable)
+    ours = quantize_rtn(w, 4, blk)
+    packed = np.zeros((n, k // blk, blk // 2), np.uint8)
+    scales = np.zeros(n * k // blk, np.float32)
+    zp = np.zeros(n * k // blk, np.uint8)
+    quantize_matmul_4bits(packed, np.ascontiguousarray(w.T), scales, zp, blk, n, k, True)
+    theirs = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(n, k).astype(np.int16) - 8
+    assert np.array_equal(scales.reshape(n, -1), ours.scales)
+    assert np.array_equal(theirs, ours.codes)
+    b, s, _ = pack_nbits(ours, "w")
+    assert np.array_equal(b, packed) and np.array_equal(s, scales.reshape(n, -1))
+
+
+def test_gptq_lowers_output_error_against_rtn():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((512, 128)) * np.exp(rng.standard_normal(128))  # uneven channel magnitudes
+    x[:, 1:] += 0.7 * x[:, :-1]  # correlated channels: what GPTQ's error feedback exploits
+    w = rng.standard_normal((96, 128))
+    exact = x @ w.T
+    rtn = quantize_rtn(w, 4, 32).dequantize()
+    opt = gptq(w, x.T @ x, 4, 32)
+    out_err = [np.linalg.norm(x @ q.T - exact) / np.linalg.norm(exact) for q in (rtn, opt.dequantize())]
+    print(f"output error RTN {out_err[0]:.4f}, GPTQ {out_err[1]:.4f}")
+    assert out_err[1] < 0.8 * out_err[0]
+    assert opt.codes.min() >= -8 and opt.codes.max() <= 7 and (opt.scales > 0).all()
+
+
+def test_awq_scaling_is_folded_exactly(ckpts, acts):
+    """Before rounding, the scaled model is the same function (norms, v rows and up rows absorb 1/s)."""
+    ck = ckpts["llama-untied"]
+    scaled, _, record = apply_awq(ck.args, ck.weights, acts, block=32)
+    assert any(r["alpha"] > 0 for layer in record.values() for r in layer.values())
+    assert all(r["loss_vs_rtn"] <= 1.0 for layer in record.values() for r in layer.values())
+    ids = np.random.default_rng(3).integers(0, ck.args.vocab_size, 40)
+    want = ReferenceModel(ck.args, ck.weights).forward(ids)
+    got = ReferenceModel(ck.args, scaled).forward(ids)
+    assert rel_err(got, want) < 1e-5  # float32 storage of the scaled weights
+
+
+def test_calibrated_methods_beat_rtn_on_calibration_inputs(ckpts, acts):
+    ck = ckpts["llama-untied"]
+
+    def mean_out_err(method):
+        qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(method, block=32), acts)
+        return np.mean([v["rel_out_err"] for v in qm.record["per_tensor"].values() if "rel_out_err" in v])
+
+    rtn, awq, gq = (mean_out_err(m) for m in (QuantMethod.INT4, QuantMethod.INT4_AWQ, QuantMethod.INT4_GPTQ))
+    print(f"mean Linear output error: RTN {rtn:.4f}, AWQ {awq:.4f}, GPTQ {gq:.4f}")
+    assert gq < rtn and awq < rtn
+
+
+# -- graphs against the reference ------------------------------------------------------------------
+
+ORT, TRT = Flavor.ORT, Flavor.TRT
+FORMATS = [  # the trt flavor writes every INT4 method the same way: codes differ, not the graph
+    ("llama-untied", QuantMethod.INT8, 32, ORT),
+    ("llama-untied", QuantMethod.INT8, 32, TRT),
+    ("llama-untied", QuantMethod.INT4, 32, ORT),
+    ("llama-untied", QuantMethod.INT4_AWQ, 64, ORT),
+    ("llama-untied", QuantMethod.INT4_GPTQ, 64, ORT),
+    ("llama-tied", QuantMethod.INT4, 64, ORT),  # one table for GatherBlockQuantized and the LM head
+    ("llama-tied", QuantMethod.INT4_GPTQ, 64, TRT),
+    ("llama-untied", QuantMethod.INT4, 64, TRT),
+]
+
+
+@pytest.mark.parametrize("name,method,block,flavor", FORMATS, ids=lambda v: getattr(v, "value", str(v)))
+def test_graph_matches_reference_with_the_same_dequantized_weights(ckpts, acts, name, method, block, flavor):
+    """accuracy_level 0 (fp32 compute) in `ort`; TensorRT-style dequantize + MatMul in `trt`."""
+    ck = ckpts[name]
+    calib = acts if method.needs_calibration else None
+    if method.needs_calibration and name != "llama-untied":
+        calib = capture_linear_inputs(ck.args, ck.weights, load_calibration(ck))
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(method, block, accuracy_level=0), calib)
+    built, err = _grid(ck, qm, flavor)
+    print(f"{name} {method.value} b{block} {flavor.value}: max rel err {err:.2e}")
+    assert err <= TOLERANCE["fp32"]
+    ops = {n.op_type for n in built.model.graph.node}
+    assert ("MatMulNBits" in ops) == (flavor is Flavor.ORT) and ("DequantizeLinear" in ops) == (flavor is Flavor.TRT)
+
+
+@pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
+def test_fp_embeddings_keep_the_table_in_float(ckpts, flavor):
+    ck = ckpts["llama-tied"]
+    config = QuantConfig(QuantMethod.INT8, fp_embeddings=True, accuracy_level=0)
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, config)
+    assert qm.lookup(qm.weights.embed) is None and qm.weights.lm_head is qm.weights.embed
+    assert np.array_equal(qm.weights.embed, ck.weights.embed) and ck.arch.weights.embed not in qm.tensors
+    built, err = _grid(ck, qm, flavor)
+    assert err <= TOLERANCE["fp32"]
+    ops = [n.op_type for n in built.model.graph.node]
+    assert "Gather" in ops and "Gemm" in ops and "GatherBlockQuantized" not in ops
+    table = next(i for i in built.model.graph.initializer if i.name == "/model/embed_tokens/weight")
+    assert table.data_type == onnx.TensorProto.FLOAT
+
+
+def test_trt_fp16_quantized_graph_within_fp16_tolerance(ckpts):
+    ck = ckpts["llama-tied"]
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT4, 64))
+    built, err = _grid(ck, qm, Flavor.TRT, Precision.FP16)
+    assert err <= TOLERANCE["fp16"]
+    scales = [i for i in built.model.graph.initializer if i.name.endswith("/scales")]
+    assert scales and all(i.data_type == onnx.TensorProto.FLOAT16 for i in scales)  # DQ outputs fp16
+
+
+def test_ort_graph_with_int8_activations_within_documented_tolerance(ckpts):
+    ck = ckpts["llama-untied"]
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT4, 32))
+    built, err = _grid(ck, qm, Flavor.ORT)
+    print(f"accuracy_level 4: max rel err {err:.2e}")
+    assert err <= INT8_ACTIVATION_TOLERANCE
+    nbits = [n for n in built.model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 7 * ck.args.num_layers + 1  # every Linear and the LM head
+    for n in nbits:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs["accuracy_level"] == 4 and len(n.input) == 3  # no zero points: symmetric
+        assert attrs["bits"] == (8 if n.name.startswith("/lm_head") else 4)
+
+
+@pytest.mark.parametrize("level", [0, 4])
+def test_trt_flavor_gives_the_same_logits_as_ort_flavor(ckpts, level):
+    """The same integer weights through both flavors, both on ONNX Runtime CPU. At accuracy level 0
+    the two graphs differ only in op order (<= 1e-5). At level 4 (the defaults: MatMulNBits in
+    `ort`, and ORT fusing `trt`'s DequantizeLinear -> MatMul into the same kernel) only the LM head
+    differs (MatMulNBits vs a dequantized Gemm), by int8 activation rounding."""
+    ck = ckpts["llama-tied"]
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT4, 64, accuracy_level=level))
+    logits = {}
+    for flavor in Flavor:
+        built = build_decoder(ck.args, qm.weights, flavor, Precision.FP32, quantized=qm)
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(level))
+        sess = ort.InferenceSession(built.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        run = NumpyGraphRunner(
+            sess,
+            flavor=flavor,
+            dtype=built.activation_dtype,
+            kv_heads=[lw.num_kv_heads(ck.args.head_dim) for lw in qm.weights.layers],
+            head_dim=ck.args.head_dim,
+            inv_freq=ReferenceModel(ck.args, qm.weights).inv_freq,
+            geometry=RingGeometry(sinks=4, window=16, slack=7),
+        )
+        ids = np.random.default_rng(4).integers(0, ck.args.vocab_size, 50).tolist()
+        logits[flavor] = np.concatenate([run.feed(ids[:30], max_chunk=8), *[run.feed([t]) for t in ids[30:]]])
+    err = rel_err(logits[Flavor.TRT], logits[Flavor.ORT].astype(np.float64))
+    print(f"accuracy_level {level}: trt vs ort max rel diff {err:.2e}")
+    assert err <= (1e-5 if level == 0 else INT8_ACTIVATION_TOLERANCE)
+
+
+def test_trt_quantized_graph_is_tensorrt_parsable(ckpts):
+    ck = ckpts["llama-untied"]
+    for method, block in ((QuantMethod.INT4, 64), (QuantMethod.INT8, 32)):
+        qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(method, block))
+        model = build_decoder(ck.args, qm.weights, Flavor.TRT, Precision.FP16, quantized=qm).model
+        assert {n.domain for n in model.graph.node} <= {""}
+        assert {n.op_type for n in model.graph.node} <= TRT_10_3_OPS
+        inits = {i.name: i for i in model.graph.initializer}
+        for n in (n for n in model.graph.node if n.op_type == "DequantizeLinear"):
+            assert len(n.input) == 2  # no zero point (TensorRT: zero-point 0 only)
+            assert (numpy_helper.to_array(inits[n.input[1]]) > 0).all()
+            codes = inits[n.input[0]]
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            if codes.data_type == onnx.TensorProto.INT4:
+                assert attrs == {"axis": 0, "block_size": block}
+            else:
+                assert codes.data_type == onnx.TensorProto.INT8 and "block_size" not in attrs
+
+
+# -- the export pipeline and the CLI -------------------------------------------------------------------
+
+
+def test_cli_int4_awq_export_records_errors_and_perplexity(ckpts, tmp_path):
+    ck = ckpts["llama-untied"]
+    (ck.path / "heldout.txt").write_text("Whether 'tis nobler in the mind to suffer. " * 30)
+    out = tmp_path / "b"
+    r = CliRunner().invoke(export_cli, [str(ck.path), "-o", str(out), "--quant", "int4-awq", "--block", "64"])
+    assert r.exit_code == 0, r.output
+    assert "calibration forward" in r.output and "awq layer" in r.output and "quantized layer 3/3" in r.output
+    q = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert q["method"] == "int4-awq" and q["block"] == 64 and q["embeddings"] == "int8 per row"
+    assert len(q["per_tensor"]) == 7 * 3 + 2  # Linears, embedding, untied LM head
+    assert all(0 < v["rel_err"] < 0.2 for v in q["per_tensor"].values())
+    assert q["calibration"]["tokens"] > 100 and q["exact_parity"]["max_rel_err"] <= 1e-4
+    ppl = q["heldout_ppl"]
+    assert ppl["tokens"] > 100 and ppl["exported"] > 1 and ppl["original"] > 1
+    r = CliRunner().invoke(export_cli, ["inspect", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "int4-awq: Linear int4 block 64" in r.output and "held-out    perplexity" in r.output
+
+
+def _leftovers(parent):
+    return sorted(p.name for p in parent.iterdir())
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--quant", "int4", "--block", "48"], "block size 48 is not supported"),
+        (["--quant", "int3"], "unknown quantization method 'int3'"),
+        (["--quant", "int4", "--flavor", "trt", "--block", "32"], "not supported by TensorRT"),
+        (["--quant", "int4-awq", "--calib", "/nonexistent/calib.txt"], "does not exist"),
+    ],
+)
+def test_cli_bad_options_fail_in_one_line_leaving_nothing(ckpts, tmp_path, args, message):
+    out = tmp_path / "out" / "b"
+    r = CliRunner().invoke(export_cli, [str(ckpts["llama-untied"].path), "-o", str(out), *args])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.strip().splitlines()[-1].startswith("Error: ") and message in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_block_that_does_not_divide_the_input_dimension(ckpts, tmp_path):
+    d = ckpts["llama-untied"].path  # hidden 64: block 128 does not divide q_proj's input
+    with pytest.raises(ExportError, match=r"block size 128 does not divide the input dimension 64 .*--block 64"):
+        export(ExportOptions(d, tmp_path / "out", quant=QuantConfig(QuantMethod.INT4, 128)))
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("content", [None, "", "  \n\n"], ids=["missing", "empty", "blank"])
+def test_missing_or_empty_calibration_file(ckpts, tmp_path, content):
+    calib = tmp_path / "calib.txt"
+    if content is not None:
+        calib.write_text(content)
+    opts = ExportOptions(
+        ckpts["llama-untied"].path, tmp_path / "out", quant=QuantConfig(QuantMethod.INT4_GPTQ, 64), calibration=calib
+    )
+    with pytest.raises(ExportError, match="does not exist" if content is None else "is empty"):
+        export(opts)
+    assert _leftovers(tmp_path) == ([] if content is None else ["calib.txt"])
+
+
+def test_unknown_method_and_bad_levels_are_export_errors():
+    with pytest.raises(ExportError, match="choose one of: none, int8, int4, int4-awq, int4-gptq"):
+        QuantMethod.parse("nf4")
+    with pytest.raises(ExportError, match="accuracy_level 7"):
+        QuantConfig(QuantMethod.INT4, 32, accuracy_level=7)
