@@ -17,9 +17,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load": "edge_runtime.engine", "LoadOptions": "edge_runtime.engine", "Engine": "edge_runtime.engine",
-    "generate": "edge_runtime.generate", "stream_generate": "edge_runtime.generate",
-    "GenerationConfig": "edge_runtime.generate", "SamplingParams": "edge_runtime.sampling",
+    "load": "edge_runtime.engine",
+    "LoadOptions": "edge_runtime.engine",
+    "Engine": "edge_runtime.engine",
+    "generate": "edge_runtime.generate",
+    "stream_generate": "edge_runtime.generate",
+    "GenerationConfig": "edge_runtime.generate",
+    "SamplingParams": "edge_runtime.sampling",
     "Tokenizer": "edge_runtime.tokenizer",
 }
 

@@ -120,13 +120,17 @@ def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> L
         sinks = profile.kv_cache.sinks
         window = min(profile.kv_cache.window, bundle.manifest.model.max_position_embeddings - sinks)
     return replace(
-        opts, sinks=sinks, window=window, threads=opts.threads or profile.backend.threads or None,
+        opts,
+        sinks=sinks,
+        window=window,
+        threads=opts.threads or profile.backend.threads or None,
         memory_budget=opts.memory_budget if opts.memory_budget is not None else profile.memory_budget_bytes,
     )
 
 
-def load(bundle_dir: str | Path, opts: LoadOptions | None = None, *,
-         target: str | TargetProfile | None = None) -> Engine:
+def load(
+    bundle_dir: str | Path, opts: LoadOptions | None = None, *, target: str | TargetProfile | None = None
+) -> Engine:
     """Open, verify and load a bundle, optionally for a target (a profile, a name, a YAML path or "auto").
 
     Raises an EdgeRuntimeError subclass naming the problem (bad checksum, version, geometry, budget).

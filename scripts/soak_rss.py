@@ -54,8 +54,10 @@ def main() -> int:
         t_end, end = time.perf_counter(), rss_bytes()
         moved = ptrs != [a.ctypes.data for a in (*engine.pool.keys, *engine.pool.values)]
     growth = (end - warm) / 1e6
-    print(f"tokens {args.tokens} (cache {args.sinks}+{args.window}, {engine.tokens // (args.sinks + args.window)} "
-          f"capacities), RSS at token 1000: {warm / 1e6:.1f} MB, at end: {end / 1e6:.1f} MB, growth {growth:+.2f} MB")
+    print(
+        f"tokens {args.tokens} (cache {args.sinks}+{args.window}, {engine.tokens // (args.sinks + args.window)} "
+        f"capacities), RSS at token 1000: {warm / 1e6:.1f} MB, at end: {end / 1e6:.1f} MB, growth {growth:+.2f} MB"
+    )
     print(f"K/V buffer pointers unchanged: {not moved}; decode {(args.tokens - 1000) / (t_end - t_warm):.0f} tok/s")
     return 1 if growth >= args.limit_mb or moved else 0
 
