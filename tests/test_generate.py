@@ -229,3 +229,17 @@ def test_edge_run_errors_are_one_line(bundle, args, message):
     r = CliRunner().invoke(run_cli, args)
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert message in r.output.strip().splitlines()[-1]
+
+
+def test_edge_run_with_no_bundle_exports_the_demo_model_once(tmp_path, monkeypatch):
+    """The README's main job: the demo model, exported on first use in the target's quantization."""
+    monkeypatch.setenv("EDGE_RUNTIME_CACHE", str(tmp_path))
+    args = ["--target", "x86", "--max-tokens", "4", "--json"]
+    r = CliRunner().invoke(run_cli, args)
+    assert r.exit_code == 0, r.output
+    (bundle,) = (tmp_path / "bundles").iterdir()
+    assert "shakespeare-llama-5m-ort-int8-" in bundle.name  # x86's default quantization
+    assert json.loads(r.stdout)["bundle"] == str(bundle)
+    again = CliRunner().invoke(run_cli, args)
+    assert again.exit_code == 0 and "exporting" not in again.stderr
+    assert json.loads(again.stdout)["token_ids"] == json.loads(r.stdout)["token_ids"]

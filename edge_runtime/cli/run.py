@@ -12,11 +12,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .common import debug_option, friendly_errors
+
+if TYPE_CHECKING:
+    from edge_runtime.targets import TargetProfile
 
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
 
@@ -37,22 +40,28 @@ def _checkpoint_key(checkpoint: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def ensure_bundle(checkpoint: Path, flavor: str) -> Path:
-    """The bundle for `checkpoint` in the cache, exported (and validated) on first use."""
+def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
+    """The bundle for `checkpoint` in the target's flavor and default quantization, from the cache;
+    exported (and validated) on first use."""
     from edge_runtime import __version__
     from edge_runtime.errors import CheckpointError
 
     if not (checkpoint / "config.json").is_file():
         raise CheckpointError(f"'{checkpoint}' is not a Hugging Face checkpoint directory (no config.json)")
-    out = cache_dir() / "bundles" / f"{checkpoint.name}-{flavor}-fp32-{_checkpoint_key(checkpoint)}-v{__version__}"
+    quant = profile.quantization
+    block = f"-b{profile.block_size}" if quant.startswith("int4") else ""
+    name = f"{checkpoint.name}-{profile.graph_flavor}-{quant}{block}-{_checkpoint_key(checkpoint)}-v{__version__}"
+    out = cache_dir() / "bundles" / name
     if (out / "manifest.json").is_file():
         return out
-    from edge_runtime.exporters.decoder import Flavor, Precision
+    from edge_runtime.exporters.decoder import Flavor
     from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import QuantConfig, QuantMethod
 
-    click.echo(f"exporting {checkpoint.name} for first use into {out}", err=True)
+    click.echo(f"exporting {checkpoint.name} ({quant}{block}) for first use into {out}", err=True)
+    qconfig = QuantConfig(method=QuantMethod.parse(quant), block=profile.block_size)
     export(
-        ExportOptions(checkpoint=checkpoint, out=out, flavor=Flavor(flavor), precision=Precision.FP32),
+        ExportOptions(checkpoint=checkpoint, out=out, flavor=Flavor(profile.graph_flavor), quant=qconfig),
         progress=lambda msg: click.echo(f"  {msg}", err=True),
     )
     return out
@@ -127,7 +136,7 @@ def main(
         )
     if not as_json:
         click.echo(detection.reason, err=True)
-    bundle_dir = bundle or ensure_bundle(model or DEMO_CHECKPOINT, profile.graph_flavor)
+    bundle_dir = bundle or ensure_bundle(model or DEMO_CHECKPOINT, profile)
     # Power is sampled only when a figure needs it: phases load, prefill, decode (as in edge-bench).
     sampler = open_sampler(profile)[0] if stats or log_file else None
     if sampler is not None:
