@@ -17,7 +17,7 @@ from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, open_bundle
 from .errors import BundleError, EdgeRuntimeError
 from .pool import StaticPool
-from .ring import RingGeometry, RingState
+from .ring import RingGeometry, RingState, geometry_problem
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
@@ -102,13 +102,9 @@ def _geometry(bundle: Bundle, opts: LoadOptions) -> RingGeometry:
     sinks = c.sinks if opts.sinks is None else opts.sinks
     window = c.window if opts.window is None else opts.window
     context = bundle.manifest.model.max_position_embeddings
-    if sinks < 0 or window < 1:
-        raise BundleError(f"cache geometry sinks={sinks}, window={window}: need sinks >= 0 and window >= 1")
-    if sinks + window > context:
-        raise BundleError(
-            f"sinks + window = {sinks + window} exceeds the model's trained context {context}; "
-            f"use --window {context - sinks} or less"
-        )
+    problem = geometry_problem(sinks, window, context)
+    if problem:
+        raise BundleError(problem)
     return RingGeometry(sinks=sinks, window=window, slack=c.slack)
 
 

@@ -26,6 +26,19 @@ MASKED = -1e30  # additive mask value; finite so a fully-masked row would not pr
 MASKED_FP16 = -65504.0
 
 
+def geometry_problem(sinks: int, window: int, context: int) -> str | None:
+    """Why a cache geometry cannot serve a model trained on `context` positions, or None if it can.
+    Positions within the cache run to sinks + window - 1 and must stay inside the trained context."""
+    if sinks < 0 or window < 1:
+        return f"cache geometry sinks={sinks}, window={window}: need sinks >= 0 and window >= 1"
+    if sinks + window > context:
+        return (
+            f"sinks + window = {sinks + window} exceeds the model's trained context {context} "
+            f"(max_position_embeddings); use --window {context - sinks} or less"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class RingGeometry:
     sinks: int  # S

@@ -35,6 +35,7 @@ from edge_runtime.manifest import (
     ValidationCase,
     ValidationRecord,
 )
+from edge_runtime.ring import geometry_problem
 
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
@@ -190,13 +191,9 @@ def _cache_spec(ckpt: Checkpoint, opts: ExportOptions) -> CacheSpec:
     if args.sliding_window is not None:  # trained with a local window (Mistral): no sinks, that window
         sinks, window = 0, min(window or args.sliding_window, args.sliding_window)
     window = window or min(context, DEFAULT_WINDOW_CAP + sinks) - sinks
-    if sinks < 0 or window < 1:
-        raise ExportError(f"cache geometry sinks={sinks}, window={window}: need sinks >= 0 and window >= 1")
-    if sinks + window > context:
-        raise ExportError(
-            f"sinks + window = {sinks + window} exceeds the model's trained context {context} "
-            f"(max_position_embeddings); positions within the cache would go past it. Use a smaller --window"
-        )
+    problem = geometry_problem(sinks, window, context)
+    if problem:
+        raise ExportError(problem)
     return CacheSpec(sinks=sinks, window=window, slack=DEFAULT_SLACK)
 
 

@@ -71,18 +71,7 @@ class NumpyGraphRunner:
         n = ids.shape[0]
         trt = self.flavor is Flavor.TRT
         plan = self.state.plan(n, new_rows_as_columns=trt, dtype=self.dtype)
-        feeds = {
-            "input_ids": ids[None, :],
-            "cos": plan.cos,
-            "sin": plan.sin,
-            "cos_sink": plan.cos_sink,
-            "sin_sink": plan.sin_sink,
-            "attn_mask": plan.attn_mask,
-            "sink_mask": plan.sink_mask,
-            "num_logits_to_keep": np.array([n], dtype=np.int64),
-        }
-        if not trt:
-            feeds["write_index"] = plan.write_index
+        feeds = plan.feeds(ids, n, in_place=not trt)
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = k, v
         names = [o.name for o in self.session.get_outputs()]
