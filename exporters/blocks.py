@@ -104,6 +104,25 @@ def rope(g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, rotary_dim: i
     return g.op("Concat", parts, f"{prefix}/Concat", axis=-1)
 
 
+def fused_rope(
+    g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, heads: int, rotary_dim: int, head_dim: int
+) -> str:
+    """The same rotation as `rope` on x [1, T, heads*D], as one com.microsoft::RotaryEmbedding node.
+    position_ids [0] makes it read cos/sin rows 0..T-1: the host already computed this call's rows."""
+    g.domains["com.microsoft"] = 1
+    attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim < head_dim else {}
+    pos0 = g.const(np.zeros(1, np.int64))
+    return g.op(
+        "RotaryEmbedding",
+        [x, pos0, cos, sin],
+        f"{prefix}/RotaryEmbedding",
+        domain="com.microsoft",
+        num_heads=heads,
+        interleaved=0,
+        **attrs,
+    )
+
+
 @dataclass(frozen=True)
 class StepTensors:
     """Graph inputs shared by every layer (see edge_runtime.ring.StepInputs)."""
@@ -117,6 +136,9 @@ class StepTensors:
     attn_mask: str  # [T, K] additive
     sink_mask: str  # [K] bool
     write_index: str | None  # [1] int64 (`ort` flavor only)
+    # `ort` flavor: ONNX Runtime's fused com.microsoft::RotaryEmbedding takes the raw [T, R/2] cos/sin
+    # inputs in the fields above (one node per rotation instead of ten elementwise ones).
+    fused_rope: bool = False
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,16 +169,24 @@ def attention(
     q = wf.matmul(g, f"{prefix}/q_proj", h, lw.q, lw.q_bias)  # [1, T, Hq*D]
     k = wf.matmul(g, f"{prefix}/k_proj", h, lw.k, lw.k_bias)  # [1, T, Hkv*D]
     v = wf.matmul(g, f"{prefix}/v_proj", h, lw.v, lw.v_bias)
-    q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
-    q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
-    perm_q = [0, 2, 3, 1, 4]  # -> [1, Hkv, G, T, D]
-    q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
+    perm_q = [0, 2, 3, 1, 4]  # [1, T, Hkv, G, D] -> [1, Hkv, G, T, D]
+    if step.fused_rope:
+        q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
+        q_abs = fused_rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, hq, rotary_dim, d)
+        q_sink = fused_rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, hq, rotary_dim, d)
+        k = fused_rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, hkv, rotary_dim, d)
+        q_abs = g.op("Reshape", [q_abs, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_abs_reshape")
+        q_sink = g.op("Reshape", [q_sink, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_sink_reshape")
+        k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
+    else:
+        q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
+        q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
+        q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
+        q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
+        k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
+        k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
     q_abs = g.op("Transpose", [q_abs], f"{prefix}/q_abs_transpose", perm=perm_q)
-    q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
     q_sink = g.op("Transpose", [q_sink], f"{prefix}/q_sink_transpose", perm=perm_q)
-
-    k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
-    k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
     k = g.op("Transpose", [k], f"{prefix}/k_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
     v = g.op("Reshape", [v, g.const([0, 0, hkv, d])], f"{prefix}/v_reshape")
     v = g.op("Transpose", [v], f"{prefix}/v_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]

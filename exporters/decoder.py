@@ -95,17 +95,31 @@ def build_decoder(
         return g.op("Reshape", [angles[name], g.const(shape)], f"/model/rotary/{name}_{len(shape)}d")
 
     q_shape, k_shape = [1, -1, 1, 1, half], [1, -1, 1, half]
-    step = StepTensors(
-        cos_q=bcast("cos", q_shape),
-        sin_q=bcast("sin", q_shape),
-        cos_q_sink=bcast("cos_sink", q_shape),
-        sin_q_sink=bcast("sin_sink", q_shape),
-        cos_k=bcast("cos", k_shape),
-        sin_k=bcast("sin", k_shape),
-        attn_mask=mask,
-        sink_mask=sink_mask,
-        write_index=write_index,
-    )
+    if flavor is Flavor.ORT:  # fused RotaryEmbedding reads the raw [T, R/2] inputs
+        step = StepTensors(
+            cos_q=angles["cos"],
+            sin_q=angles["sin"],
+            cos_q_sink=angles["cos_sink"],
+            sin_q_sink=angles["sin_sink"],
+            cos_k=angles["cos"],
+            sin_k=angles["sin"],
+            attn_mask=mask,
+            sink_mask=sink_mask,
+            write_index=write_index,
+            fused_rope=True,
+        )
+    else:
+        step = StepTensors(
+            cos_q=bcast("cos", q_shape),
+            sin_q=bcast("sin", q_shape),
+            cos_q_sink=bcast("cos_sink", q_shape),
+            sin_q_sink=bcast("sin_sink", q_shape),
+            cos_k=bcast("cos", k_shape),
+            sin_k=bcast("sin", k_shape),
+            attn_mask=mask,
+            sink_mask=sink_mask,
+            write_index=write_index,
+        )
 
     table = wf.table(g, "/model/embed_tokens", weights.embed)  # [V, H]
     x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
