@@ -56,6 +56,8 @@ class Engine:
         self.host_copy = m.graph.kv["update"] == "host_copy"
         self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads)
         self._decoding = False
+        self._span = self.geometry.capacity  # rows the decode binding attends (in-place flavor)
+        self.filled_prefix = m.graph.kv.get("attended_columns") == "span"  # graph slices the filled rows
 
     @property
     def tokens(self) -> int:
@@ -77,7 +79,9 @@ class Engine:
             )
         out, pos = [], 0
         for n in self.ring.chunks(ids.size):
-            plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.keys[0].dtype)
+            plan = self.ring.plan(
+                n, new_rows_as_columns=self.host_copy, dtype=self.pool.keys[0].dtype, filled_prefix=self.filled_prefix
+            )
             out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
             pos += n
         self._decoding = False
@@ -90,6 +94,11 @@ class Engine:
             self.ring.sync_decode(d)
             self._decoding = True
         self.pool.input_ids[0, 0] = token
+        if self.filled_prefix:
+            span = self.ring.span(self.ring.tokens + 1)
+            if span != self._span:  # the filled prefix grew past the bound views: rebind (rare)
+                self.backend.bind_decode_span(span)
+                self._span = span
         row = self.ring.decode_into(d, new_rows_as_columns=self.host_copy)
         self.backend.run_decode(row)
         if self.host_copy:

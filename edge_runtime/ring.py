@@ -24,6 +24,7 @@ from .errors import EdgeRuntimeError
 
 MASKED = -1e30  # additive mask value; finite so a fully-masked row would not produce NaN in fp32
 MASKED_FP16 = -65504.0
+SPAN_STEP = 64  # granularity of the attended prefix while the cache fills
 
 
 def geometry_problem(sinks: int, window: int, context: int) -> str | None:
@@ -143,11 +144,15 @@ class RingState:
         a = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
         return np.cos(a).astype(dtype), np.sin(a).astype(dtype)
 
-    def plan(self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32) -> StepInputs:
+    def plan(
+        self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32, filled_prefix: bool = False
+    ) -> StepInputs:
         """Inputs for the next `n` tokens (n <= geometry.max_chunk(tokens)); advances the state.
 
         `new_rows_as_columns`: the graph attends [buffer rows ..., this call's new rows] (the `trt`
         flavor, which cannot update the buffer in place) instead of the updated buffer (`ort`).
+        `filled_prefix`: the in-place graph attends only the first `span()` rows (its manifest says
+        `attended_columns: span`); older bundles attend the whole buffer.
         """
         g = self.geometry
         t0 = self.tokens
@@ -165,8 +170,8 @@ class RingState:
             col_pos = np.concatenate([old, pos])
             col_sink = np.concatenate([np.arange(g.capacity) < g.sinks, steps < g.sinks])
         else:
-            col_pos = self.row_pos
-            col_sink = np.arange(g.capacity) < g.sinks
+            col_pos = self.row_pos[: self.span(t0 + n)] if filled_prefix else self.row_pos
+            col_sink = np.arange(col_pos.shape[0]) < g.sinks
         diff = pos[:, None] - col_pos[None, :]  # [n, K]: how far back each column's token is
         visible = (col_pos[None, :] >= 0) & (diff >= 0) & (col_sink[None, :] | (diff < g.window))
         masked = MASKED_FP16 if np.dtype(dtype) == np.float16 else MASKED
@@ -182,6 +187,13 @@ class RingState:
             attn_mask=np.where(visible, 0.0, masked).astype(dtype),
             sink_mask=col_sink.copy(),
         )
+
+    def span(self, tokens: int) -> int:
+        """Buffer rows an in-place graph attends once `tokens` tokens are written: the filled prefix
+        (rows fill in order: sinks, then the ring), rounded up to SPAN_STEP so the decode binding
+        changes a few times while the cache fills, then the whole buffer."""
+        filled = min(tokens, self.geometry.capacity)
+        return min(self.geometry.capacity, -(-filled // SPAN_STEP) * SPAN_STEP)
 
     # -- the decode hot path: one token, every input written in place, no array allocated ---------
 

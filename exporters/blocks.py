@@ -139,6 +139,7 @@ class StepTensors:
     # `ort` flavor: ONNX Runtime's fused com.microsoft::RotaryEmbedding takes the raw [T, R/2] cos/sin
     # inputs in the fields above (one node per rotation instead of ten elementwise ones).
     fused_rope: bool = False
+    span: str | None = None  # [1] int64: buffer rows attended (`ort`): the filled prefix, = attn_mask's width
 
 
 # ------------------------------------------------------------------------------------------------
@@ -211,6 +212,10 @@ def attention(
         )
         g.output(keys, keys, g.dtype, cache_shape)
         g.output(values, values, g.dtype, cache_shape)
+        # Attend only the filled prefix of the buffer: while the cache fills that is far less work.
+        zero, axis = g.const([0]), g.const([2])
+        keys = g.op("Slice", [keys, zero, step.span, axis], f"{prefix}/k_span/Slice")  # [1, Hkv, L, D]
+        values = g.op("Slice", [values, zero, step.span, axis], f"{prefix}/v_span/Slice")
     else:
         keys = g.op("Concat", [past_k, k], f"{prefix}/k_cache/Concat", axis=2)  # [1, Hkv, C + T, D]
         values = g.op("Concat", [past_v, v], f"{prefix}/v_cache/Concat", axis=2)

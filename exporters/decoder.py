@@ -82,7 +82,7 @@ def build_decoder(
         )
         weight_dtype = f"int{quantized.config.method.linear_bits}"
     half = args.rotary_dim // 2
-    cols = "capacity" if flavor is Flavor.ORT else "capacity_plus_tokens"
+    cols = "span" if flavor is Flavor.ORT else "capacity_plus_tokens"  # ort: filled prefix of the buffer
 
     ids = g.input("input_ids", np.int64, [1, "tokens"])
     angles = {n: g.input(n, act, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink")}
@@ -107,6 +107,7 @@ def build_decoder(
             sink_mask=sink_mask,
             write_index=write_index,
             fused_rope=True,
+            span=g.op("Shape", [mask], "/model/attn_span/Shape", start=-1),  # [1]: the filled prefix
         )
     else:
         step = StepTensors(

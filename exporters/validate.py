@@ -70,7 +70,7 @@ class NumpyGraphRunner:
     def _call(self, ids: np.ndarray) -> np.ndarray:
         n = ids.shape[0]
         trt = self.flavor is Flavor.TRT
-        plan = self.state.plan(n, new_rows_as_columns=trt, dtype=self.dtype)
+        plan = self.state.plan(n, new_rows_as_columns=trt, dtype=self.dtype, filled_prefix=not trt)
         feeds = plan.feeds(ids, n, in_place=not trt)
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = k, v

@@ -21,15 +21,17 @@ def test_slots_stay_in_their_region(g, t):
 
 
 @settings(max_examples=60, deadline=None)
-@given(geometries, st.lists(st.integers(1, 40), min_size=1, max_size=8))
-def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests):
+@given(geometries, st.lists(st.integers(1, 40), min_size=1, max_size=8), st.booleans())
+def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests, filled_prefix):
     state = RingState(g, np.ones(2))
     for n_tokens in requests:
         for n in state.chunks(n_tokens):
             t0 = state.tokens
             rows = [g.slot(t) for t in range(t0, t0 + n)]
             assert rows == list(range(rows[0], rows[0] + n))  # no wrap inside a call
-            plan = state.plan(n, new_rows_as_columns=False)
+            plan = state.plan(n, new_rows_as_columns=False, filled_prefix=filled_prefix)
+            # The attended prefix covers every written row (rows fill in order).
+            assert plan.attn_mask.shape[1] >= min(state.tokens, g.capacity)
             visible = plan.attn_mask == 0
             for r, t in enumerate(range(t0, t0 + n)):
                 # Row t sees exactly: the sinks and the last W tokens up to itself.

@@ -75,6 +75,14 @@ class OrtBackend:
                 io.bind_ortvalue_output(f"new_value.{i}", v)
         return io
 
+    def bind_decode_span(self, span: int) -> None:
+        """In-place flavor: attend the first `span` buffer rows. Rebinds the mask inputs to views of
+        the pool arrays (same memory), a few times while the cache fills; never per token once full."""
+        d = self.pool.decode
+        self._span_values = (_ov(d.attn_mask[:, :span]), _ov(d.sink_mask[:span]))
+        self._decode_binding.bind_ortvalue_input("attn_mask", self._span_values[0])
+        self._decode_binding.bind_ortvalue_input("sink_mask", self._span_values[1])
+
     def run_decode(self, row: int) -> None:
         """One token; inputs already written into the pool. Logits land in `pool.logits`."""
         self.session.run_with_iobinding(self._decode_binding)
