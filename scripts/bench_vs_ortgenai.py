@@ -1,0 +1,611 @@
+"""Side-by-side speed against onnxruntime-genai on random-weight checkpoints of real shapes (issue 7).
+
+    python scripts/bench_vs_ortgenai.py [--shape smollm2-135m] [--skip-1b] [--precision fp32 ...]
+                                        [--rounds 3] [--work /tmp/edge-vs-genai] [--json out.json]
+
+For each shape (default: smollm2-135m and llama-3.2-1b; `--skip-1b` drops the 1B one) and precision
+(fp32, int8, int4 block 32) it
+  1. writes the checkpoint if missing (scripts/make_shape_checkpoints.py, under --shapes-dir),
+  2. builds it with our exporter (`edge-export build`, validated against the float64 reference) and with
+     onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder -e cpu`) at the same
+     precision, each in its own process, timing both (bundles are reused on later runs; --rebuild),
+  3. runs both alternately, `--rounds` times, each run a fresh process (so peak RSS is its own): load,
+     `--warmup` untimed generations, then `--trials` timed ones with the same prompt ids (default 128),
+     `--gen-tokens` greedy tokens (128, EOS ignored), `--threads` intra-op threads (2). Ours goes through
+     `stream_generate` (the product path, detokenizer included); theirs through `og.Generator` with a
+     `TokenizerStream`, one `generate_next_token` per token.
+  4. reports medians per side, ratios ours / theirs, weight bytes read per token computed the same way
+     from each ONNX graph (every initializer a node reads, except tables that are only gathered: the
+     embedding table, and GroupQueryAttention's cos/sin caches; a tied LM head counts in full), and the
+     achieved weight bandwidth as a fraction of the memory read bandwidth measured in the same run
+     (best of a 2-thread numpy sum and a 2-thread ONNX Runtime fp32 GEMV over arrays far above cache
+     size, measured before and after the runs).
+
+Every figure is measured in this run; nothing is carried over. A machine busy with other work skews all
+absolute figures: the load average is printed with the tables. `--our-window match` (default) sizes our
+ring to the request (prompt + generated tokens, as onnxruntime-genai sizes its cache to max_length);
+`--our-window bundle` keeps the bundle's default geometry.
+
+The 1B shape needs ~2.5 GB for the bf16 checkpoint plus ~5 GB per fp32 build on disk. Our exporter
+holds the fp32 weights, the ONNX model, an ONNX Runtime session and a float64 reference at once while
+validating: ~25 bytes per parameter at peak on the 135M shape (3.4 GB), so ~30 GB for the 1B shape, more
+than a 24 GB machine has (an fp32 1B export had reached 16 GB RSS while still building the graph, 83 s
+in). Use `--skip-1b` there; build times and peak RSS of both builders are in the last table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+PRECISIONS = ("fp32", "int8", "int4")
+DEFAULT_SHAPES = ("smollm2-135m", "llama-3.2-1b")
+ONE_B = "llama-3.2-1b"
+MB = 1e6
+
+
+# --------------------------------------------------------------------------------------------------
+# Workers: one generation benchmark per process, JSON on stdout.
+
+
+def _run_ours(a: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
+    from edge_runtime.engine import LoadOptions, load
+    from edge_runtime.generate import GenerationConfig, stream_generate
+    from edge_runtime.manifest import Manifest
+    from edge_runtime.tokenizer import Tokenizer
+
+    t0 = time.perf_counter()
+    window = None
+    if a.window == "match":
+        sinks = Manifest.read(Path(a.model) / "manifest.json").cache.sinks
+        window = len(prompt) + a.gen_tokens - sinks
+    elif a.window != "bundle":
+        window = int(a.window)
+    engine = load(a.model, LoadOptions(threads=a.threads, window=window))
+    tokenizer = Tokenizer.for_engine(engine)
+    load_s = time.perf_counter() - t0
+
+    # Time spent inside session.run during decode steps, to give the share spent outside it. The
+    # wrappers cost well under a microsecond per step; a backend without `session` is not measured.
+    session, decoding, inside = getattr(engine.backend, "session", None), [False], [0.0]
+    measured = session is not None and hasattr(session, "run_with_iobinding")
+    real_run, real_decode = getattr(session, "run_with_iobinding", None), engine.decode
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return real_run(*args, **kwargs)
+        finally:
+            if decoding[0]:
+                inside[0] += time.perf_counter() - t
+
+    def flagged_decode(token: int) -> np.ndarray:
+        decoding[0] = True
+        try:
+            return real_decode(token)
+        finally:
+            decoding[0] = False
+
+    if measured:
+        session.run_with_iobinding = timed_run
+        engine.decode = flagged_decode
+    config = GenerationConfig(max_tokens=a.gen_tokens, stop_on_eos=False)
+    trials = []
+    for i in range(a.warmup + a.trials):
+        inside[0] = 0.0
+        stats = None
+        for event in stream_generate(engine, tokenizer, prompt, config):
+            stats = event.stats or stats
+        assert stats is not None
+        if i >= a.warmup:
+            trials.append(
+                {
+                    "ttft_s": stats.ttft_s,
+                    "decode_s": stats.decode_s,
+                    "generated": stats.generated_tokens,
+                    "decode_tps": stats.decode_tps,
+                    "outside_run_share": (
+                        (stats.decode_s - inside[0]) / stats.decode_s if measured and stats.decode_s else None
+                    ),
+                }
+            )
+    return {"load_s": load_s, "trials": trials, "capacity": engine.geometry.capacity}
+
+
+def _run_theirs(a: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
+    import onnxruntime_genai as og
+
+    t0 = time.perf_counter()
+    config = og.Config(a.model)
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": a.threads}}}}))
+    model = og.Model(config)
+    tokenizer = og.Tokenizer(model)
+    load_s = time.perf_counter() - t0
+    ids = np.asarray(prompt, dtype=np.int32)
+    total = len(prompt) + a.gen_tokens
+    trials = []
+    for i in range(a.warmup + a.trials):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=total, min_length=total)  # EOS ignored
+        stamps = []
+        t0 = time.perf_counter()
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids)
+        stream = tokenizer.create_stream()
+        while not gen.is_done():
+            gen.generate_next_token()
+            stream.decode(int(gen.get_next_tokens()[0]))
+            stamps.append(time.perf_counter())
+        del gen
+        if i >= a.warmup:
+            decode_s = stamps[-1] - stamps[0]
+            trials.append(
+                {
+                    "ttft_s": stamps[0] - t0,
+                    "decode_s": decode_s,
+                    "generated": len(stamps),
+                    "decode_tps": (len(stamps) - 1) / decode_s if decode_s > 0 else 0.0,
+                    "outside_run_share": None,
+                }
+            )
+    return {"load_s": load_s, "trials": trials, "capacity": total}
+
+
+def worker(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="bench_vs_ortgenai.py worker")
+    ap.add_argument("side", choices=("ours", "theirs"))
+    ap.add_argument("model")
+    ap.add_argument("--prompt-file", required=True)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--window", default="match")
+    ap.add_argument("--profile", help="write cProfile stats of the whole run to this file")
+    a = ap.parse_args(argv)
+    prompt = json.loads(Path(a.prompt_file).read_text())
+    run = _run_ours if a.side == "ours" else _run_theirs
+    if a.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        result = prof.runcall(run, a, prompt)
+        prof.dump_stats(a.profile)
+    else:
+        result = run(a, prompt)
+    print(json.dumps(result))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver helpers.
+
+
+# Spawns the command from a small interpreter and reports its peak RSS: a child's ru_maxrss starts at
+# the RSS of the process it was forked from, so it must not be forked from this (larger) driver.
+_LAUNCHER = (
+    "import os, sys, json\n"
+    "pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ)\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024]), file=sys.stderr)\n"
+)
+
+
+def run_child(cmd: list[str], log: Path | None = None) -> tuple[int, float, int, str]:
+    """Run `cmd`; (exit code, wall seconds, the command's peak RSS in bytes, its stdout)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *cmd], stdout=out, stderr=err, check=False)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, lines = out.read().decode(errors="replace"), err.read().decode(errors="replace").splitlines()
+    rc, rss = json.loads(lines.pop()) if lines and lines[-1].startswith("[") else (-1, 0)
+    if log:
+        with log.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+    return rc, wall, rss, stdout
+
+
+def measure_read_bandwidth(threads: int, mb_per_thread: int = 512, reps: int = 5) -> dict[str, float]:
+    """Best-of-`reps` read bandwidth (bytes/s) with `threads` threads: numpy sums and an ORT fp32 GEMV."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    n = mb_per_thread * (1 << 20) // 4
+    arrays = [np.full(n, 1.0, np.float32) for _ in range(threads)]
+
+    def one_sum(i: int) -> None:
+        arrays[i].sum()
+
+    best_sum = 0.0
+    for _ in range(reps):
+        workers = [threading.Thread(target=one_sum, args=(i,)) for i in range(threads)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best_sum = max(best_sum, threads * n * 4 / (time.perf_counter() - t0))
+    arrays.clear()
+
+    k, cols = 4096, threads * n // 4096  # one [K, N] fp32 weight of threads * mb_per_thread MB
+    w = np.full((k, cols), 1e-3, np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "gemv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])],
+        [onnx.numpy_helper.from_array(w, "w")],
+    )
+    del w
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gemv.onnx"
+        onnx.save_model(model, path, save_as_external_data=True, location="gemv.data")
+        del model, graph
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    x = np.ones((1, k), np.float32)
+    session.run(None, {"x": x})
+    best_gemv = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        session.run(None, {"x": x})
+        best_gemv = max(best_gemv, k * cols * 4 / (time.perf_counter() - t0))
+    return {"numpy_sum": best_sum, "ort_gemv_fp32": best_gemv}
+
+
+def read_bandwidth(threads: int, log: Path) -> dict[str, float]:
+    rc, _, _, out = run_child([sys.executable, str(Path(__file__).resolve()), "bandwidth", str(threads)], log)
+    if rc != 0:
+        raise SystemExit(f"the bandwidth measurement failed (exit {rc}); see {log}")
+    return json.loads(out)
+
+
+_GATHERED = {("Gather", 0), ("GatherBlockQuantized", 0), ("GroupQueryAttention", 7), ("GroupQueryAttention", 8)}
+_LAYOUT_OPS = {"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"}
+
+
+def weight_bytes_per_token(onnx_path: Path) -> dict[str, int]:
+    """Initializer bytes one decode step reads, the same rule for any graph.
+
+    An initializer counts in full when any node reads it as a whole; one that only reaches row gathers
+    (directly or through layout ops such as onnxruntime-genai's Transpose of a tied LM head) is not
+    read per token: the embedding table, GroupQueryAttention's cos/sin caches.
+    """
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            consumers[name].append((node, i))
+
+    def only_gathered(name: str) -> bool:
+        for node, i in consumers[name]:
+            if (node.op_type, i) in _GATHERED:
+                continue
+            if node.op_type in _LAYOUT_OPS and i == 0 and all(only_gathered(o) for o in node.output):
+                continue
+            return False
+        return bool(consumers[name])
+
+    read = gathered = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims))
+        if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+            size = (n + 1) // 2
+        else:
+            size = n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        if only_gathered(t.name):
+            gathered += size
+        else:
+            read += size
+    return {"read": read, "gathered": gathered}
+
+
+def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int) -> list[str]:
+    cli = Path(sys.executable).with_name("edge-export")
+    cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
+    if precision != "fp32":
+        cmd += ["--quant", precision] + (["--block", str(block)] if precision == "int4" else [])
+    return cmd
+
+
+def theirs_build_cmd(ckpt: Path, out: Path, precision: str, block: int, cache: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o", str(out)]
+    cmd += ["-p", precision, "-e", "cpu", "-c", str(cache)]
+    if precision != "fp32":  # both are the builder's CPU defaults, spelled out
+        cmd += ["--extra_options", f"block_size={block}", "accuracy_level=4"]
+    return cmd
+
+
+def build(side: str, cmd: list[str], out: Path, marker: str, rebuild: bool, log: Path) -> dict[str, Any]:
+    """Build into `out` unless a finished build is there; its record (time, peak RSS) is kept beside it."""
+    record = out.with_name(out.name + ".build.json")
+    if (out / marker).is_file() and record.is_file() and not rebuild:
+        return {**json.loads(record.read_text()), "cached": True}
+    if side == "theirs" and out.exists():
+        shutil.rmtree(out)
+    with log.open("a") as f:
+        f.write(f"\n$ {shlex.join(cmd)}\n")
+    rc, wall, rss, _ = run_child(cmd, log)
+    result = {"ok": rc == 0 and (out / marker).is_file(), "seconds": wall, "peak_rss": rss, "rc": rc}
+    if result["ok"]:
+        record.write_text(json.dumps(result) + "\n")
+    return {**result, "cached": False}
+
+
+def make_prompt(ckpt: Path, n: int) -> list[int]:
+    """Exactly n ids: edge-bench's fixed passage, cycled (BOS first, EOS never)."""
+    from edge_runtime.bench.runner import deterministic_prompt
+    from edge_runtime.manifest import TokenizerSpec
+    from edge_runtime.tokenizer import Tokenizer
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    spec = TokenizerSpec(
+        file="tokenizer.json",
+        bos_token_id=cfg["bos_token_id"],
+        eos_token_ids=[cfg["eos_token_id"]],
+        pad_token_id=cfg.get("pad_token_id"),
+        adds_bos=False,
+    )
+    return deterministic_prompt(Tokenizer(ckpt / "tokenizer.json", spec), n, [cfg["eos_token_id"]])
+
+
+def ensure_checkpoint(shapes_dir: Path, shape: str) -> Path:
+    path = shapes_dir / shape
+    if not (path / "model.safetensors").is_file():
+        script = HERE / "make_shape_checkpoints.py"  # a sibling script: run it, no sys.path games
+        rc = subprocess.call([sys.executable, str(script), "--out", str(shapes_dir), "--shape", shape])
+        if rc != 0:
+            raise SystemExit(f"writing the {shape} checkpoint failed (exit {rc})")
+    return path
+
+
+def median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}×"
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver.
+
+
+def bench_pair(
+    args: argparse.Namespace, shape: str, precision: str, ckpt: Path, prompt_file: Path, log: Path
+) -> dict[str, Any]:
+    work = args.work / shape
+    dirs = {"ours": work / f"ours-{precision}", "theirs": work / f"genai-{precision}"}
+    cmds = {
+        "ours": ours_build_cmd(ckpt, dirs["ours"], precision, args.block),
+        "theirs": theirs_build_cmd(ckpt, dirs["theirs"], precision, args.block, args.work / ".genai-cache"),
+    }
+    row: dict[str, Any] = {"shape": shape, "precision": precision, "builds": {}, "sides": {}}
+    for side, marker in (("ours", "manifest.json"), ("theirs", "genai_config.json")):
+        say(f"{shape} {precision}: building {side}")
+        row["builds"][side] = build(side, cmds[side], dirs[side], marker, args.rebuild, log)
+        if not row["builds"][side]["ok"]:
+            say(f"  {side} build failed (exit {row['builds'][side].get('rc')}); see {log}")
+    if not all(b["ok"] for b in row["builds"].values()):
+        return row
+    bytes_ = {side: weight_bytes_per_token(d / "model.onnx") for side, d in dirs.items()}
+    manifest = json.loads((dirs["ours"] / "manifest.json").read_text())
+    row["manifest_weight_bytes"] = manifest["graph"]["weight_bytes"]
+    row["export_seconds_manifest"] = manifest["provenance"].get("export_seconds")
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "theirs": []}
+    for r in range(args.rounds):
+        order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+        for side in order:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "worker", side, str(dirs[side])]
+            cmd += ["--prompt-file", str(prompt_file), "--gen-tokens", str(args.gen_tokens)]
+            cmd += ["--threads", str(args.threads), "--warmup", str(args.warmup), "--trials", str(args.trials)]
+            cmd += ["--window", args.our_window]
+            rc, _, rss, out = run_child(cmd, log)
+            if rc != 0:
+                raise SystemExit(f"{side} worker failed (exit {rc}) on {dirs[side]}; see {log}")
+            result = json.loads(out.strip().splitlines()[-1])
+            result["peak_rss"] = rss
+            if any(t["generated"] != args.gen_tokens for t in result["trials"]):
+                raise SystemExit(f"{side} generated {[t['generated'] for t in result['trials']]} tokens, not all "
+                                 f"{args.gen_tokens}; the figures would not compare")  # fmt: skip
+            runs[side].append(result)
+            tps = [t["decode_tps"] for t in result["trials"]]
+            say(f"  round {r + 1}/{args.rounds} {side}: decode {', '.join(f'{x:.1f}' for x in tps)} tok/s, "
+                f"peak RSS {rss / MB:.0f} MB")  # fmt: skip
+    for side, results in runs.items():
+        trials = [t for res in results for t in res["trials"]]
+        ttft = median([t["ttft_s"] for t in trials])
+        row["sides"][side] = {
+            "ttft_ms": ttft * 1e3 if ttft is not None else None,
+            "prefill_tps": len(json.loads(prompt_file.read_text())) / ttft if ttft else None,
+            "decode_tps": median([t["decode_tps"] for t in trials]),
+            "decode_tps_all": [round(t["decode_tps"], 2) for t in trials],
+            "peak_rss": median([res["peak_rss"] for res in results]),
+            "load_s": median([res["load_s"] for res in results]),
+            "outside_run_share": median([t["outside_run_share"] for t in trials]),
+            "weight_bytes_read": bytes_[side]["read"],
+            "weight_bytes_gathered": bytes_[side]["gathered"],
+            "capacity": results[0]["capacity"],
+            "samples": len(trials),
+        }
+    return row
+
+
+def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) -> str:
+    out = [
+        f"Machine: {env['cpu']} ({env['cores']} cores), load average {env['load_before']} before / "
+        f"{env['load_after']} after; onnxruntime {env['onnxruntime']}, onnxruntime-genai {env['onnxruntime_genai']}; "
+        f"prompt {env['prompt_tokens']} tokens, {env['gen_tokens']} generated, greedy, {env['threads']} threads; "
+        f"our ring capacity: {env['our_window']}.",
+        f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s "
+        f"({'; '.join(f'{k} {v / 1e9:.1f}' for k, v in env['bandwidth_detail'].items())} GB/s).",
+        "",
+        "| shape | precision | ours / theirs: TTFT | decode tok/s | peak RSS | weights read per token |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if len(r["sides"]) < 2:
+            failed = ", ".join(s for s, b in r["builds"].items() if not b["ok"])
+            out.append(f"| {r['shape']} | {r['precision']} | build failed: {failed} | | | |")
+            continue
+        o, t = r["sides"]["ours"], r["sides"]["theirs"]
+        out.append(
+            f"| {r['shape']} | {r['precision']} | {_ratio(o['ttft_ms'], t['ttft_ms'])} | "
+            f"{_ratio(o['decode_tps'], t['decode_tps'])} | {_ratio(o['peak_rss'], t['peak_rss'])} | "
+            f"{_ratio(o['weight_bytes_read'], t['weight_bytes_read'])} |"
+        )
+    out += [
+        "",
+        "| shape | precision | side | TTFT ms | prefill tok/s | decode tok/s | peak RSS MB | weights read/token MB "
+        "| achieved GB/s | % of read BW | decode time outside run | load s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        for side, label in (("ours", "edge-runtime"), ("theirs", "onnxruntime-genai")):
+            s = r["sides"].get(side)
+            if s is None:
+                continue
+            tps, share = s["decode_tps"], s["outside_run_share"]
+            achieved = s["weight_bytes_read"] * tps if tps else None
+            cells = [
+                r["shape"],
+                r["precision"],
+                label,
+                _fmt(s["ttft_ms"], ".0f"),
+                _fmt(s["prefill_tps"], ".0f"),
+                _fmt(tps, ".1f"),
+                f"{s['peak_rss'] / MB:.0f}",
+                f"{s['weight_bytes_read'] / MB:.1f}",
+                _fmt(None if achieved is None else achieved / 1e9, ".2f"),
+                _fmt(None if achieved is None else 100 * achieved / bandwidth, ".0f") + "%",
+                "n/a" if share is None else f"{100 * share:.1f}%",
+                _fmt(s["load_s"], ".2f"),
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "| shape | precision | side | build s | build peak RSS MB | note |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        for side, b in r["builds"].items():
+            note = "built by an earlier run" if b["cached"] else ("" if b["ok"] else f"failed (exit {b.get('rc')})")
+            if side == "ours" and r.get("export_seconds_manifest") is not None:
+                note = (note + "; " if note else "") + f"manifest export_seconds {r['export_seconds_manifest']}"
+            rss = b["peak_rss"]
+            out.append(
+                f"| {r['shape']} | {r['precision']} | {side} | {_fmt(b['seconds'], '.1f')} | "
+                f"{_fmt(rss and rss / MB, '.0f')} | {note} |"
+            )
+    return "\n".join(out)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        return worker(argv[1:])
+    if argv[:1] == ["bandwidth"]:  # in its own process, so the driver never holds its arrays
+        print(json.dumps(measure_read_bandwidth(int(argv[1]))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", action="append", choices=(*DEFAULT_SHAPES, "tiny"), help="[both real shapes]")
+    ap.add_argument("--skip-1b", action="store_true", help=f"drop {ONE_B} (slow to export, needs GBs of disk/RAM)")
+    ap.add_argument("--precision", action="append", choices=PRECISIONS, help="[fp32, int8, int4]")
+    ap.add_argument("--block", type=int, default=32, help="int4 block size on both sides [32]")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, one process per side each [3]")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed generations per process [1]")
+    ap.add_argument("--trials", type=int, default=2, help="timed generations per process [2]")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--our-window", default="match", help="match (ring = prompt + generated), bundle, or N [match]")
+    ap.add_argument("--shapes-dir", type=Path, default=Path("/tmp/edge-shapes"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/edge-vs-genai"), help="bundles and logs")
+    ap.add_argument("--rebuild", action="store_true", help="rebuild bundles that exist from an earlier run")
+    ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    args = ap.parse_args(argv)
+    shapes = [s for s in (args.shape or DEFAULT_SHAPES) if not (args.skip_1b and s == ONE_B)]
+    precisions = args.precision or list(PRECISIONS)
+    args.work.mkdir(parents=True, exist_ok=True)
+    log = args.work / "bench.log"
+    say(f"build and worker output goes to {log}")
+
+    import onnxruntime
+    import onnxruntime_genai
+
+    env: dict[str, Any] = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime_genai": onnxruntime_genai.__version__,
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "threads": args.threads,
+        "our_window": "request-sized (prompt + generated)" if args.our_window == "match" else args.our_window,
+    }
+    say("measuring read bandwidth")
+    bw_before = read_bandwidth(args.threads, log)
+    rows = []
+    for shape in shapes:
+        ckpt = ensure_checkpoint(args.shapes_dir, shape)
+        prompt_file = args.work / f"{shape}-prompt.json"
+        prompt_file.write_text(json.dumps(make_prompt(ckpt, args.prompt_tokens)))
+        for precision in precisions:
+            rows.append(bench_pair(args, shape, precision, ckpt, prompt_file, log))
+    say("measuring read bandwidth again")
+    bw_after = read_bandwidth(args.threads, log)
+    env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    detail = {f"{k} (before)": v for k, v in bw_before.items()} | {f"{k} (after)": v for k, v in bw_after.items()}
+    env["bandwidth_detail"] = detail
+    bandwidth = max(detail.values())
+    print(tables(rows, bandwidth, env))
+    if args.json:
+        args.json.write_text(json.dumps({"env": env, "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
