@@ -19,6 +19,9 @@ from .errors import BundleError, ManifestVersionError
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+# graph.kv["layout"]: how each layer's K/V buffer is shaped.
+KV_HEADS_FIRST = "[1, num_kv_heads, capacity, head_dim]"  # `trt`, and `ort` bundles before 0.2
+KV_ROWS_FIRST = "[1, capacity, num_kv_heads*head_dim]"  # `ort`: what ONNX Attention reads without a Transpose
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,12 @@ class GraphSpec:
     outputs: dict[str, Any]
     kv: dict[str, Any]
     weight_bytes: int  # bytes of weights read per token (for achieved-bandwidth figures)
+
+    def kv_shape(self, kv_heads: int, capacity: int, head_dim: int) -> tuple[int, ...]:
+        """One layer's K (or V) buffer shape under this graph's layout."""
+        if self.kv.get("layout") == KV_ROWS_FIRST:
+            return (1, capacity, kv_heads * head_dim)
+        return (1, kv_heads, capacity, head_dim)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
 
-    K/V per layer      [1, H_kv, capacity, D]   bound as past_* (and present_* for in-place flavors)
-    decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1]
+    K/V per layer      [1, capacity, H_kv*D] (`ort`) or [1, H_kv, capacity, D] (`trt`; manifest kv.layout),
+                       bound as past_* (and present_* for in-place flavors)
+    decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
+                       sink_rows [1]
     new K/V rows       [1, H_kv, 1, D] per layer (host-copy flavor only)
     logits             [1, 1, V] float32
 
@@ -37,8 +39,9 @@ class StaticPool:
         cols = g.capacity + (1 if host_copy else 0)
         half = m.rotary_dim // 2
         masked = MASKED_FP16 if dtype == np.float16 else MASKED
-        keys = [np.zeros((1, h, g.capacity, m.head_dim), dtype) for h in m.num_kv_heads]
-        values = [np.zeros((1, h, g.capacity, m.head_dim), dtype) for h in m.num_kv_heads]
+        shapes = [manifest.graph.kv_shape(h, g.capacity, m.head_dim) for h in m.num_kv_heads]
+        keys = [np.zeros(shape, dtype) for shape in shapes]
+        values = [np.zeros(shape, dtype) for shape in shapes]
         decode = DecodeBuffers(
             cos=np.zeros((1, half), dtype),
             sin=np.zeros((1, half), dtype),
@@ -47,6 +50,7 @@ class StaticPool:
             attn_mask=np.full((1, cols), masked, dtype),
             sink_mask=np.arange(cols) < g.sinks,
             write_index=np.zeros(1, np.int64),
+            sink_rows=np.array([g.sink_rows], np.int64),
             masked=masked,
             angle=np.zeros(half, np.float64),
             trig=np.zeros(half, np.float64),
@@ -67,7 +71,7 @@ class StaticPool:
     def nbytes(self) -> int:
         arrays = [*self.keys, *self.values, *self.new_keys, *self.new_values, self.input_ids, self.keep, self.logits]
         d = self.decode
-        arrays += [d.cos, d.sin, d.cos_sink, d.sin_sink, d.attn_mask, d.sink_mask, d.write_index]
+        arrays += [d.cos, d.sin, d.cos_sink, d.sin_sink, d.attn_mask, d.sink_mask, d.write_index, d.sink_rows]
         return sum(a.nbytes for a in arrays)
 
     def kv_nbytes(self) -> int:

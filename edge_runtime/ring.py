@@ -63,6 +63,13 @@ class RingGeometry:
         return self.sinks + self.ring
 
     @property
+    def sink_rows(self) -> int:
+        """Rows the `ort` graph's sink correction reads: the sinks, or one row (whose correction is
+        exactly zero, see RingState._sink_position) without sinks, as ONNX Runtime's Einsum faults on
+        an empty operand."""
+        return max(self.sinks, 1)
+
+    @property
     def logical_capacity(self) -> int:
         """Tokens one row attends at most: S + W."""
         return self.sinks + self.window
@@ -92,9 +99,11 @@ class StepInputs:
     sin_sink: np.ndarray
     attn_mask: np.ndarray  # [n, K] additive, K = attended columns (capacity, or capacity + n for `trt`)
     sink_mask: np.ndarray  # [K] bool: column uses the sink-rotated query
+    sink_rows: np.ndarray  # [1] int64: max(S, 1), the rows the `ort` graph's sink correction reads
 
-    def feeds(self, ids: np.ndarray, keep: int, *, in_place: bool) -> dict[str, np.ndarray]:
-        """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py)."""
+    def feeds(self, ids: np.ndarray, keep: int) -> dict[str, np.ndarray]:
+        """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py); a graph takes
+        the subset it declares (`sink_mask`: `trt` and older `ort` graphs; `sink_rows`: `ort`)."""
         feeds = {
             "input_ids": np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1),
             "cos": self.cos,
@@ -103,10 +112,10 @@ class StepInputs:
             "sin_sink": self.sin_sink,
             "attn_mask": self.attn_mask,
             "sink_mask": self.sink_mask,
+            "sink_rows": self.sink_rows,
             "num_logits_to_keep": np.array([keep], dtype=np.int64),
+            "write_index": self.write_index,
         }
-        if in_place:
-            feeds["write_index"] = self.write_index
         return feeds
 
 
@@ -121,6 +130,7 @@ class DecodeBuffers:
     attn_mask: np.ndarray  # [1, K]
     sink_mask: np.ndarray  # [K]
     write_index: np.ndarray  # [1] int64
+    sink_rows: np.ndarray  # [1] int64, constant: max(S, 1)
     masked: float
     angle: np.ndarray  # [R/2] float64 scratch
     trig: np.ndarray  # [R/2] float64 scratch
@@ -160,7 +170,7 @@ class RingState:
             raise EdgeRuntimeError(f"chunk of {n} tokens at token {t0} exceeds the ring's limit {g.max_chunk(t0)}")
         steps = np.arange(t0, t0 + n, dtype=np.int64)
         pos = steps + self.position_offset  # absolute positions
-        logical = np.minimum(steps, g.logical_capacity - 1) + self.position_offset
+        logical = self._sink_position(steps) + self.position_offset
         first = g.slot(t0)
         rows = np.arange(first, first + n)
 
@@ -186,6 +196,7 @@ class RingState:
             sin_sink=sin_s,
             attn_mask=np.where(visible, 0.0, masked).astype(dtype),
             sink_mask=col_sink.copy(),
+            sink_rows=np.array([g.sink_rows], dtype=np.int64),
         )
 
     def span(self, tokens: int) -> int:
@@ -207,10 +218,15 @@ class RingState:
         bufs.attn_mask[0, : g.capacity] = np.where(visible, 0.0, bufs.masked)
         self._sink_angles(bufs, self.tokens)
 
+    def _sink_position(self, t: np.ndarray | int) -> np.ndarray | int:
+        """Token index at which a query is rotated for the sink columns: its cache-logical position.
+        Without sinks there are no sink columns, and the `ort` graph's correction must vanish: its
+        absolute one (then the sink and window rotations are equal)."""
+        g = self.geometry
+        return t if g.sinks == 0 else np.minimum(t, g.logical_capacity - 1)
+
     def _sink_angles(self, bufs: DecodeBuffers, t: int) -> None:
-        np.multiply(
-            self.inv_freq, float(min(t, self.geometry.logical_capacity - 1) + self.position_offset), out=bufs.angle
-        )
+        np.multiply(self.inv_freq, float(self._sink_position(t) + self.position_offset), out=bufs.angle)
         np.cos(bufs.angle, out=bufs.trig)
         bufs.cos_sink[0] = bufs.trig
         np.sin(bufs.angle, out=bufs.trig)
@@ -239,7 +255,7 @@ class RingState:
         bufs.cos[0] = bufs.trig
         np.sin(bufs.angle, out=bufs.trig)
         bufs.sin[0] = bufs.trig
-        if t < g.logical_capacity:  # past it the sink query position stays at S + W - 1 (set by sync_decode)
+        if t < g.logical_capacity or g.sinks == 0:  # past it the sink query stays at S + W - 1 (sync_decode)
             self._sink_angles(bufs, t)
         bufs.write_index[0] = row
         self.tokens += 1

@@ -104,28 +104,9 @@ def rope(g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, rotary_dim: i
     return g.op("Concat", parts, f"{prefix}/Concat", axis=-1)
 
 
-def fused_rope(
-    g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, heads: int, rotary_dim: int, head_dim: int
-) -> str:
-    """The same rotation as `rope` on x [1, T, heads*D], as one com.microsoft::RotaryEmbedding node.
-    position_ids [0] makes it read cos/sin rows 0..T-1: the host already computed this call's rows."""
-    g.domains["com.microsoft"] = 1
-    attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim < head_dim else {}
-    pos0 = g.const(np.zeros(1, np.int64))
-    return g.op(
-        "RotaryEmbedding",
-        [x, pos0, cos, sin],
-        f"{prefix}/RotaryEmbedding",
-        domain="com.microsoft",
-        num_heads=heads,
-        interleaved=0,
-        **attrs,
-    )
-
-
 @dataclass(frozen=True)
 class StepTensors:
-    """Graph inputs shared by every layer (see edge_runtime.ring.StepInputs)."""
+    """Graph inputs shared by every layer of the portable (`trt`) graph (see edge_runtime.ring.StepInputs)."""
 
     cos_q: str  # [1, T, 1, 1, R/2]  absolute positions, broadcast over [1, T, Hkv, G, R/2]
     sin_q: str
@@ -135,11 +116,6 @@ class StepTensors:
     sin_k: str
     attn_mask: str  # [T, K] additive
     sink_mask: str  # [K] bool
-    write_index: str | None  # [1] int64 (`ort` flavor only)
-    # `ort` flavor: ONNX Runtime's fused com.microsoft::RotaryEmbedding takes the raw [T, R/2] cos/sin
-    # inputs in the fields above (one node per rotation instead of ten elementwise ones).
-    fused_rope: bool = False
-    span: str | None = None  # [1] int64: buffer rows attended (`ort`): the filled prefix, = attn_mask's width
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,9 +123,9 @@ class StepTensors:
 #                                     └─► RoPE(sink) ─► q_sink ─┼─► @ keysᵀ ──┤          ├ Where(sink col)
 #  h ─► k_proj ─► [1,T,Hkv,D] ─► RoPE(abs) ─► k_new ─┐          │            └─► s_sink ┘      │
 #  h ─► v_proj ─► [1,T,Hkv,D] ───────────────► v_new ┤          │                       + attn_mask
-#        ort: keys = TensorScatter(past_key, k_new @ write_index)  (in place, = present_key)   │
-#        trt: keys = Concat(past_key, k_new); k_new is an output the host copies into its row  Softmax
+#        keys = Concat(past_key, k_new); k_new is an output the host copies into its row      Softmax
 #                                                                     values ─► probs @ values ─► o_proj
+# The portable (`trt`) attention: standard ops only. The `ort` flavor's is in blocks_ort.py.
 # ------------------------------------------------------------------------------------------------
 def attention(
     g: GraphBuilder,
@@ -162,7 +138,6 @@ def attention(
     layer: int,
     head_dim: int,
     rotary_dim: int,
-    in_place: bool,
 ) -> str:
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
@@ -171,21 +146,12 @@ def attention(
     k = wf.matmul(g, f"{prefix}/k_proj", h, lw.k, lw.k_bias)  # [1, T, Hkv*D]
     v = wf.matmul(g, f"{prefix}/v_proj", h, lw.v, lw.v_bias)
     perm_q = [0, 2, 3, 1, 4]  # [1, T, Hkv, G, D] -> [1, Hkv, G, T, D]
-    if step.fused_rope:
-        q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
-        q_abs = fused_rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, hq, rotary_dim, d)
-        q_sink = fused_rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, hq, rotary_dim, d)
-        k = fused_rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, hkv, rotary_dim, d)
-        q_abs = g.op("Reshape", [q_abs, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_abs_reshape")
-        q_sink = g.op("Reshape", [q_sink, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_sink_reshape")
-        k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
-    else:
-        q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
-        q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
-        q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
-        q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
-        k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
-        k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
+    q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
+    q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
+    q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
+    q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
+    k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
+    k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
     q_abs = g.op("Transpose", [q_abs], f"{prefix}/q_abs_transpose", perm=perm_q)
     q_sink = g.op("Transpose", [q_sink], f"{prefix}/q_sink_transpose", perm=perm_q)
     k = g.op("Transpose", [k], f"{prefix}/k_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
@@ -195,32 +161,10 @@ def attention(
     cache_shape = [1, hkv, "capacity", d]
     past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
     past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
-    if in_place:
-        keys = g.op(
-            "TensorScatter",
-            [past_k, k, step.write_index],
-            f"{prefix}/k_cache/TensorScatter",
-            out=f"present_key.{layer}",
-            axis=2,
-        )
-        values = g.op(
-            "TensorScatter",
-            [past_v, v, step.write_index],
-            f"{prefix}/v_cache/TensorScatter",
-            out=f"present_value.{layer}",
-            axis=2,
-        )
-        g.output(keys, keys, g.dtype, cache_shape)
-        g.output(values, values, g.dtype, cache_shape)
-        # Attend only the filled prefix of the buffer: while the cache fills that is far less work.
-        zero, axis = g.const([0]), g.const([2])
-        keys = g.op("Slice", [keys, zero, step.span, axis], f"{prefix}/k_span/Slice")  # [1, Hkv, L, D]
-        values = g.op("Slice", [values, zero, step.span, axis], f"{prefix}/v_span/Slice")
-    else:
-        keys = g.op("Concat", [past_k, k], f"{prefix}/k_cache/Concat", axis=2)  # [1, Hkv, C + T, D]
-        values = g.op("Concat", [past_v, v], f"{prefix}/v_cache/Concat", axis=2)
-        g.output(k, f"new_key.{layer}", g.dtype, [1, hkv, "tokens", d])
-        g.output(v, f"new_value.{layer}", g.dtype, [1, hkv, "tokens", d])
+    keys = g.op("Concat", [past_k, k], f"{prefix}/k_cache/Concat", axis=2)  # [1, Hkv, C + T, D]
+    values = g.op("Concat", [past_v, v], f"{prefix}/v_cache/Concat", axis=2)
+    g.output(k, f"new_key.{layer}", g.dtype, [1, hkv, "tokens", d])
+    g.output(v, f"new_value.{layer}", g.dtype, [1, hkv, "tokens", d])
 
     keys_t = g.op(
         "Transpose",

@@ -3,9 +3,11 @@
     input_ids ─► embed ─► [layer 0 .. L-1: norm ─► ring attention ─► + ─► norm ─► SwiGLU ─► +]
               ─► keep last `num_logits_to_keep` rows ─► final norm ─► LM head ─► logits (fp32)
 
-Flavors differ only in how the KV cache is updated: `ort` scatters the new rows into the bound
-buffer in place (opset 24 TensorScatter); `trt` (opset 21, ops TensorRT 10.3 parses) attends
-[past rows, new rows] and outputs the new rows for the host to place.
+`ort` (opset 24 + com.microsoft ops, blocks_ort.py) scatters the new rows into the bound buffer in
+place (TensorScatter), attends its filled prefix with ONNX `Attention` and fuses norms, projections and
+RoPE into ONNX Runtime's CPU kernels; cache [1, capacity, Hkv*D]. `trt` (opset 21, ops TensorRT 10.3
+parses, blocks.py) attends [past rows, new rows] and outputs the new rows for the host to place; cache
+[1, Hkv, capacity, D].
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import numpy as np
 import onnx
 
 from edge_runtime import __version__
+from edge_runtime.manifest import KV_HEADS_FIRST, KV_ROWS_FIRST
 from edge_runtime.models import ModelArgs, ModelWeights
 
+from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .graph import GraphBuilder
 from .quant_graph import quantized_format
@@ -81,77 +85,12 @@ def build_decoder(
             accuracy_level=quantized.config.accuracy_level,
         )
         weight_dtype = f"int{quantized.config.method.linear_bits}"
-    half = args.rotary_dim // 2
-    cols = "span" if flavor is Flavor.ORT else "capacity_plus_tokens"  # ort: filled prefix of the buffer
-
-    ids = g.input("input_ids", np.int64, [1, "tokens"])
-    angles = {n: g.input(n, act, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink")}
-    mask = g.input("attn_mask", act, ["tokens", cols])
-    sink_mask = g.input("sink_mask", np.bool_, [cols])
-    keep = g.input("num_logits_to_keep", np.int64, [1])
-    write_index = g.input("write_index", np.int64, [1]) if flavor is Flavor.ORT else None
-
-    def bcast(name: str, shape: list[int]) -> str:
-        return g.op("Reshape", [angles[name], g.const(shape)], f"/model/rotary/{name}_{len(shape)}d")
-
-    q_shape, k_shape = [1, -1, 1, 1, half], [1, -1, 1, half]
-    if flavor is Flavor.ORT:  # fused RotaryEmbedding reads the raw [T, R/2] inputs
-        step = StepTensors(
-            cos_q=angles["cos"],
-            sin_q=angles["sin"],
-            cos_q_sink=angles["cos_sink"],
-            sin_q_sink=angles["sin_sink"],
-            cos_k=angles["cos"],
-            sin_k=angles["sin"],
-            attn_mask=mask,
-            sink_mask=sink_mask,
-            write_index=write_index,
-            fused_rope=True,
-            span=g.op("Shape", [mask], "/model/attn_span/Shape", start=-1),  # [1]: the filled prefix
-        )
-    else:
-        step = StepTensors(
-            cos_q=bcast("cos", q_shape),
-            sin_q=bcast("sin", q_shape),
-            cos_q_sink=bcast("cos_sink", q_shape),
-            sin_q_sink=bcast("sin_sink", q_shape),
-            cos_k=bcast("cos", k_shape),
-            sin_k=bcast("sin", k_shape),
-            attn_mask=mask,
-            sink_mask=sink_mask,
-            write_index=write_index,
-        )
-
     table = wf.table(g, "/model/embed_tokens", weights.embed)  # [V, H]
-    x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
-    eps = args.rms_norm_eps
-    for i, lw in enumerate(weights.layers):
-        p = f"/model/layers.{i}"
-        h = rms_norm(g, f"{p}/input_layernorm", x, lw.attn_norm, eps)
-        a = attention(
-            g,
-            f"{p}/attn",
-            h,
-            lw,
-            wf,
-            step,
-            layer=i,
-            head_dim=args.head_dim,
-            rotary_dim=args.rotary_dim,
-            in_place=flavor is Flavor.ORT,
-        )
-        x = g.op("Add", [x, a], f"{p}/attn/residual/Add")
-        h = rms_norm(g, f"{p}/post_attention_layernorm", x, lw.mlp_norm, eps)
-        x = g.op("Add", [x, mlp(g, f"{p}/mlp", h, lw, wf)], f"{p}/mlp/residual/Add")
-
-    # Prefill needs logits of the last row only: slice before the norm and the (large) LM head.
-    neg_keep = g.op("Neg", [keep], "/model/keep/Neg")
-    x = g.op("Slice", [x, neg_keep, g.const([INT64_MAX]), g.const([1])], "/model/keep/Slice")  # [1, L, H]
-    h = rms_norm(g, "/model/norm", x, weights.final_norm, eps)
-    h = g.op("Reshape", [h, g.const([-1, args.hidden_size])], "/lm_head/flatten")  # [L, H]
-    head = table if weights.lm_head is weights.embed else wf.table(g, "/lm_head", weights.lm_head)
-    logits = wf.matmul_table(g, "/lm_head", h, head)  # [L, V]
-    logits = g.op("Reshape", [logits, g.const([1, -1, args.vocab_size])], "/lm_head/unflatten")
+    if flavor is Flavor.ORT:
+        logits_2d = _ort_body(g, args, weights, wf, table)
+    else:
+        logits_2d = _portable_body(g, args, weights, wf, table)
+    logits = g.op("Reshape", [logits_2d, g.const([1, -1, args.vocab_size])], "/lm_head/unflatten")
     if act != np.float32:
         logits = g.op("Cast", [logits], "/lm_head/CastFp32", to=onnx.TensorProto.FLOAT)
     g.output(logits, "logits", np.float32, [1, "kept", args.vocab_size])
@@ -168,8 +107,8 @@ def build_decoder(
             "new_key": "new_key.{i}" if flavor is Flavor.TRT else None,
             "new_value": "new_value.{i}" if flavor is Flavor.TRT else None,
             "update": "in_place_scatter" if flavor is Flavor.ORT else "host_copy",
-            "layout": "[1, num_kv_heads, capacity, head_dim]",
-            "attended_columns": cols,
+            "layout": KV_ROWS_FIRST if flavor is Flavor.ORT else KV_HEADS_FIRST,
+            "attended_columns": "span" if flavor is Flavor.ORT else "capacity_plus_tokens",
         },
     }
     return BuiltGraph(
@@ -181,3 +120,90 @@ def _spec(vi: onnx.ValueInfoProto) -> dict[str, Any]:
     t = vi.type.tensor_type
     dims = [d.dim_param or d.dim_value for d in t.shape.dim]
     return {"dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": dims}
+
+
+def _keep_rows(g: GraphBuilder, x: str) -> str:
+    """Prefill needs logits of the last rows only: slice before the (large) LM head. x [1, T, H] -> [1, L, H]."""
+    keep = g.input("num_logits_to_keep", np.int64, [1])
+    neg_keep = g.op("Neg", [keep], "/model/keep/Neg")
+    return g.op("Slice", [x, neg_keep, g.const([INT64_MAX]), g.const([1])], "/model/keep/Slice")
+
+
+def _lm_head(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str, h: str) -> str:
+    h = g.op("Reshape", [h, g.const([-1, args.hidden_size])], "/lm_head/flatten")  # [L, H]
+    head = table if weights.lm_head is weights.embed else wf.table(g, "/lm_head", weights.lm_head)
+    return wf.matmul_table(g, "/lm_head", h, head)  # [L, V]
+
+
+# ------------------------------------------------------------------------------------------------
+#  `ort`: ids ─► embed ─► norm ─► [attn ─► skip-norm ─► mlp ─► skip-norm(next layer's / final weight)]
+#                                                           ─► keep last rows ─► LM head
+# Each residual add is fused into the following RMSNorm (SkipSimplifiedLayerNormalization).
+# ------------------------------------------------------------------------------------------------
+def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str) -> str:
+    half = args.rotary_dim // 2
+    ids = g.input("input_ids", np.int64, [1, "tokens"])
+    cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))
+    mask = g.input("attn_mask", g.dtype, ["tokens", "span"])
+    sink_rows = g.input("sink_rows", np.int64, [1])
+    write_index = g.input("write_index", np.int64, [1])
+    scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
+    span = g.op("Shape", [mask], "/model/attn_span/Shape", start=-1)  # [1]: L
+    pad_cols = g.op("Sub", [span, sink_rows], "/model/sink_pad/Sub")
+    step = blocks_ort.OrtStep(
+        cos=cos,
+        sin=sin,
+        dcos=g.op("Mul", [g.op("Sub", [cos_s, cos], "/model/rotary/dcos/Sub"), scale], "/model/rotary/dcos/Mul"),
+        dsin=g.op("Mul", [g.op("Sub", [sin_s, sin], "/model/rotary/dsin/Sub"), scale], "/model/rotary/dsin/Mul"),
+        attn_mask=mask,
+        sink_rows=sink_rows,
+        sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
+        write_index=write_index,
+    )
+    eps = args.rms_norm_eps
+    x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
+    delta = None  # the last block's output, added to the residual stream x by the next norm
+    for i, lw in enumerate(weights.layers):
+        p = f"/model/layers.{i}"
+        h, x = blocks_ort.skip_norm(g, f"{p}/input_layernorm", x, delta, lw.attn_norm, eps)
+        a = blocks_ort.attention(
+            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim
+        )
+        h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
+        delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf)
+    h, _ = blocks_ort.skip_norm(g, "/model/norm", x, delta, weights.final_norm, eps)
+    return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
+
+
+def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str) -> str:
+    """`trt`: standard ops TensorRT 10.3 parses; attends [buffer rows, new rows], outputs the new rows."""
+    half = args.rotary_dim // 2
+    cols = "capacity_plus_tokens"
+    ids = g.input("input_ids", np.int64, [1, "tokens"])
+    angles = {n: g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink")}
+
+    def bcast(name: str, shape: list[int]) -> str:
+        return g.op("Reshape", [angles[name], g.const(shape)], f"/model/rotary/{name}_{len(shape)}d")
+
+    q_shape, k_shape = [1, -1, 1, 1, half], [1, -1, 1, half]
+    step = StepTensors(
+        cos_q=bcast("cos", q_shape),
+        sin_q=bcast("sin", q_shape),
+        cos_q_sink=bcast("cos_sink", q_shape),
+        sin_q_sink=bcast("sin_sink", q_shape),
+        cos_k=bcast("cos", k_shape),
+        sin_k=bcast("sin", k_shape),
+        attn_mask=g.input("attn_mask", g.dtype, ["tokens", cols]),
+        sink_mask=g.input("sink_mask", np.bool_, [cols]),
+    )
+    x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
+    eps = args.rms_norm_eps
+    for i, lw in enumerate(weights.layers):
+        p = f"/model/layers.{i}"
+        h = rms_norm(g, f"{p}/input_layernorm", x, lw.attn_norm, eps)
+        a = attention(g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim)
+        x = g.op("Add", [x, a], f"{p}/attn/residual/Add")
+        h = rms_norm(g, f"{p}/post_attention_layernorm", x, lw.mlp_norm, eps)
+        x = g.op("Add", [x, mlp(g, f"{p}/mlp", h, lw, wf)], f"{p}/mlp/residual/Add")
+    h = rms_norm(g, "/model/norm", _keep_rows(g, x), weights.final_norm, eps)
+    return _lm_head(g, args, weights, wf, table, h)

@@ -69,6 +69,9 @@ class QuantConfig:
     block: int = 32
     fp_embeddings: bool = False  # keep the embedding table / LM head in the float precision
     accuracy_level: int = 4  # MatMulNBits compute type; 4 = int8 activations (the fast CPU path)
+    # Embedding table / LM head: INT8 per row, or INT4 in `block`s (half the bytes of the LM head, which
+    # a small model reads in full every token; `ort` flavor only: TensorRT 10.3 gathers no INT4 table).
+    table_bits: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, QuantMethod):
@@ -76,6 +79,10 @@ class QuantConfig:
         if self.method.linear_bits == 4 and self.block not in INT4_BLOCKS:
             known = ", ".join(map(str, INT4_BLOCKS))
             raise ExportError(f"INT4 block size {self.block} is not supported; use one of {known} (--block)")
+        if self.table_bits not in (4, 8):
+            raise ExportError(f"embedding/LM-head bits {self.table_bits} must be 4 or 8 (--table-bits)")
+        if self.table_bits == 4 and self.block not in INT4_BLOCKS:
+            raise ExportError(f"INT4 block size {self.block} is not supported for the INT4 table (--block)")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise ExportError(f"MatMulNBits accuracy_level {self.accuracy_level} must be one of {ACCURACY_LEVELS}")
 

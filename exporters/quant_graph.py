@@ -82,7 +82,7 @@ class NBitsWeights:
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         qm = self.model.require(w, prefix)
         b, scales, blk = pack_nbits(qm, prefix)
-        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), qm, scales, blk)
+        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), (*qm.shape, qm.bits), scales, blk)
         return _bias(g, prefix, y, bias)
 
     def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
@@ -115,13 +115,14 @@ class NBitsWeights:
         if table not in self._tables:
             return self.floats.matmul_table(g, prefix, x2d, table)
         qm, scales, blk = self._tables[table]
-        return self._nbits(g, prefix, x2d, table, qm, scales, blk)
+        return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk)
 
     def _nbits(
-        self, g: GraphBuilder, prefix: str, x: str, b: str, qm: QuantizedMatrix, scales: np.ndarray, blk: int
+        self, g: GraphBuilder, prefix: str, x: str, b: str, nkb: tuple[int, int, int], scales: np.ndarray, blk: int
     ) -> str:
+        """`nkb`: (N, K, bits) of the packed matrix `b`."""
         g.domains[MS_DOMAIN] = 1
-        n, k = qm.shape
+        n, k, bits = nkb
         return g.op(
             "MatMulNBits",
             [x, b, g.weight(f"{prefix}/scales", scales)],
@@ -129,7 +130,7 @@ class NBitsWeights:
             domain=MS_DOMAIN,
             K=k,
             N=n,
-            bits=qm.bits,
+            bits=bits,
             block_size=blk,
             accuracy_level=self.accuracy_level,
         )

@@ -120,8 +120,14 @@ def quantize_model(
     if config.fp_embeddings:
         embed, lm_head = np.array(weights.embed, np.float32), None
     else:
-        embed = add(names.embed, weights.embed, quantize_rtn(weights.embed, 8), None)
-        lm_head = None if tied else add(names.lm_head, weights.lm_head, quantize_rtn(weights.lm_head, 8), None)
+        tb = config.table_bits
+        table_block = config.block if tb == 4 else None
+        if tb == 4:
+            check_block(names.embed, weights.embed, table_block)
+        embed = add(names.embed, weights.embed, quantize_rtn(weights.embed, tb, table_block), None)
+        lm_head = None
+        if not tied:
+            lm_head = add(names.lm_head, weights.lm_head, quantize_rtn(weights.lm_head, tb, table_block), None)
     if lm_head is None:
         lm_head = embed if tied else np.array(weights.lm_head, np.float32)
     out.weights = ModelWeights(
@@ -131,7 +137,7 @@ def quantize_model(
         "method": method.value,
         "linear_bits": bits,
         "block": block if bits == 4 else "channel",
-        "embeddings": "fp" if config.fp_embeddings else "int8 per row",
+        "embeddings": "fp" if config.fp_embeddings else _table_label(config),
         "scheme": "symmetric, positive fp16-representable scales, no zero points",
         "accuracy_level": config.accuracy_level,
         "per_tensor": per_tensor,
@@ -139,3 +145,7 @@ def quantize_model(
         "quantize_seconds": round(time.perf_counter() - t0, 2),
     }
     return out
+
+
+def _table_label(config: QuantConfig) -> str:
+    return "int8 per row" if config.table_bits == 8 else f"int4 block {config.block}"

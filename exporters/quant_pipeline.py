@@ -37,6 +37,8 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
             f"INT4 block size {quant.block} is not supported by TensorRT (blocks {TRT_INT4_BLOCKS}); "
             f"use --block 64 or --block 128 with --flavor trt"
         )
+    if trt and quant.enabled and quant.table_bits == 4 and not quant.fp_embeddings:
+        raise ExportError("--table-bits 4 needs --flavor ort: the trt flavor stores the table as INT8 per row")
 
 
 def pruning_unit(quant: QuantConfig) -> int:

@@ -56,8 +56,10 @@ class NumpyGraphRunner:
         self.session, self.flavor, self.dtype = session, flavor, np.dtype(dtype)
         self.state = RingState(geometry, inv_freq, position_offset)
         c = geometry.capacity
-        self.keys = [np.zeros((1, h, c, head_dim), self.dtype) for h in kv_heads]
-        self.values = [np.zeros((1, h, c, head_dim), self.dtype) for h in kv_heads]
+        shapes = [(1, h, c, head_dim) if flavor is Flavor.TRT else (1, c, h * head_dim) for h in kv_heads]
+        self.keys = [np.zeros(shape, self.dtype) for shape in shapes]
+        self.values = [np.zeros(shape, self.dtype) for shape in shapes]
+        self.inputs = {i.name for i in session.get_inputs()}
 
     def feed(self, tokens: Sequence[int], max_chunk: int | None = None) -> np.ndarray:
         """Run `tokens` through the graph in ring-legal chunks; logits [n, V] of every token."""
@@ -71,9 +73,10 @@ class NumpyGraphRunner:
         n = ids.shape[0]
         trt = self.flavor is Flavor.TRT
         plan = self.state.plan(n, new_rows_as_columns=trt, dtype=self.dtype, filled_prefix=not trt)
-        feeds = plan.feeds(ids, n, in_place=not trt)
+        feeds = {k: v for k, v in plan.feeds(ids, n).items() if k in self.inputs}
+        span = plan.attn_mask.shape[1]  # `ort`: the graph reads (and updates) the buffers' first `span` rows
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = k, v
+            feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = (k, v) if trt else (k[:, :span], v[:, :span])
         names = [o.name for o in self.session.get_outputs()]
         result = dict(zip(names, self.session.run(names, feeds), strict=True))
         row = int(plan.write_index[0])
@@ -82,7 +85,8 @@ class NumpyGraphRunner:
                 self.keys[i][:, :, row : row + n] = result[f"new_key.{i}"]
                 self.values[i][:, :, row : row + n] = result[f"new_value.{i}"]
             else:
-                self.keys[i], self.values[i] = result[f"present_key.{i}"], result[f"present_value.{i}"]
+                self.keys[i][:, :span] = result[f"present_key.{i}"]
+                self.values[i][:, :span] = result[f"present_value.{i}"]
         return result["logits"][0]
 
 

@@ -13,7 +13,7 @@ from edge_runtime.errors import BundleError, ExportError, ManifestVersionError, 
 from edge_runtime.exporters import export as export_mod
 from edge_runtime.exporters.decoder import Flavor, Precision
 from edge_runtime.exporters.export import ExportOptions, export
-from edge_runtime.manifest import MANIFEST_FILE, Manifest
+from edge_runtime.manifest import KV_ROWS_FIRST, MANIFEST_FILE, Manifest
 from edge_runtime.models import DEMO_CHECKPOINT
 
 from .tiny_models import save_tiny_checkpoint
@@ -43,7 +43,8 @@ def test_bundle_contents_and_manifest(bundle):
     assert m.tokenizer.adds_bos and m.tokenizer.bos_token_id == 0 and m.tokenizer.eos_token_ids == [1]
     assert m.validation.max_rel_err <= m.validation.tolerance == 1e-4 and len(m.validation.cases) == 4
     assert set(m.files) == {"model.onnx", "model.onnx.data", "tokenizer.json"}
-    assert m.graph.inputs["past_key.0"]["shape"] == [1, 2, "capacity", 16]
+    assert m.graph.inputs["past_key.0"]["shape"] == [1, "span", 32]  # rows-first; the host binds the filled prefix
+    assert m.graph.kv["layout"] == KV_ROWS_FIRST
     assert len(m.model.rope_inv_freq) == m.model.rotary_dim // 2 == 8
     assert open_bundle(out).manifest == manifest
 

@@ -23,6 +23,7 @@ from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, quantiz
 from edge_runtime.exporters.quant_awq import apply_awq
 from edge_runtime.exporters.quant_graph import pack_nbits
 from edge_runtime.exporters.quant_model import quantize_model
+from edge_runtime.exporters.quant_pipeline import check_options
 from edge_runtime.exporters.trt_ops import TRT_10_3_OPS
 from edge_runtime.exporters.validate import (
     INT8_ACTIVATION_TOLERANCE,
@@ -196,6 +197,32 @@ def test_fp_embeddings_keep_the_table_in_float(ckpts, flavor):
     assert "Gather" in ops and "Gemm" in ops and "GatherBlockQuantized" not in ops
     table = next(i for i in built.model.graph.initializer if i.name == "/model/embed_tokens/weight")
     assert table.data_type == onnx.TensorProto.FLOAT
+
+
+@pytest.mark.parametrize("name", ["llama-tied", "llama-untied"])
+def test_int4_table_is_gathered_and_read_as_int4_blocks(ckpts, name):
+    """--table-bits 4: the embedding (and a separate LM head) in INT4 blocks; GatherBlockQuantized and
+    MatMulNBits read them exactly as the dequantized reference does."""
+    ck = ckpts[name]
+    config = QuantConfig(QuantMethod.INT4, 32, table_bits=4, accuracy_level=0)
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, config)
+    tables = [ck.arch.weights.embed] + ([] if name == "llama-tied" else [ck.arch.weights.lm_head])
+    for t in tables:
+        assert (qm.tensors[t].bits, qm.tensors[t].block) == (4, 32)
+    assert qm.record["embeddings"] == "int4 block 32"
+    built, err = _grid(ck, qm, Flavor.ORT)
+    assert err <= TOLERANCE["fp32"]
+    gather = next(n for n in built.model.graph.node if n.op_type == "GatherBlockQuantized")
+    assert onnx.helper.get_attribute_value(next(a for a in gather.attribute if a.name == "bits")) == 4
+    heads = [n for n in built.model.graph.node if n.name.startswith("/lm_head") and n.op_type == "MatMulNBits"]
+    assert [onnx.helper.get_attribute_value(a) for n in heads for a in n.attribute if a.name == "bits"] == [4]
+
+
+def test_int4_table_is_refused_for_trt():
+    with pytest.raises(ExportError, match="--table-bits 4 needs --flavor ort"):
+        check_options(QuantConfig(QuantMethod.INT4, 64, table_bits=4), trt=True)
+    with pytest.raises(ExportError, match="must be 4 or 8"):
+        QuantConfig(QuantMethod.INT4, 32, table_bits=2)
 
 
 def test_trt_fp16_quantized_graph_within_fp16_tolerance(ckpts):

@@ -2,8 +2,9 @@
 
 Decode binds every buffer once (`_decode_binding`) and then only the arrays' contents change; each
 layer's K/V OrtValue is bound as both `past_*` input and `present_*` output, so ONNX Runtime's
-TensorScatter writes the new row in place (no cache copy). Host-copy (`trt`) bundles bind the new
-rows to small pool buffers and the caller copies them into their slots.
+TensorScatter writes the new row in place (no cache copy). Rows-first (`ort`) bundles are bound to
+the buffers' filled prefix (a contiguous view), rebound a few times while the cache fills. Host-copy
+(`trt`) bundles bind the new rows to small pool buffers and the caller copies them into their slots.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edge_runtime.errors import BundleError
-from edge_runtime.manifest import Manifest
+from edge_runtime.manifest import KV_ROWS_FIRST, Manifest
 from edge_runtime.pool import StaticPool
 from edge_runtime.ring import StepInputs
 
@@ -34,14 +35,22 @@ class OrtBackend:
         except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
             raise BundleError(f"ONNX Runtime cannot load '{graph}': {e}") from e
         self.pool = pool
+        self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds
         self.layers = manifest.model.num_layers
         self.host_copy = manifest.graph.kv["update"] == "host_copy"
+        self.prefix_views = manifest.graph.kv.get("layout") == KV_ROWS_FIRST  # graph reads the bound rows only
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
-        self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
+        self._kv = self._kv_values(pool.keys[0].shape[1] if self.prefix_views else None)
         self._decode_binding = self._bind_decode()
 
-    def _bind_kv(self, io: ort.IOBinding) -> None:
-        for i, (k, v) in enumerate(self._kv):
+    def _kv_values(self, rows: int | None) -> list[tuple[ort.OrtValue, ort.OrtValue]]:
+        """OrtValues over each layer's K/V buffers: whole, or (rows-first layout) the first `rows` rows."""
+        if rows is None:
+            return [(_ov(k), _ov(v)) for k, v in zip(self.pool.keys, self.pool.values, strict=True)]
+        return [(_ov(k[:, :rows]), _ov(v[:, :rows])) for k, v in zip(self.pool.keys, self.pool.values, strict=True)]
+
+    def _bind_kv(self, io: ort.IOBinding, kv: list[tuple[ort.OrtValue, ort.OrtValue]]) -> None:
+        for i, (k, v) in enumerate(kv):
             io.bind_ortvalue_input(f"past_key.{i}", k)
             io.bind_ortvalue_input(f"past_value.{i}", v)
             if not self.host_copy:
@@ -59,13 +68,14 @@ class OrtBackend:
             "sin_sink": _ov(d.sin_sink),
             "attn_mask": _ov(d.attn_mask),
             "sink_mask": _ov(d.sink_mask),
+            "sink_rows": _ov(d.sink_rows),
             "num_logits_to_keep": _ov(p.keep),
+            "write_index": _ov(d.write_index),
         }
-        if not self.host_copy:
-            self._decode_values["write_index"] = _ov(d.write_index)
         for name, value in self._decode_values.items():
-            io.bind_ortvalue_input(name, value)
-        self._bind_kv(io)
+            if name in self.inputs:
+                io.bind_ortvalue_input(name, value)
+        self._bind_kv(io, self._kv)
         self._logits = _ov(p.logits)
         io.bind_ortvalue_output("logits", self._logits)
         if self.host_copy:
@@ -76,12 +86,17 @@ class OrtBackend:
         return io
 
     def bind_decode_span(self, span: int) -> None:
-        """In-place flavor: attend the first `span` buffer rows. Rebinds the mask inputs to views of
-        the pool arrays (same memory), a few times while the cache fills; never per token once full."""
+        """In-place flavor: attend the first `span` buffer rows. Rebinds the mask inputs (and, rows-first,
+        the K/V buffers) to views of the pool arrays (same memory), a few times while the cache fills;
+        never per token once full."""
         d = self.pool.decode
-        self._span_values = (_ov(d.attn_mask[:, :span]), _ov(d.sink_mask[:span]))
-        self._decode_binding.bind_ortvalue_input("attn_mask", self._span_values[0])
-        self._decode_binding.bind_ortvalue_input("sink_mask", self._span_values[1])
+        self._span_values = {"attn_mask": _ov(d.attn_mask[:, :span]), "sink_mask": _ov(d.sink_mask[:span])}
+        for name, value in self._span_values.items():
+            if name in self.inputs:
+                self._decode_binding.bind_ortvalue_input(name, value)
+        if self.prefix_views:
+            self._kv = self._kv_values(span)
+            self._bind_kv(self._decode_binding, self._kv)
 
     def run_decode(self, row: int) -> None:
         """One token; inputs already written into the pool. Logits land in `pool.logits`."""
@@ -96,11 +111,12 @@ class OrtBackend:
         Returns the logits of the last `keep` tokens, [keep, V]."""
         n = ids.shape[0]
         io = self.session.io_binding()
-        feeds = plan.feeds(ids, keep, in_place=not self.host_copy)
-        held = {name: _ov(np.ascontiguousarray(a)) for name, a in feeds.items()}
+        feeds = plan.feeds(ids, keep)
+        held = {name: _ov(np.ascontiguousarray(a)) for name, a in feeds.items() if name in self.inputs}
         for name, value in held.items():
             io.bind_ortvalue_input(name, value)
-        self._bind_kv(io)
+        kv = self._kv_values(plan.attn_mask.shape[1]) if self.prefix_views else self._kv
+        self._bind_kv(io, kv)
         logits = np.empty((1, keep, self.pool.logits.shape[-1]), np.float32)
         io.bind_ortvalue_output("logits", _ov(logits))
         new = []

@@ -2,7 +2,7 @@
 
 edge-export CHECKPOINT_DIR -o OUT_DIR [--flavor ort|trt] [--dtype fp32|fp16] [--sinks N] [--window N]
             [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO] [--calib FILE]
-            [--fp-embeddings]
+            [--fp-embeddings | --table-bits 4|8]
 edge-export inspect BUNDLE_DIR
 """
 
@@ -66,6 +66,13 @@ def main() -> None:
     "else the demo model's].",
 )
 @click.option("--fp-embeddings", is_flag=True, help="Keep the embedding table and LM head unquantized.")
+@click.option(
+    "--table-bits",
+    type=click.Choice(["8", "4"]),
+    default="8",
+    show_default=True,
+    help="Embedding table / LM head: INT8 per row, or INT4 in --block blocks (ort flavor; half the LM head's bytes).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
 @friendly_errors
@@ -81,6 +88,7 @@ def build(
     prune: float | None,
     calib: Path | None,
     fp_embeddings: bool,
+    table_bits: str,
     overwrite: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory) to a validated bundle in OUT."""
@@ -100,6 +108,7 @@ def build(
             QuantMethod.parse(quant),
             block=block if block is not None else 32 if flavor == "ort" else 128,
             fp_embeddings=fp_embeddings,
+            table_bits=int(table_bits),
         ),
         prune=prune,
         calibration=calib,

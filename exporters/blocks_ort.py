@@ -1,0 +1,169 @@
+"""Decoder blocks of the `ort` flavor, written as the few large nodes ONNX Runtime's CPU kernels fuse.
+
+Same math as blocks.py (the `trt` flavor keeps those portable ops); here a layer is 21 nodes instead
+of ~40, because per-node cost, not memory, held decode back on small models (issue 7):
+
+  - residual add + RMSNorm as one com.microsoft::SkipSimplifiedLayerNormalization,
+  - SiLU as com.microsoft::QuickGelu(alpha=1). (Fusing q/k/v or gate/up into one MatMulNBits plus a
+    Split measured no faster on the 135M shape, gate/up slower: the projections stay separate.)
+  - RoPE as com.microsoft::RotaryEmbedding, attention as ONNX `Attention` (opset 23) over the cache's
+    filled prefix, the cache laid out [1, capacity, Hkv*D] so no Transpose is needed anywhere.
+
+Shapes: T = tokens in this call, L = attended buffer rows (the filled prefix), S = sinks,
+Hq/Hkv = query/KV heads, G = Hq / Hkv, D = head dim, R = rotary dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_runtime.models import LayerWeights
+
+from .blocks import WeightFormat
+from .graph import GraphBuilder
+
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class OrtStep:
+    """Graph tensors every layer shares (edge_runtime.ring.StepInputs; computed once per call)."""
+
+    cos: str  # [T, R/2] at absolute positions
+    sin: str
+    dcos: str  # [T, R/2]: (cos_sink - cos) / sqrt(D), the sink query's rotation minus the window one's
+    dsin: str
+    attn_mask: str  # [T, L] additive
+    sink_rows: str  # [1] int64: S, at least 1 (ring.RingGeometry.sink_rows; a load-time choice, so an input)
+    sink_pad: str  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,L-S]
+    write_index: str  # [1] int64: buffer row of the first new token
+
+
+def fused_rope(
+    g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, heads: int, rotary_dim: int, head_dim: int
+) -> str:
+    """The same rotation as `rope` on x [1, T, heads*D], as one com.microsoft::RotaryEmbedding node.
+    position_ids [0] makes it read cos/sin rows 0..T-1: the host already computed this call's rows."""
+    g.domains["com.microsoft"] = 1
+    attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim < head_dim else {}
+    pos0 = g.const(np.zeros(1, np.int64))
+    return g.op(
+        "RotaryEmbedding",
+        [x, pos0, cos, sin],
+        f"{prefix}/RotaryEmbedding",
+        domain="com.microsoft",
+        num_heads=heads,
+        interleaved=0,
+        **attrs,
+    )
+
+
+def skip_norm(
+    g: GraphBuilder, prefix: str, x: str, delta: str | None, weight: np.ndarray, eps: float
+) -> tuple[str, str]:
+    """(RMSNorm(x + delta) * weight, x + delta); without `delta` just the norm of x."""
+    w = g.weight(f"{prefix}/weight", weight.astype(np.float32))
+    if delta is None:
+        return g.op("SimplifiedLayerNormalization", [x, w], f"{prefix}/SimplifiedLayerNorm", axis=-1, epsilon=eps), x
+    g.domains[MS] = 1
+    normed, _, _, total = g.op_multi(
+        "SkipSimplifiedLayerNormalization", [x, delta, w], f"{prefix}/SkipLayerNorm", n_out=4, domain=MS, epsilon=eps
+    )
+    return normed, total
+
+
+# ------------------------------------------------------------------------------------------------
+#  h ─► q_proj ─────────────► q ─► RoPE(abs) ───────────────────────────────► q_abs ──┐
+#                        │    └► RoPE(dcos, dsin) = (q_sink - q_abs)/√D ─► dq ─┐    │
+#  h ─► k_proj ─────────────► k ─► RoPE(abs) ─► TensorScatter(past_key @ write_index)├─ keys [1,L,.]┐
+#  h ─► v_proj ─────────────► v ─────────────► TensorScatter(past_value) ───────────┼─ values ─────┤
+#     sink correction:  dq · keys[:S]ᵀ (Attention's QK output) ─► Pad to L ─► + attn_mask ─► mask ┤
+#                                                                   Attention(q_abs, keys, values, mask) ─► o_proj
+# The window columns must see the query rotated at its absolute position, the sink columns at its
+# cache-logical one (ring.py). Attention takes one query, so the sink columns get the difference as
+# an additive mask term: exact (RoPE is linear in cos/sin), and zero until the ring first wraps.
+# ------------------------------------------------------------------------------------------------
+def attention(
+    g: GraphBuilder,
+    prefix: str,
+    h: str,
+    lw: LayerWeights,
+    wf: WeightFormat,
+    step: OrtStep,
+    *,
+    layer: int,
+    head_dim: int,
+    rotary_dim: int,
+) -> str:
+    d = head_dim
+    hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+    q = wf.matmul(g, f"{prefix}/q_proj", h, lw.q, lw.q_bias)  # [1, T, Hq*D]
+    k = wf.matmul(g, f"{prefix}/k_proj", h, lw.k, lw.k_bias)  # [1, T, Hkv*D]
+    v = wf.matmul(g, f"{prefix}/v_proj", h, lw.v, lw.v_bias)
+    q_abs = fused_rope(g, f"{prefix}/q_rope", q, step.cos, step.sin, hq, rotary_dim, d)
+    k = fused_rope(g, f"{prefix}/k_rope", k, step.cos, step.sin, hkv, rotary_dim, d)
+
+    # The host binds each buffer's filled prefix (its first L rows: contiguous in this layout) as both
+    # past_* and present_*, so attention reads exactly those rows and nothing is copied.
+    cache_shape = [1, "span", hkv * d]
+    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
+    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
+    keys = g.op(
+        "TensorScatter",
+        [past_k, k, step.write_index],
+        f"{prefix}/k_cache/TensorScatter",
+        out=f"present_key.{layer}",
+        axis=1,
+    )
+    values = g.op(
+        "TensorScatter",
+        [past_v, v, step.write_index],
+        f"{prefix}/v_cache/TensorScatter",
+        out=f"present_value.{layer}",
+        axis=1,
+    )
+    g.output(keys, keys, g.dtype, cache_shape)
+    g.output(values, values, g.dtype, cache_shape)
+    zero, rows = g.const([0]), g.const([1])
+    # Without sinks (Mistral's sliding window) the host feeds S = 1 and equal rotations: dq = 0 exactly.
+    dq = fused_rope(g, f"{prefix}/dq_rope", q, step.dcos, step.dsin, hq, rotary_dim, d)
+    if rotary_dim < d:  # RotaryEmbedding passes the unrotated dims through; their difference is 0
+        keep = np.tile((np.arange(d) < rotary_dim).astype(g.dtype), hq)
+        dq = g.op("Mul", [dq, g.const(keep)], f"{prefix}/dq_rotary_only")
+    sinks = g.op("Slice", [keys, zero, step.sink_rows, rows], f"{prefix}/sinks/Slice")  # [1, S, Hkv*D]
+    # dq · sinksᵀ per query head, GQA grouping included: an Attention node's raw QK output (its own
+    # output is unused); one node where Einsum needed three Reshapes around it and ran slower.
+    _, _, _, corr = g.op_multi(
+        "Attention",
+        [dq, sinks, sinks],
+        f"{prefix}/sink_corr/Attention",
+        n_out=4,
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=1.0,
+    )  # [1, Hq, T, S]
+    corr = g.op("Pad", [corr, step.sink_pad], f"{prefix}/sink_corr/Pad")  # [1, Hq, T, L]
+    mask = g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
+    out = g.op(
+        "Attention",
+        [q_abs, keys, values, mask],
+        f"{prefix}/Attention",
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=float(1.0 / np.sqrt(d)),
+    )  # [1, T, Hq*D]
+    return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
+
+
+# ------------------------------------------------------------------------------------------------
+#   h ─► gate_proj ─► QuickGelu(α=1) = SiLU ─┐
+#   h ─► up_proj ────────────────────────────► * ─► down_proj ─► y
+# ------------------------------------------------------------------------------------------------
+def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat) -> str:
+    gate = wf.matmul(g, f"{prefix}/gate_proj", h, lw.gate, lw.gate_bias)  # [1, T, I]
+    up = wf.matmul(g, f"{prefix}/up_proj", h, lw.up, lw.up_bias)
+    g.domains[MS] = 1
+    act = g.op("QuickGelu", [gate], f"{prefix}/act/QuickGelu", domain=MS, alpha=1.0)
+    return wf.matmul(g, f"{prefix}/down_proj", g.op("Mul", [act, up], f"{prefix}/Mul"), lw.down, lw.down_bias)
