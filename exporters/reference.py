@@ -32,8 +32,18 @@ class DenseKVCache:
         return int(self.positions.shape[0])
 
 
+# Above this many parameters the weights stay float32 and each product upcasts its operand on the fly
+# (the same float64 arithmetic, slower): a float64 copy of a 1B model is 10 GB, more than the exporter
+# can hold beside the graph and the session it validates on a 24 GB machine.
+F64_COPY_MAX_PARAMS = 300_000_000
+
+
 def _f64(a: np.ndarray | None) -> np.ndarray | None:
     return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+def _keep(a: np.ndarray | None) -> np.ndarray | None:
+    return a
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -57,11 +67,14 @@ class ReferenceModel:
 
     def __init__(self, args: ModelArgs, weights: ModelWeights):
         self.args = args
-        self.embed = _f64(weights.embed)
-        self.lm_head = self.embed if weights.lm_head is weights.embed else _f64(weights.lm_head)
+        arrays = [getattr(lw, f.name) for lw in weights.layers for f in fields(lw)]
+        params = weights.embed.size + sum(a.size for a in arrays if a is not None)
+        conv = _f64 if params <= F64_COPY_MAX_PARAMS else _keep
+        self.embed = conv(weights.embed)
+        self.lm_head = self.embed if weights.lm_head is weights.embed else conv(weights.lm_head)
         self.final_norm = _f64(weights.final_norm)
         self.layers = [
-            LayerWeights(**{f.name: _f64(getattr(lw, f.name)) for f in fields(LayerWeights)}) for lw in weights.layers
+            LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in fields(LayerWeights)}) for lw in weights.layers
         ]
         self.inv_freq = args.rope.inv_freq(args.head_dim)  # [rot/2] float64
 
@@ -79,7 +92,7 @@ class ReferenceModel:
         cos, sin = self.rope_cos_sin(positions)
         eps = self.args.rms_norm_eps
 
-        x = self.embed[ids]  # [T, H]
+        x = self.embed[ids].astype(np.float64)  # [T, H]
         for i, lw in enumerate(self.layers):
             x = x + self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
             x = x + self._mlp(lw, rms_norm(x, lw.mlp_norm, eps))
@@ -182,7 +195,7 @@ class StreamingReference:
         """Logits [V] for the next token of the stream."""
         m, d = self.model, self.model.args.head_dim
         eps = m.args.rms_norm_eps
-        x = m.embed[[token]]  # [1, H]
+        x = m.embed[[token]].astype(np.float64)  # [1, H]
         for i, lw in enumerate(m.layers):
             h = rms_norm(x, lw.attn_norm, eps)
             hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)

@@ -143,7 +143,9 @@ def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int) -> list[st
     cli = Path(sys.executable).with_name("edge-export")
     cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
     if precision != "fp32":
-        cmd += ["--quant", precision] + (["--block", str(block)] if precision == "int4" else [])
+        cmd += ["--quant", precision]
+    if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
+        cmd += ["--block", str(block), "--table-bits", "4"]
     return cmd
 
 

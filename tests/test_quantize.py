@@ -320,6 +320,16 @@ def test_cli_int4_awq_export_records_errors_and_perplexity(ckpts, tmp_path):
     assert "int4-awq: Linear int4 block 64" in r.output and "held-out    perplexity" in r.output
 
 
+def test_cli_table_bits_4_exports_an_int4_table(ckpts, tmp_path):
+    out = tmp_path / "b"
+    r = CliRunner().invoke(
+        export_cli, [str(ckpts["llama-untied"].path), "-o", str(out), "--quant", "int4", "--table-bits", "4"]
+    )
+    assert r.exit_code == 0, r.output
+    q = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert q["embeddings"] == "int4 block 32" and q["per_tensor"]["model.embed_tokens.weight"]["bits"] == 4
+
+
 def _leftovers(parent):
     return sorted(p.name for p in parent.iterdir())
 
@@ -331,6 +341,7 @@ def _leftovers(parent):
         (["--quant", "int3"], "unknown quantization method 'int3'"),
         (["--quant", "int4", "--flavor", "trt", "--block", "32"], "not supported by TensorRT"),
         (["--quant", "int4-awq", "--calib", "/nonexistent/calib.txt"], "does not exist"),
+        (["--quant", "int8", "--flavor", "trt", "--table-bits", "4"], "--table-bits 4 needs --flavor ort"),
     ],
 )
 def test_cli_bad_options_fail_in_one_line_leaving_nothing(ckpts, tmp_path, args, message):
