@@ -82,10 +82,16 @@ class RingGeometry:
 
         Rows must be contiguous (the in-graph scatter does not wrap), and once a chunk's writes evict
         older tokens (token t >= capacity evicts t - R) it may hold at most slack + 1 tokens, or its
-        first row would lose a key inside its window.
+        first row would lose a key inside its window. A chunk that writes sinks ends before any row
+        needs the sink-rotated query (t > S + W - 1).
         """
         contiguous = self.capacity - (t0 if t0 < self.sinks else self.slot(t0))
-        return min(contiguous, max(self.capacity - t0, self.slack + 1))
+        n = min(contiguous, max(self.capacity - t0, self.slack + 1))
+        if t0 < self.sinks and t0 + n > self.logical_capacity:
+            # A row past S + W - 1 needs the sink keys, which `ort` graphs read through a separate input
+            # bound to the buffer's first rows: write the sinks in an earlier call.
+            n = self.sinks - t0
+        return n
 
 
 @dataclass

@@ -29,6 +29,20 @@ class WeightFormat(Protocol):
 
     def matmul_table(self, g: GraphBuilder, prefix: str, x2d: str, table: str) -> str: ...
 
+    def matmul_concat(
+        self, g: GraphBuilder, prefix: str, x: str, ws: list[np.ndarray], biases: list[np.ndarray | None]
+    ) -> str:
+        """x @ concat(ws).T (+ biases): one node for several Linears reading the same input (`ort` blocks)."""
+        ...
+
+
+def concat_biases(ws: list[np.ndarray], biases: list[np.ndarray | None]) -> np.ndarray | None:
+    if all(b is None for b in biases):
+        return None
+    return np.concatenate(
+        [np.zeros(w.shape[0], np.float32) if b is None else b for w, b in zip(ws, biases, strict=True)]
+    )
+
 
 @dataclass(frozen=True)
 class FloatWeights:
@@ -44,6 +58,11 @@ class FloatWeights:
         if bias is not None:
             y = g.op("Add", [y, g.const(bias.astype(g.dtype))], f"{prefix}/BiasAdd")
         return y
+
+    def matmul_concat(
+        self, g: GraphBuilder, prefix: str, x: str, ws: list[np.ndarray], biases: list[np.ndarray | None]
+    ) -> str:
+        return self.matmul(g, prefix, x, np.concatenate(ws), concat_biases(ws, biases))
 
     def gather_rows(self, g: GraphBuilder, prefix: str, table: str, ids: str) -> str:
         rows = g.op("Gather", [table, ids], f"{prefix}/Gather")

@@ -145,7 +145,7 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
     ids = g.input("input_ids", np.int64, [1, "tokens"])
     cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))
     mask = g.input("attn_mask", g.dtype, ["tokens", "span"])
-    sink_rows = g.input("sink_rows", np.int64, [1])
+    sink_rows = g.input("sink_rows", np.int64, [1])  # S, at least 1 (ring.RingGeometry.sink_rows)
     write_index = g.input("write_index", np.int64, [1])
     scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
     span = g.op("Shape", [mask], "/model/attn_span/Shape", start=-1)  # [1]: L
@@ -156,7 +156,6 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
         dcos=g.op("Mul", [g.op("Sub", [cos_s, cos], "/model/rotary/dcos/Sub"), scale], "/model/rotary/dcos/Mul"),
         dsin=g.op("Mul", [g.op("Sub", [sin_s, sin], "/model/rotary/dsin/Sub"), scale], "/model/rotary/dsin/Mul"),
         attn_mask=mask,
-        sink_rows=sink_rows,
         sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
         write_index=write_index,
     )

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 from edge_runtime.errors import ExportError
 
-from .blocks import FloatWeights, WeightFormat
+from .blocks import FloatWeights, WeightFormat, concat_biases
 from .graph import GraphBuilder
 from .quant import QuantizedMatrix
 from .quant_model import QuantizedModel
@@ -84,6 +84,20 @@ class NBitsWeights:
         b, scales, blk = pack_nbits(qm, prefix)
         y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), (*qm.shape, qm.bits), scales, blk)
         return _bias(g, prefix, y, bias)
+
+    def matmul_concat(
+        self, g: GraphBuilder, prefix: str, x: str, ws: list[np.ndarray], biases: list[np.ndarray | None]
+    ) -> str:
+        """One MatMulNBits over the parts' rows stacked along N (blocks run along K, so stacking is exact)."""
+        qms = [self.model.require(w, prefix) for w in ws]
+        packed = [pack_nbits(qm, prefix) for qm in qms]
+        if len({(qm.bits, blk) for qm, (_, _, blk) in zip(qms, packed, strict=True)}) != 1:
+            raise ValueError(f"{prefix}: fused parts differ in bits or block")  # one QuantConfig: a builder bug
+        b = np.concatenate([p[0] for p in packed])
+        scales = np.concatenate([p[1] for p in packed])
+        nkb = (b.shape[0], qms[0].shape[1], qms[0].bits)
+        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), nkb, scales, packed[0][2])
+        return _bias(g, prefix, y, concat_biases(ws, biases))
 
     def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
         qm = self.model.lookup(w)

@@ -77,6 +77,8 @@ class NumpyGraphRunner:
         span = plan.attn_mask.shape[1]  # `ort`: the graph reads (and updates) the buffers' first `span` rows
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = (k, v) if trt else (k[:, :span], v[:, :span])
+            if f"sink_key.{i}" in self.inputs:  # the buffer's first rows as they are before this call
+                feeds[f"sink_key.{i}"] = k[:, : int(plan.sink_rows[0])].copy()
         names = [o.name for o in self.session.get_outputs()]
         result = dict(zip(names, self.session.run(names, feeds), strict=True))
         row = int(plan.write_index[0])

@@ -41,6 +41,9 @@ class OrtBackend:
         self.prefix_views = manifest.graph.kv.get("layout") == KV_ROWS_FIRST  # graph reads the bound rows only
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
         self._kv = self._kv_values(pool.keys[0].shape[1] if self.prefix_views else None)
+        # `ort` graphs read the sink rows through their own input: a view of each K buffer's first rows.
+        rows = int(pool.decode.sink_rows[0])
+        self._sinks = [_ov(k[:, :rows]) for k in pool.keys] if "sink_key.0" in self.inputs else []
         self._decode_binding = self._bind_decode()
 
     def _kv_values(self, rows: int | None) -> list[tuple[ort.OrtValue, ort.OrtValue]]:
@@ -50,6 +53,8 @@ class OrtBackend:
         return [(_ov(k[:, :rows]), _ov(v[:, :rows])) for k, v in zip(self.pool.keys, self.pool.values, strict=True)]
 
     def _bind_kv(self, io: ort.IOBinding, kv: list[tuple[ort.OrtValue, ort.OrtValue]]) -> None:
+        for i, sink in enumerate(self._sinks):
+            io.bind_ortvalue_input(f"sink_key.{i}", sink)
         for i, (k, v) in enumerate(kv):
             io.bind_ortvalue_input(f"past_key.{i}", k)
             io.bind_ortvalue_input(f"past_value.{i}", v)
