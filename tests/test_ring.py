@@ -29,9 +29,12 @@ def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests, f
             t0 = state.tokens
             rows = [g.slot(t) for t in range(t0, t0 + n)]
             assert rows == list(range(rows[0], rows[0] + n))  # no wrap inside a call
+            if t0 < g.sinks:  # a call writing sinks has no row that needs the sink-rotated query (ort reads
+                assert t0 + n - 1 <= g.logical_capacity - 1  # the sink rows through a view bound beforehand)
             plan = state.plan(n, new_rows_as_columns=False, filled_prefix=filled_prefix)
             # The attended prefix covers every written row (rows fill in order).
             assert plan.attn_mask.shape[1] >= min(state.tokens, g.capacity)
+            assert plan.attn_mask.shape[1] >= g.sinks and plan.sink_rows[0] == max(g.sinks, 1)
             visible = plan.attn_mask == 0
             for r, t in enumerate(range(t0, t0 + n)):
                 # Row t sees exactly: the sinks and the last W tokens up to itself.
