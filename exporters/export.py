@@ -159,13 +159,14 @@ def _validate(
             "tolerance": TOLERANCE[built.precision.value],
             "max_rel_err": max(c.max_rel_err for c in exact),
         }
-    progress(f"validating against the float64 reference (ONNX Runtime {ort.__version__} CPU)")
+    reference_dtype = reference.dtype.name
+    progress(f"validating against the {reference_dtype} reference (ONNX Runtime {ort.__version__} CPU)")
     cases = grid(_session(str(graph), built))
     tol = tolerance_for(built.precision.value, int8_activations=int8_act)
     worst = _check(cases, tol, built.precision.value + (" with int8 activations" if int8_act else ""))
     what = "" if q is None and not prepared.pruned else " run with the exported (pruned/dequantized) weights"
     return ValidationRecord(
-        reference=f"float64 numpy StreamingLLM transcription (exporters/reference.py){what}",
+        reference=f"{reference_dtype} numpy StreamingLLM transcription (exporters/reference.py){what}",
         tolerance=tol,
         max_rel_err=worst,
         cases=[ValidationCase(c.name, c.tokens, c.max_rel_err) for c in cases],

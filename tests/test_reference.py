@@ -29,9 +29,9 @@ def test_growing_cache_equals_full_sequence(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama-untied", "qwen2"])
-def test_large_model_path_keeps_float32_weights_and_float64_math(name, tmp_path, monkeypatch):
-    """Past F64_COPY_MAX_PARAMS the reference keeps the float32 weights (no 8-byte copy) but still
-    computes in float64: the logits equal the float64-copy path's to rounding of the summation order."""
+def test_large_model_path_computes_in_float32_on_the_weights_as_given(name, tmp_path, monkeypatch):
+    """Past F64_COPY_MAX_PARAMS the reference keeps the float32 weights (no 8-byte copy) and computes in
+    float32: within 1e-5 of the float64 path, far inside the 1e-4 export tolerance."""
     from edge_runtime.exporters import reference
     from edge_runtime.exporters.reference import StreamingReference
 
@@ -42,13 +42,14 @@ def test_large_model_path_keeps_float32_weights_and_float64_math(name, tmp_path,
     monkeypatch.setattr(reference, "F64_COPY_MAX_PARAMS", 0)
     kept = ReferenceModel(ckpt.args, ckpt.weights)
     assert copied.layers[0].q.dtype == np.float64 and kept.layers[0].q.dtype == np.float32
+    assert kept.layers[0].q is ckpt.weights.layers[0].q  # no copy at all
     want, got = copied.forward(ids), kept.forward(ids)
-    assert got.dtype == np.float64
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
     s_want, s_got = StreamingReference(copied, 2, 6), StreamingReference(kept, 2, 6)
     for t in ids:
         a, b = s_want.step(int(t)), s_got.step(int(t))
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12 * np.abs(a).max())
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
 
 
 def test_rope_rotation_preserves_norm_and_relative_angle():
