@@ -7,8 +7,9 @@ of ~40, because per-node cost, not memory, held decode back on small models (iss
   - q/k/v and gate/up each as one matmul over stacked weights (one MatMulNBits: on the 135M shape the
     121 fused MatMulNBits of a step run ~7% faster than 211 separate ones, measured side by side),
   - SiLU as com.microsoft::QuickGelu(alpha=1),
-  - RoPE as com.microsoft::RotaryEmbedding, attention as ONNX `Attention` (opset 23) over the cache's
-    filled prefix, the cache laid out [1, capacity, Hkv*D] so no Transpose is needed anywhere.
+  - RoPE as com.microsoft::RotaryEmbedding, attention as ONNX `Attention` (opset 23) over the cache
+    laid out [1, rows, Hkv*D]: no Transpose anywhere, and the host binds each buffer's filled prefix
+    (a contiguous view) so attention reads only those rows, without a copy.
 
 Shapes: T = tokens in this call, L = attended buffer rows (the filled prefix), S = sinks,
 Hq/Hkv = query/KV heads, G = Hq / Hkv, D = head dim, R = rotary dim.
