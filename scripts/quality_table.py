@@ -39,6 +39,7 @@ CONFIGS: list[tuple[str, dict]] = [
     ("int8 (per channel)", {"quant": QuantConfig(Q.INT8)}),
     ("int4 RTN, block 32", {"quant": QuantConfig(Q.INT4, 32)}),
     ("int4 RTN, block 128", {"quant": QuantConfig(Q.INT4, 128)}),
+    ("int4 RTN, block 32, int4 table", {"quant": QuantConfig(Q.INT4, 32, table_bits=4)}),
     ("int4 AWQ, block 32", {"quant": QuantConfig(Q.INT4_AWQ, 32)}),
     ("int4 GPTQ, block 32", {"quant": QuantConfig(Q.INT4_GPTQ, 32)}),
     ("int4 AWQ, block 128", {"quant": QuantConfig(Q.INT4_AWQ, 128)}),
