@@ -3,7 +3,7 @@
     K/V per layer      [1, capacity, H_kv*D] (`ort`) or [1, H_kv, capacity, D] (`trt`; manifest kv.layout),
                        bound as past_* (and present_* for in-place flavors)
     decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
-                       sink_rows [1]
+                       sink_rows [1], sink_correction []
     new K/V rows       [1, H_kv, 1, D] per layer (host-copy flavor only)
     logits             [1, 1, V] float32
 
@@ -51,6 +51,7 @@ class StaticPool:
             sink_mask=np.arange(cols) < g.sinks,
             write_index=np.zeros(1, np.int64),
             sink_rows=np.array([g.sink_rows], np.int64),
+            sink_correction=np.zeros((), np.bool_),
             masked=masked,
             angle=np.zeros(half, np.float64),
             trig=np.zeros(half, np.float64),
@@ -71,7 +72,17 @@ class StaticPool:
     def nbytes(self) -> int:
         arrays = [*self.keys, *self.values, *self.new_keys, *self.new_values, self.input_ids, self.keep, self.logits]
         d = self.decode
-        arrays += [d.cos, d.sin, d.cos_sink, d.sin_sink, d.attn_mask, d.sink_mask, d.write_index, d.sink_rows]
+        arrays += [
+            d.cos,
+            d.sin,
+            d.cos_sink,
+            d.sin_sink,
+            d.attn_mask,
+            d.sink_mask,
+            d.write_index,
+            d.sink_rows,
+            d.sink_correction,
+        ]
         return sum(a.nbytes for a in arrays)
 
     def kv_nbytes(self) -> int:

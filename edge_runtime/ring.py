@@ -106,6 +106,7 @@ class StepInputs:
     attn_mask: np.ndarray  # [n, K] additive, K = attended columns (capacity, or capacity + n for `trt`)
     sink_mask: np.ndarray  # [K] bool: column uses the sink-rotated query
     sink_rows: np.ndarray  # [1] int64: max(S, 1), the rows the `ort` graph's sink correction reads
+    sink_correction: np.ndarray  # [] bool: some row's sink rotation differs from its window one
 
     def feeds(self, ids: np.ndarray, keep: int) -> dict[str, np.ndarray]:
         """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py); a graph takes
@@ -119,6 +120,7 @@ class StepInputs:
             "attn_mask": self.attn_mask,
             "sink_mask": self.sink_mask,
             "sink_rows": self.sink_rows,
+            "sink_correction": self.sink_correction,
             "num_logits_to_keep": np.array([keep], dtype=np.int64),
             "write_index": self.write_index,
         }
@@ -137,6 +139,7 @@ class DecodeBuffers:
     sink_mask: np.ndarray  # [K]
     write_index: np.ndarray  # [1] int64
     sink_rows: np.ndarray  # [1] int64, constant: max(S, 1)
+    sink_correction: np.ndarray  # [] bool
     masked: float
     angle: np.ndarray  # [R/2] float64 scratch
     trig: np.ndarray  # [R/2] float64 scratch
@@ -203,6 +206,7 @@ class RingState:
             attn_mask=np.where(visible, 0.0, masked).astype(dtype),
             sink_mask=col_sink.copy(),
             sink_rows=np.array([g.sink_rows], dtype=np.int64),
+            sink_correction=np.array(bool((logical != pos).any())),
         )
 
     def span(self, tokens: int) -> int:
@@ -229,7 +233,10 @@ class RingState:
         Without sinks there are no sink columns, and the `ort` graph's correction must vanish: its
         absolute one (then the sink and window rotations are equal)."""
         g = self.geometry
-        return t if g.sinks == 0 else np.minimum(t, g.logical_capacity - 1)
+        if g.sinks == 0:
+            return t
+        last = g.logical_capacity - 1
+        return np.minimum(t, last) if isinstance(t, np.ndarray) else min(t, last)  # decode: plain ints
 
     def _sink_angles(self, bufs: DecodeBuffers, t: int) -> None:
         np.multiply(self.inv_freq, float(self._sink_position(t) + self.position_offset), out=bufs.angle)
@@ -263,6 +270,7 @@ class RingState:
         bufs.sin[0] = bufs.trig
         if t < g.logical_capacity or g.sinks == 0:  # past it the sink query stays at S + W - 1 (sync_decode)
             self._sink_angles(bufs, t)
+        bufs.sink_correction[()] = t >= g.logical_capacity and g.sinks > 0
         bufs.write_index[0] = row
         self.tokens += 1
         return row

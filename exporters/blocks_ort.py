@@ -1,6 +1,6 @@
 """Decoder blocks of the `ort` flavor, written as the few large nodes ONNX Runtime's CPU kernels fuse.
 
-Same math as blocks.py (the `trt` flavor keeps those portable ops); here a layer is 19 nodes instead
+Same math as blocks.py (the `trt` flavor keeps those portable ops); here a layer is 15 nodes instead
 of ~40, because per-node cost, not memory, held decode back on small models (issue 7):
 
   - residual add + RMSNorm as one com.microsoft::SkipSimplifiedLayerNormalization,
@@ -40,6 +40,7 @@ class OrtStep:
     attn_mask: str  # [T, L] additive
     sink_pad: str  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,L-S]
     write_index: str  # [1] int64: buffer row of the first new token
+    sink_correction: str  # [] bool: some row's sink rotation differs from its window one (the ring wrapped)
 
 
 def fused_matmuls(
@@ -84,13 +85,47 @@ def skip_norm(
     return normed, total
 
 
+def sink_correction(
+    g: GraphBuilder,
+    prefix: str,
+    q: str,
+    sinks: str,
+    step: OrtStep,
+    *,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    rotary_dim: int,
+) -> str:
+    """attn_mask + (q_sink - q_abs)/sqrt(D) · sinksᵀ on the sink columns: [1, Hq, T, L]."""
+    d = head_dim
+    # Without sinks (Mistral's sliding window) the host feeds S = 1 and equal rotations: dq = 0 exactly.
+    dq = fused_rope(g, f"{prefix}/dq_rope", q, step.dcos, step.dsin, hq, rotary_dim, d)
+    if rotary_dim < d:  # RotaryEmbedding passes the unrotated dims through; their difference is 0
+        keep = np.tile((np.arange(d) < rotary_dim).astype(g.dtype), hq)
+        dq = g.op("Mul", [dq, g.const(keep)], f"{prefix}/dq_rotary_only")
+    # dq · sinksᵀ per query head, GQA grouping included: an Attention node's raw QK output (its own
+    # output is unused); one node where Einsum needed three Reshapes around it and ran slower.
+    _, _, _, corr = g.op_multi(
+        "Attention",
+        [dq, sinks, sinks],
+        f"{prefix}/sink_corr/Attention",
+        n_out=4,
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=1.0,
+    )  # [1, Hq, T, S]
+    corr = g.op("Pad", [corr, step.sink_pad], f"{prefix}/sink_corr/Pad")  # [1, Hq, T, L]
+    return g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
+
+
 # ------------------------------------------------------------------------------------------------
 #  h ─► qkv_proj ─► Split ─► q ─► RoPE(abs) ───────────────────────────────► q_abs ──┐
 #                        │    └► RoPE(dcos, dsin) = (q_sink - q_abs)/√D ─► dq ─┐    │
 #                        ├─► k ─► RoPE(abs) ─► TensorScatter(past_key @ write_index)├─ keys [1,L,.]┐
 #                        └─► v ─────────────► TensorScatter(past_value) ───────────┼─ values ─────┤
-#     sink correction:  dq · sink_keyᵀ (Attention's QK output) ─► Pad to L ─► + attn_mask ─► mask ─┤
-#                       (sink_key: the host's view of the buffer's first S rows)
+#     If sink_correction: dq · sink_keyᵀ (Attention's QK output) ─► Pad to L ─► + attn_mask ─► mask ┤
+#     else: attn_mask               (sink_key: the host's view of the buffer's first S rows)
 #                                                                   Attention(q_abs, keys, values, mask) ─► o_proj
 # The window columns must see the query rotated at its absolute position, the sink columns at its
 # cache-logical one (ring.py). Attention takes one query, so the sink columns get the difference as
@@ -137,28 +172,23 @@ def attention(
     )
     g.output(keys, keys, g.dtype, cache_shape)
     g.output(values, values, g.dtype, cache_shape)
-    # Without sinks (Mistral's sliding window) the host feeds S = 1 and equal rotations: dq = 0 exactly.
-    dq = fused_rope(g, f"{prefix}/dq_rope", q, step.dcos, step.dsin, hq, rotary_dim, d)
-    if rotary_dim < d:  # RotaryEmbedding passes the unrotated dims through; their difference is 0
-        keep = np.tile((np.arange(d) < rotary_dim).astype(g.dtype), hq)
-        dq = g.op("Mul", [dq, g.const(keep)], f"{prefix}/dq_rotary_only")
     # The sink rows arrive as their own input, bound by the host to the first S rows of the same K
     # buffer (no Slice, no copy). ONNX Runtime may read it before this call's TensorScatter writes:
     # harmless, because sinks change only while t < S, where dq = 0.
     sinks = g.input(f"sink_key.{layer}", g.dtype, [1, "sink_rows", hkv * d])
-    # dq · sinksᵀ per query head, GQA grouping included: an Attention node's raw QK output (its own
-    # output is unused); one node where Einsum needed three Reshapes around it and ran slower.
-    _, _, _, corr = g.op_multi(
-        "Attention",
-        [dq, sinks, sinks],
-        f"{prefix}/sink_corr/Attention",
-        n_out=4,
-        q_num_heads=hq,
-        kv_num_heads=hkv,
-        scale=1.0,
-    )  # [1, Hq, T, S]
-    corr = g.op("Pad", [corr, step.sink_pad], f"{prefix}/sink_corr/Pad")  # [1, Hq, T, L]
-    mask = g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
+    # Until the ring first wraps every row's sink and window rotations agree (dq = 0): the host says
+    # so with `sink_correction` and an If skips the four correction nodes (~2 us for the If instead).
+    then = g.branch(f"{prefix}/sink_corr/then")
+    corrected = sink_correction(then, prefix, q, sinks, step, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
+    otherwise = g.branch(f"{prefix}/sink_corr/else")
+    unchanged = otherwise.op("Identity", [step.attn_mask], f"{prefix}/sink_corr/else/Identity")
+    mask = g.op(
+        "If",
+        [step.sink_correction],
+        f"{prefix}/sink_corr/If",
+        then_branch=then.to_graph([(corrected, g.dtype)]),
+        else_branch=otherwise.to_graph([(unchanged, g.dtype)]),
+    )  # [1, Hq, T, L] or [T, L]
     out = g.op(
         "Attention",
         [q_abs, keys, values, mask],

@@ -147,6 +147,7 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
     mask = g.input("attn_mask", g.dtype, ["tokens", "span"])
     sink_rows = g.input("sink_rows", np.int64, [1])  # S, at least 1 (ring.RingGeometry.sink_rows)
     write_index = g.input("write_index", np.int64, [1])
+    sink_correction = g.input("sink_correction", np.bool_, [])
     scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
     span = g.op("Shape", [mask], "/model/attn_span/Shape", start=-1)  # [1]: L
     pad_cols = g.op("Sub", [span, sink_rows], "/model/sink_pad/Sub")
@@ -158,6 +159,7 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
         attn_mask=mask,
         sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
         write_index=write_index,
+        sink_correction=sink_correction,
     )
     eps = args.rms_norm_eps
     x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]

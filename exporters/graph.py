@@ -97,6 +97,18 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
+    def branch(self, name: str) -> GraphBuilder:
+        """A builder for a control-flow body (If/Loop branch): it may read this graph's values by name."""
+        sub = GraphBuilder(name, self.opset, self.dtype)
+        sub._names = self._names  # node names stay unique across the whole model
+        sub.domains = self.domains
+        return sub
+
+    def to_graph(self, outputs: Sequence[tuple[str, np.dtype]]) -> onnx.GraphProto:
+        """This builder as a body graph without inputs, producing `outputs` (name, dtype; shapes free)."""
+        outs = [helper.make_tensor_value_info(name, ONNX_DTYPE[np.dtype(dt)], None) for name, dt in outputs]
+        return helper.make_graph(self.nodes, self.name, [], outs, self.initializers)
+
     def to_model(self, producer: str, doc: str = "") -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         opsets = [helper.make_opsetid("", self.opset)] + [helper.make_opsetid(d, v) for d, v in self.domains.items()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -154,3 +155,44 @@ def test_demo_model_exports(tmp_path, flavor, precision):
     )
     assert m.validation.max_rel_err <= m.validation.tolerance
     assert (m.cache.sinks, m.cache.sinks + m.cache.window) == (4, 512)  # fills the demo's trained context
+
+
+def test_sink_correction_flag_is_what_keeps_the_wrapped_ring_exact(tiny, monkeypatch):
+    """The `ort` graph skips its sink correction (an If) while the host says no row needs it. Past the
+    first wrap the flag is set and the graph matches the reference; forcing it off breaks parity,
+    so the validated branch is the one that does the work."""
+    import onnxruntime as ort
+
+    from edge_runtime.exporters import ReferenceModel, load_checkpoint
+    from edge_runtime.exporters.decoder import build_decoder
+    from edge_runtime.exporters.validate import run_case
+    from edge_runtime.ring import RingGeometry, RingState
+
+    ckpt = load_checkpoint(tiny)
+    built = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32)
+    session = ort.InferenceSession(built.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    kv = [lw.num_kv_heads(ckpt.args.head_dim) for lw in ckpt.weights.layers]
+    prompt = list(range(2, 40))
+
+    def case() -> float:
+        return run_case(
+            session,
+            ReferenceModel(ckpt.args, ckpt.weights),
+            flavor=Flavor.ORT,
+            dtype=np.float32,
+            kv_heads=kv,
+            geometry=RingGeometry(sinks=4, window=16, slack=7),
+            prompt=prompt,
+            decode=12,
+        )
+
+    assert case() <= 1e-4
+    real_plan = RingState.plan
+
+    def plan_without_correction(self, *a, **kw):
+        plan = real_plan(self, *a, **kw)
+        plan.sink_correction[()] = False
+        return plan
+
+    monkeypatch.setattr(RingState, "plan", plan_without_correction)
+    assert case() > 1e-3

@@ -74,6 +74,7 @@ class OrtBackend:
             "attn_mask": _ov(d.attn_mask),
             "sink_mask": _ov(d.sink_mask),
             "sink_rows": _ov(d.sink_rows),
+            "sink_correction": _ov(d.sink_correction),
             "num_logits_to_keep": _ov(p.keep),
             "write_index": _ov(d.write_index),
         }

@@ -1,0 +1,83 @@
+"""The MatMulNBits floor of a decode step: every MatMulNBits node of each graph, fed one right-sized
+token, nothing else; timed side by side in one process (issue 7, "show the arithmetic").
+
+    python scripts/matmul_floor.py OURS/model.onnx THEIRS/model.onnx [--rounds 15] [--runs 20]
+
+Both graphs run on the same ONNX Runtime kernels, so a decode step can be no faster than its graph's
+MatMulNBits alone: if ours is F_ours and theirs runs a whole step in T_theirs, ours can be at most
+T_theirs / F_ours times faster, whatever else it fuses. Prints each floor and its ratio to the last
+graph's, medians of paired rounds (the machine is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+
+def floor_session(path: str, threads: int) -> tuple[ort.InferenceSession, dict[str, np.ndarray], int]:
+    """A session of `path`'s MatMulNBits nodes only, each reading a [1, 1, K] input of its K."""
+    model = onnx.load(path)
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    inits = {i.name: i for i in model.graph.initializer}
+
+    def k_of(node: onnx.NodeProto) -> int:
+        return next(a.i for a in node.attribute if a.name == "K")
+
+    ks = sorted({k_of(n) for n in nodes})
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, 1, k]) for k in ks]
+    new_nodes, outputs, used = [], [], []
+    for i, n in enumerate(nodes):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        del copy.input[:], copy.output[:]
+        copy.input.extend([f"x{k_of(n)}", *n.input[1:]])
+        copy.output.append(f"y{i}")
+        new_nodes.append(copy)
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+        used += list(n.input[1:])
+    weights = [inits[u] for u in dict.fromkeys(used) if u in inits]
+    graph = helper.make_graph(new_nodes, "matmul_floor", inputs, outputs, weights)
+    floor = helper.make_model(graph, opset_imports=list(model.opset_import))
+    floor.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    session = ort.InferenceSession(floor.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {f"x{k}": rng.standard_normal((1, 1, k)).astype(np.float32) for k in ks}
+    return session, feeds, len(nodes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+", help="model.onnx files; ratios are to the last one")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--runs", type=int, default=20, help="steps per round")
+    args = ap.parse_args()
+    sessions = {m: floor_session(m, args.threads) for m in args.models}
+    for s, feeds, _ in sessions.values():  # warm-up: pre-packing, arena growth
+        for _ in range(10):
+            s.run(None, feeds)
+    times: dict[str, list[float]] = {m: [] for m in sessions}
+    for _ in range(args.rounds):
+        for m, (s, feeds, _) in sessions.items():
+            t0 = time.perf_counter()
+            for _ in range(args.runs):
+                s.run(None, feeds)
+            times[m].append((time.perf_counter() - t0) / args.runs)
+    ref = args.models[-1]
+    for m, (_, _, n) in sessions.items():
+        ratio = statistics.median(a / b for a, b in zip(times[m], times[ref], strict=True))
+        print(f"{m}: {n} MatMulNBits, floor {statistics.median(times[m]) * 1e3:.2f} ms per step, {ratio:.3f}x the last")
+
+
+if __name__ == "__main__":
+    main()
