@@ -154,24 +154,16 @@ def attention(
     # The host binds each buffer's filled prefix (its first L rows: contiguous in this layout) as both
     # past_* and present_*, so attention reads exactly those rows and nothing is copied.
     cache_shape = [1, "span", hkv * d]
-    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
-    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
-    keys = g.op(
-        "TensorScatter",
-        [past_k, k, step.write_index],
-        f"{prefix}/k_cache/TensorScatter",
-        out=f"present_key.{layer}",
-        axis=1,
+    keys, values = (
+        g.op(
+            "TensorScatter",
+            [g.input(f"past_{kind}.{layer}", g.dtype, cache_shape), new, step.write_index],
+            f"{prefix}/{kind[0]}_cache/TensorScatter",
+            out=g.output(f"present_{kind}.{layer}", f"present_{kind}.{layer}", g.dtype, cache_shape),
+            axis=1,
+        )
+        for kind, new in (("key", k), ("value", v))
     )
-    values = g.op(
-        "TensorScatter",
-        [past_v, v, step.write_index],
-        f"{prefix}/v_cache/TensorScatter",
-        out=f"present_value.{layer}",
-        axis=1,
-    )
-    g.output(keys, keys, g.dtype, cache_shape)
-    g.output(values, values, g.dtype, cache_shape)
     # The sink rows arrive as their own input, bound by the host to the first S rows of the same K
     # buffer (no Slice, no copy). ONNX Runtime may read it before this call's TensorScatter writes:
     # harmless, because sinks change only while t < S, where dq = 0.
