@@ -16,6 +16,7 @@ import numpy as np
 from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, open_bundle
 from .errors import BundleError, EdgeRuntimeError
+from .manifest import KV_ROWS_FIRST
 from .pool import StaticPool
 from .ring import RingGeometry, RingState, geometry_problem
 
@@ -41,6 +42,12 @@ class Engine:
     def __init__(self, bundle: Bundle, opts: LoadOptions):
         m = bundle.manifest
         self.bundle, self.manifest = bundle, m
+        self.host_copy = m.graph.kv["update"] == "host_copy"
+        if not self.host_copy and m.graph.kv.get("layout") != KV_ROWS_FIRST:
+            raise BundleError(
+                f"'{bundle.path}' holds the `ort` graph of edge-runtime 0.1 (KV layout {m.graph.kv.get('layout')}), "
+                f"which this runtime no longer drives; re-export it with edge-export (the 0.2 graph decodes faster)"
+            )
         self.geometry = _geometry(bundle, opts)
         kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry)
         weight_bytes = sum((bundle.path / f).stat().st_size for f in (m.graph.file, m.graph.data_file))
@@ -53,7 +60,6 @@ class Engine:
         self.weight_bytes = weight_bytes
         self.pool = StaticPool.allocate(m, self.geometry)
         self.ring = RingState(self.geometry, np.asarray(m.model.rope_inv_freq), opts.position_offset)
-        self.host_copy = m.graph.kv["update"] == "host_copy"
         self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads)
         self._decoding = False
         self._span = self.geometry.capacity  # rows the decode binding attends (in-place flavor)

@@ -75,6 +75,22 @@ def test_unknown_format_version_is_refused(bundle, tmp_path):
         open_bundle(out)
 
 
+def test_in_place_bundle_of_the_old_layout_is_refused_with_the_fix(bundle, tmp_path):
+    """0.1 `ort` bundles (heads-first cache, whole-buffer bindings) are not driven by this runtime."""
+    import shutil
+
+    from edge_runtime.engine import load
+    from edge_runtime.manifest import KV_HEADS_FIRST
+
+    out = tmp_path / "b"
+    shutil.copytree(bundle[0], out)
+    data = json.loads((out / MANIFEST_FILE).read_text())
+    data["graph"]["kv"]["layout"] = KV_HEADS_FIRST
+    (out / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"edge-runtime 0\.1 .* re-export it with edge-export"):
+        load(out)
+
+
 def _no_leftovers(parent):
     return [p.name for p in parent.iterdir()]
 

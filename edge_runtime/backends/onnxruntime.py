@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edge_runtime.errors import BundleError
-from edge_runtime.manifest import KV_ROWS_FIRST, Manifest
+from edge_runtime.manifest import Manifest
 from edge_runtime.pool import StaticPool
 from edge_runtime.ring import StepInputs
 
@@ -38,7 +38,7 @@ class OrtBackend:
         self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds
         self.layers = manifest.model.num_layers
         self.host_copy = manifest.graph.kv["update"] == "host_copy"
-        self.prefix_views = manifest.graph.kv.get("layout") == KV_ROWS_FIRST  # graph reads the bound rows only
+        self.prefix_views = not self.host_copy  # rows-first in-place graphs read the bound rows only (engine.py)
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
         self._kv = self._kv_values(pool.keys[0].shape[1] if self.prefix_views else None)
         # `ort` graphs read the sink rows through their own input: a view of each K buffer's first rows.
