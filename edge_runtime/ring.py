@@ -65,8 +65,8 @@ class RingGeometry:
     @property
     def sink_rows(self) -> int:
         """Rows the `ort` graph's sink correction reads: the sinks, or one row (whose correction is
-        exactly zero, see RingState._sink_position) without sinks, as ONNX Runtime's Einsum faults on
-        an empty operand."""
+        exactly zero, see RingState._sink_position) without sinks: a zero-row operand crashed ONNX
+        Runtime 1.32 (SIGFPE, seen with Einsum), so none is ever fed."""
         return max(self.sinks, 1)
 
     @property
@@ -110,7 +110,7 @@ class StepInputs:
 
     def feeds(self, ids: np.ndarray, keep: int) -> dict[str, np.ndarray]:
         """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py); a graph takes
-        the subset it declares (`sink_mask`: `trt` and older `ort` graphs; `sink_rows`: `ort`)."""
+        the subset it declares (`sink_mask`: `trt`; `sink_rows`, `sink_correction`, `write_index`: `ort`)."""
         feeds = {
             "input_ids": np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1),
             "cos": self.cos,
