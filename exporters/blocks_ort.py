@@ -1,6 +1,6 @@
 """Decoder blocks of the `ort` flavor, written as the few large nodes ONNX Runtime's CPU kernels fuse.
 
-Same math as blocks.py (the `trt` flavor keeps those portable ops); here a layer is 15 nodes instead
+Same math as blocks.py (the `trt` flavor keeps those portable ops); here a layer is 16 nodes instead
 of ~40, because per-node cost, not memory, held decode back on small models (issue 7):
 
   - residual add + RMSNorm as one com.microsoft::SkipSimplifiedLayerNormalization,
