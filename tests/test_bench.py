@@ -24,23 +24,16 @@ from edge_runtime.cli.bench import main as bench_cli
 from edge_runtime.cli.run import main as run_cli
 from edge_runtime.engine import load
 from edge_runtime.errors import EdgeRuntimeError
-from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.targets import load_target
 from edge_runtime.telemetry import Boundary, MeterOptions, PowerMeter, meter_for_profile
 from edge_runtime.tokenizer import Tokenizer
-
-from .tiny_models import save_tiny_checkpoint
 
 TARGET = {"name": "x86", "source": "test", "detection": "given"}
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
-    save_tiny_checkpoint("llama-tied", d)
-    out = tmp_path_factory.mktemp("b") / "b"
-    export(ExportOptions(checkpoint=d, out=out, window=200))
-    return out
+def bundle(tied_bundle):
+    return tied_bundle
 
 
 @pytest.fixture(scope="module")

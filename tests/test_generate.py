@@ -13,21 +13,14 @@ from click.testing import CliRunner
 from edge_runtime.cli.run import main as run_cli
 from edge_runtime.engine import load
 from edge_runtime.errors import EdgeRuntimeError
-from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.generate import GenerationConfig, _StopMatcher, generate, stream_generate
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
 
-from .tiny_models import save_tiny_checkpoint
-
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
-    save_tiny_checkpoint("llama-tied", d)
-    out = tmp_path_factory.mktemp("b") / "b"
-    export(ExportOptions(checkpoint=d, out=out, window=200))
-    return out
+def bundle(tied_bundle):
+    return tied_bundle
 
 
 @pytest.fixture
