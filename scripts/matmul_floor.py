@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -62,6 +63,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--runs", type=int, default=20, help="steps per round")
     args = ap.parse_args()
+    missing = [m for m in args.models if not Path(m).is_file()]
+    if missing:
+        raise SystemExit(f"not a file: {', '.join(missing)} (give each bundle's model.onnx)")
     sessions = {m: floor_session(m, args.threads) for m in args.models}
     for s, feeds, _ in sessions.values():  # warm-up: pre-packing, arena growth
         for _ in range(10):
