@@ -1,4 +1,5 @@
-"""Open a bundle directory: read the manifest, check its format version and every file's sha256."""
+"""Open a bundle directory: read the manifest, check its format version and every file's sha256
+(once per file change: verified.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from .errors import BundleError
 from .manifest import MANIFEST_FILE, Manifest
+from .verified import memo_matches, remember
 
 _CHUNK = 1 << 20
 
@@ -37,8 +39,11 @@ class Bundle:
         return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
 
 
-def open_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
-    """Read `path/manifest.json`; with `verify`, refuse a bundle whose files are missing or altered."""
+def open_bundle(path: str | Path, *, verify: bool = True, memo: bool = True) -> Bundle:
+    """Read `path/manifest.json`; with `verify`, refuse a bundle whose files are missing or altered.
+
+    With `memo`, a file hashed and matched before and unchanged since (verified.py) is not hashed again.
+    """
     path = Path(path)
     if not path.is_dir():
         raise BundleError(f"bundle directory '{path}' does not exist")
@@ -48,9 +53,14 @@ def open_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
             file = path / name
             if not file.is_file():
                 raise BundleError(f"bundle '{path}' is missing '{name}'; re-export it")
+            if memo and memo_matches(file, expected):
+                continue
+            st = file.stat()
             if sha256_file(file) != expected:
                 raise BundleError(
                     f"'{file}' does not match the checksum in {MANIFEST_FILE} (corrupted or modified); "
                     "re-export the bundle"
                 )
+            if memo:
+                remember(file, expected, st)
     return Bundle(path=path, manifest=manifest)

@@ -8,6 +8,18 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Memos and first-use bundles go to a throwaway directory, never the user's ~/.cache."""
+    old = os.environ.get("EDGE_RUNTIME_CACHE")
+    os.environ["EDGE_RUNTIME_CACHE"] = str(tmp_path_factory.mktemp("edge-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EDGE_RUNTIME_CACHE", None)
+    else:
+        os.environ["EDGE_RUNTIME_CACHE"] = old
+
+
 @pytest.fixture(scope="module")
 def tied_bundle(tmp_path_factory):
     """A tiny tied-embedding llama exported to an `ort` bundle (ring window 200), one per test module."""

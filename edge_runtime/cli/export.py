@@ -133,7 +133,7 @@ def inspect(bundle: Path, no_verify: bool) -> None:
     """Print a bundle's manifest summary and verify its checksums."""
     from edge_runtime.bundle import open_bundle
 
-    b = open_bundle(bundle, verify=not no_verify)
+    b = open_bundle(bundle, verify=not no_verify, memo=False)  # the explicit check hashes every byte
     m = b.manifest
     heads = sorted(set(zip(m.model.num_heads, m.model.num_kv_heads, strict=True)))
     lines = [

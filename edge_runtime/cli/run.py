@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from edge_runtime.cachedir import cache_dir
 
 from .common import debug_option, friendly_errors
 
@@ -22,13 +23,6 @@ if TYPE_CHECKING:
     from edge_runtime.targets import TargetProfile
 
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
-
-
-def cache_dir() -> Path:
-    if os.environ.get("EDGE_RUNTIME_CACHE"):
-        return Path(os.environ["EDGE_RUNTIME_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edge-runtime"
 
 
 def _checkpoint_key(checkpoint: Path) -> str:
