@@ -1,0 +1,286 @@
+"""Side-by-side speed against llama.cpp (llama-bench) on random-weight checkpoints of real shapes (issue 7).
+
+    python scripts/bench_vs_llamacpp.py --llama-cpp DIR [--shape smollm2-135m] [--precision int4 ...]
+                                        [--rounds 3] [--pure] [--work /tmp/edge-vs-llamacpp]
+
+DIR is a llama.cpp source tree built for this CPU (`cmake -B build -DGGML_NATIVE=ON && cmake --build
+build --target llama-bench llama-quantize`); its converter runs from the tree (`gguf-py`, `conversion/`)
+and needs torch, transformers and sentencepiece in this environment. llama-cpp-python's sdist carries a
+tree under `vendor/llama.cpp` when GitHub is out of reach.
+
+For each shape and precision (fp32 / F32, int8 / Q8_0, int4 block 32 / Q4_0) it
+  1. converts the checkpoint to an F32 GGUF once (`convert_hf_to_gguf.py`) and quantizes it with
+     `llama-quantize` (its default mixture, which keeps a tied LM head at Q6_K under Q4_0; `--pure`
+     quantizes every matrix to the named type),
+  2. builds our bundle as scripts/bench_vs_ortgenai.py does (same flags, same work layout, reused),
+  3. runs both alternately, `--rounds` times, each run a fresh process: ours through
+     scripts/bench_worker.py (prompt of `--prompt-tokens` ids, `--gen-tokens` greedy tokens, request-sized
+     ring); theirs through `llama-bench -p N -n M -d 0,N -t T -o json`, taking prompt processing at depth 0
+     (TTFT = N / pp rate) and generation at depth N (decode after the prompt, as ours is measured),
+  4. reports medians, ratios ours / llama.cpp (of the medians, and the median of per-round ratios, which
+     cancels slow drift of a shared machine), peak RSS of each process, weight bytes read per token
+     (ours: as in bench_vs_ortgenai.py; GGUF: every tensor, except `token_embd` when a separate `output`
+     exists), and the achieved fraction of the read bandwidth measured in the same run.
+
+Caveats, printed with the tables: llama-bench samples random token ids and repeats each test
+(`--llama-reps`, default 3) inside one process after a warm-up run, and its peak RSS covers all its
+tests. The random-weight checkpoints' tokenizer is unknown to the converter's pre-tokenizer table, so
+the converter is told "gpt-2": llama-bench never tokenizes, so this changes nothing measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# A sibling script, importable because Python puts this script's folder first on the path.
+from bench_vs_ortgenai import (
+    MB,
+    WORKER,
+    _fmt,
+    _ratio,
+    build,
+    cpu_name,
+    ensure_checkpoint,
+    make_prompt,
+    ours_build_cmd,
+    read_bandwidth,
+    run_child,
+    say,
+    weight_bytes_per_token,
+)
+
+PRECISIONS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}
+
+# Runs llama.cpp's converter with the pre-tokenizer check answered (see the module docstring).
+_CONVERT = (
+    "import runpy, sys\n"
+    "import conversion.base as base\n"
+    "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+# Tensor bytes of a GGUF file, by name, through the tree's own gguf-py.
+_GGUF_BYTES = (
+    "import json, sys\n"
+    "from gguf import GGUFReader\n"
+    "print(json.dumps({t.name: int(t.n_bytes) for t in GGUFReader(sys.argv[1]).tensors}))\n"
+)
+
+
+class LlamaCpp:
+    def __init__(self, root: Path, build_dir: str):
+        self.root = root
+        self.bench = root / build_dir / "bin" / "llama-bench"
+        self.quantize = root / build_dir / "bin" / "llama-quantize"
+        self.convert = root / "convert_hf_to_gguf.py"
+        for tool in (self.bench, self.quantize, self.convert):
+            if not tool.is_file():
+                raise SystemExit(f"{tool} not found: build llama.cpp first (see this script's docstring)")
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "gguf-py")])}
+
+    def _run(self, cmd: list[str], log: Path, what: str) -> None:
+        with log.open("a") as f:
+            f.write(f"\n$ {' '.join(cmd)}\n")
+            f.flush()
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env)
+        if rc != 0:
+            raise SystemExit(f"{what} failed (exit {rc}); see {log}")
+
+    def gguf(self, ckpt: Path, work: Path, precision: str, pure: bool, log: Path) -> Path:
+        """The checkpoint as a GGUF of `precision`, converted / quantized once and reused."""
+        f32 = work / "model-F32.gguf"
+        if not f32.is_file():
+            say(f"converting {ckpt.name} to {f32.name}")
+            tmp = f32.with_suffix(".tmp")
+            cmd = [sys.executable, "-c", _CONVERT, str(self.convert), str(ckpt), "--outtype", "f32"]
+            self._run([*cmd, "--outfile", str(tmp)], log, "convert_hf_to_gguf.py")
+            tmp.rename(f32)
+        if precision == "fp32":
+            return f32
+        qtype = PRECISIONS[precision]
+        out = work / f"model-{qtype}{'-pure' if pure else ''}.gguf"
+        if not out.is_file():
+            say(f"quantizing {f32.name} to {out.name}")
+            tmp = out.with_suffix(".tmp")
+            self._run([str(self.quantize), *(["--pure"] if pure else []), str(f32), str(tmp), qtype], log, "quantize")
+            tmp.rename(out)
+        return out
+
+    def weight_bytes(self, gguf: Path) -> dict[str, int]:
+        out = subprocess.run([sys.executable, "-c", _GGUF_BYTES, str(gguf)], env=self.env, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        sizes = json.loads(out)
+        gathered = sizes.get("token_embd.weight", 0) if "output.weight" in sizes else 0
+        return {"read": sum(sizes.values()) - gathered, "gathered": gathered}
+
+    def bench_cmd(self, gguf: Path, a: argparse.Namespace) -> list[str]:
+        cmd = [str(self.bench), "-m", str(gguf), "-p", str(a.prompt_tokens), "-n", str(a.gen_tokens)]
+        return [*cmd, "-d", f"0,{a.prompt_tokens}", "-t", str(a.threads), "-r", str(a.llama_reps), "-o", "json"]
+
+
+def parse_llama_bench(out: str, prompt: int, gen: int) -> dict[str, float]:
+    """Prompt rate at depth 0 and generation rate at depth `prompt` from llama-bench's JSON."""
+    tests = json.loads(out)
+    pp = [t for t in tests if t["n_prompt"] == prompt and t["n_gen"] == 0 and t.get("n_depth", 0) == 0]
+    tg = [t for t in tests if t["n_gen"] == gen and t["n_prompt"] == 0 and t.get("n_depth", 0) == prompt]
+    if len(pp) != 1 or len(tg) != 1:
+        raise SystemExit(f"llama-bench output lacks pp{prompt}@d0 or tg{gen}@d{prompt}: {out[:500]}")
+    return {"prefill_tps": pp[0]["avg_ts"], "decode_tps": tg[0]["avg_ts"], "decode_samples": tg[0]["samples_ts"]}
+
+
+def bench_pair(a: argparse.Namespace, lc: LlamaCpp, shape: str, precision: str, log: Path) -> dict[str, Any]:
+    ckpt = ensure_checkpoint(a.shapes_dir, shape)
+    work = a.work / shape
+    work.mkdir(parents=True, exist_ok=True)
+    prompt_file = work / "prompt.json"
+    prompt_file.write_text(json.dumps(make_prompt(ckpt, a.prompt_tokens)))
+    ours_dir = a.ours_work / shape / f"ours-{precision}"
+    say(f"{shape} {precision}: building ours")
+    built = build("ours", ours_build_cmd(ckpt, ours_dir, precision, a.block), ours_dir, "manifest.json", False, log)
+    if not built["ok"]:
+        raise SystemExit(f"our build failed (exit {built.get('rc')}); see {log}")
+    gguf = lc.gguf(ckpt, work, precision, a.pure, log)
+    row: dict[str, Any] = {"shape": shape, "precision": precision, "gguf": gguf.name, "sides": {}}
+    bytes_ = {"ours": weight_bytes_per_token(ours_dir / "model.onnx"), "llama.cpp": lc.weight_bytes(gguf)}
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama.cpp": []}
+    for r in range(a.rounds):
+        for side in ("ours", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ours"):
+            if side == "ours":
+                cmd = [sys.executable, str(WORKER), "worker", "ours", str(ours_dir), "--prompt-file", str(prompt_file)]
+                cmd += ["--gen-tokens", str(a.gen_tokens), "--threads", str(a.threads), "--warmup", "1"]
+                cmd += ["--trials", "2", "--window", "match"]
+            else:
+                cmd = lc.bench_cmd(gguf, a)
+            rc, _, rss, out = run_child(cmd, log)
+            if rc != 0:
+                raise SystemExit(f"{side} failed (exit {rc}); see {log}")
+            if side == "ours":
+                res = json.loads(out.strip().splitlines()[-1])
+                result = {
+                    "prefill_tps": statistics.median(a.prompt_tokens / t["ttft_s"] for t in res["trials"]),
+                    "decode_tps": statistics.median(t["decode_tps"] for t in res["trials"]),
+                }
+            else:
+                result = parse_llama_bench(out, a.prompt_tokens, a.gen_tokens)
+            result["peak_rss"] = rss
+            runs[side].append(result)
+            say(f"  round {r + 1}/{a.rounds} {side}: prefill {result['prefill_tps']:.0f} tok/s, decode "
+                f"{result['decode_tps']:.1f} tok/s, peak RSS {rss / MB:.0f} MB")  # fmt: skip
+    # Rounds run back to back, so a per-round ratio cancels most of this shared machine's drift.
+    pairs = list(zip(runs["ours"], runs["llama.cpp"], strict=True))
+    row["paired"] = {k: statistics.median(o[k] / t[k] for o, t in pairs) for k in ("prefill_tps", "decode_tps")}
+    for side, results in runs.items():
+        pre = statistics.median(r["prefill_tps"] for r in results)
+        row["sides"][side] = {
+            "prefill_tps": pre,
+            "ttft_ms": 1e3 * a.prompt_tokens / pre,
+            "decode_tps": statistics.median(r["decode_tps"] for r in results),
+            "decode_tps_all": [round(r["decode_tps"], 2) for r in results],
+            "peak_rss": statistics.median(r["peak_rss"] for r in results),
+            "weight_bytes_read": bytes_[side]["read"],
+        }
+    return row
+
+
+def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) -> str:
+    out = [
+        f"Machine: {env['cpu']} ({env['cores']} cores), load average {env['load_before']} before / "
+        f"{env['load_after']} after; llama.cpp {env['llama_cpp']}; prompt {env['prompt_tokens']} tokens, "
+        f"{env['gen_tokens']} generated, {env['threads']} threads; llama.cpp quantization: {env['quant_mix']}.",
+        f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s.",
+        "",
+        "| shape | precision (GGUF) | ours / llama.cpp: TTFT | decode tok/s | paired per round: TTFT, decode "
+        "| peak RSS | weights read per token |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        o, t = r["sides"]["ours"], r["sides"]["llama.cpp"]
+        out.append(
+            f"| {r['shape']} | {r['precision']} ({r['gguf']}) | {_ratio(o['ttft_ms'], t['ttft_ms'])} | "
+            f"{_ratio(o['decode_tps'], t['decode_tps'])} | {1 / r['paired']['prefill_tps']:.2f}×, "
+            f"{r['paired']['decode_tps']:.2f}× | {_ratio(o['peak_rss'], t['peak_rss'])} | "
+            f"{_ratio(o['weight_bytes_read'], t['weight_bytes_read'])} |"
+        )
+    out += [
+        "",
+        "| shape | precision | side | prefill tok/s | TTFT ms | decode tok/s (runs) | peak RSS MB "
+        "| weights read/token MB | % of read BW |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        for side, s in r["sides"].items():
+            achieved = s["weight_bytes_read"] * s["decode_tps"]
+            runs = ", ".join(f"{x:.1f}" for x in s["decode_tps_all"])
+            out.append(
+                f"| {r['shape']} | {r['precision']} | {side} | {s['prefill_tps']:.0f} | {s['ttft_ms']:.0f} | "
+                f"{s['decode_tps']:.1f} ({runs}) | {s['peak_rss'] / MB:.0f} | {s['weight_bytes_read'] / MB:.1f} | "
+                f"{_fmt(100 * achieved / bandwidth, '.0f')}% |"
+            )
+    return "\n".join(out)
+
+
+def llama_cpp_version(root: Path) -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %cs"], capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        return f"commit {head}"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp source tree, built")
+    ap.add_argument("--build-dir", default="build", help="its CMake build folder, relative to it [build]")
+    ap.add_argument("--shape", action="append", choices=("smollm2-135m", "llama-3.2-1b"), help="[smollm2-135m]")
+    ap.add_argument("--precision", action="append", choices=tuple(PRECISIONS), help="[fp32, int8, int4]")
+    ap.add_argument("--pure", action="store_true", help="llama-quantize --pure: no Q6_K LM head under Q4_0")
+    ap.add_argument("--block", type=int, default=32, help="our int4 block size (Q4_0's is 32) [32]")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--llama-reps", type=int, default=3, help="llama-bench -r [3]")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shapes-dir", type=Path, default=Path("/tmp/edge-shapes"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/edge-vs-llamacpp"), help="GGUF files and the log")
+    ap.add_argument("--ours-work", type=Path, default=Path("/tmp/edge-vs-genai"),
+                    help="where our bundles are built (shared with bench_vs_ortgenai.py)")  # fmt: skip
+    ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    a = ap.parse_args(argv)
+    lc = LlamaCpp(a.llama_cpp.resolve(), a.build_dir)
+    a.work.mkdir(parents=True, exist_ok=True)
+    log = a.work / "bench.log"
+    say(f"conversion, build and worker output goes to {log}")
+    env: dict[str, Any] = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "llama_cpp": llama_cpp_version(lc.root),
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "threads": a.threads,
+        "quant_mix": "--pure (every matrix the named type)" if a.pure else "llama-quantize default mixture",
+    }
+    say("measuring read bandwidth")
+    bw = [read_bandwidth(a.threads, log)]
+    rows = [bench_pair(a, lc, s, p, log) for s in a.shape or ["smollm2-135m"] for p in a.precision or PRECISIONS]
+    say("measuring read bandwidth again")
+    bw.append(read_bandwidth(a.threads, log))
+    env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    bandwidth = max(v for b in bw for v in b.values())
+    print(tables(rows, bandwidth, env))
+    if a.json:
+        a.json.write_text(json.dumps({"env": env, "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

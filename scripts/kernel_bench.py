@@ -1,0 +1,130 @@
+"""Which ONNX Runtime quantized-matmul kernel is fastest here, at decode (M=1) and prefill (M=prompt) sizes.
+
+    python scripts/kernel_bench.py [--hidden 576] [--intermediate 1536] [--layers 30] [--prompt 128]
+                                   [--rounds 3] [--threads 2]
+
+Builds one graph per weight format: a chain of 2 x `--layers` MatMuls alternating [hidden, intermediate]
+and [intermediate, hidden] (the MLP matrices of the model shape; random weights), quantized with
+onnxruntime's own tools:
+  fp32        MatMul
+  nbits4      MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 compute): our int4 layers
+  nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4: our int8 layers
+  dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
+              uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
+Each (format, M) is timed in its own fresh process (ONNX Runtime's spinning workers of one session would
+slow another's), formats alternating, `--rounds` times; medians per matmul and weight bandwidth at M=1.
+Only ratios between rows of one run mean anything on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("fp32", "nbits4", "nbits8", "dyn8")
+
+
+def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(2 * layers):
+        k, n = (hidden, inter) if i % 2 == 0 else (inter, hidden)
+        inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.02).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"], name=f"/mlp.{i}/MatMul"))
+        x = f"y{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", hidden])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["M", hidden])],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    path = out / f"{fmt}.onnx"
+    if fmt == "fp32":
+        onnx.save(model, path)
+    elif fmt.startswith("nbits"):
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        q = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4, bits=int(fmt[5:]))
+        q.process()
+        onnx.save(q.model.model, path)
+    else:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        onnx.save(model, out / "float.onnx")
+        quantize_dynamic(out / "float.onnx", path, weight_type=QuantType.QInt8, per_channel=True)
+    return path
+
+
+def child(path: str, m: int, threads: int) -> float:
+    """Median seconds per matmul of the chain at M=m, in this (fresh) process."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((m, int(sess.get_inputs()[0].shape[1]))).astype(np.float32)
+    reps = 20 if m == 1 else 3
+    for _ in range(reps):
+        sess.run(None, {"x": x})
+    samples = []
+    for _ in range(7):
+        t = time.perf_counter()
+        for _ in range(reps):
+            sess.run(None, {"x": x})
+        samples.append((time.perf_counter() - t) / reps)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=576)
+    ap.add_argument("--intermediate", type=int, default=1536)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "M"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.threads)))
+        return 0
+    n_matmul = 2 * a.layers
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {f: build(f, a.hidden, a.intermediate, a.layers, Path(tmp)) for f in FORMATS}
+        times: dict[tuple[str, int], list[float]] = {}
+        for r in range(a.rounds):
+            for m in (1, a.prompt):
+                for f in FORMATS if r % 2 == 0 else reversed(FORMATS):
+                    cmd = [sys.executable, __file__, "--threads", str(a.threads), "--child", str(paths[f]), str(m)]
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                    times.setdefault((f, m), []).append(json.loads(out) / n_matmul)
+        weight_bytes = {f: sum(p.stat().st_size for p in Path(tmp).glob(f"{f}.onnx*")) for f in FORMATS}
+    print(f"{n_matmul} MatMuls of [{a.hidden}, {a.intermediate}] / [{a.intermediate}, {a.hidden}], "
+          f"{a.threads} threads, {a.rounds} rounds (medians per matmul)\n")  # fmt: skip
+    print(f"| format | M=1 us | M=1 GB/s of weights | M={a.prompt} us | M={a.prompt} GFLOP/s |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    flops = 2 * a.prompt * a.hidden * a.intermediate
+    for f in FORMATS:
+        t1, tp = statistics.median(times[(f, 1)]), statistics.median(times[(f, a.prompt)])
+        gbs = weight_bytes[f] / n_matmul / t1 / 1e9
+        print(f"| {f} | {t1 * 1e6:.1f} | {gbs:.1f} | {tp * 1e6:.0f} | {flops / tp / 1e9:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
