@@ -62,7 +62,11 @@ def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
         q.process()
         onnx.save(q.model.model, path)
     else:
+        import logging
+
         from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        logging.getLogger().setLevel(logging.WARNING)  # one INFO line per tensor otherwise
 
         onnx.save(model, out / "float.onnx")
         quantize_dynamic(out / "float.onnx", path, weight_type=QuantType.QInt8, per_channel=True)
