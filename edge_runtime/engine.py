@@ -36,6 +36,7 @@ class LoadOptions:
     memory_budget: int | None = None  # bytes; None: no check
     position_offset: int = 0  # absolute position of the first token (tests emulate long streams)
     verify: bool = True
+    profile: Path | None = None  # ONNX Runtime per-node profile: JSON file prefix (written by end_profiling)
 
 
 class Engine:
@@ -60,7 +61,7 @@ class Engine:
         self.weight_bytes = weight_bytes
         self.pool = StaticPool.allocate(m, self.geometry)
         self.ring = RingState(self.geometry, np.asarray(m.model.rope_inv_freq), opts.position_offset)
-        self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads)
+        self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile)
         self._decoding = False
         self._span = self.geometry.capacity  # rows the decode binding attends (in-place flavor)
         self.filled_prefix = m.graph.kv.get("attended_columns") == "span"  # graph slices the filled rows

@@ -11,7 +11,8 @@ onnxruntime's own tools:
   nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4: our int8 layers
   dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
               uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
-Each (format, M) is timed in its own fresh process (ONNX Runtime's spinning workers of one session would
+and two session-option variants of nbits4 (one intra-op thread; workers that sleep instead of spin).
+Each (case, M) is timed in its own fresh process (ONNX Runtime's spinning workers of one session would
 slow another's), formats alternating, `--rounds` times; medians per matmul and weight bandwidth at M=1.
 Only ratios between rows of one run mean anything on a shared machine.
 """
@@ -73,13 +74,15 @@ def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
     return path
 
 
-def child(path: str, m: int, threads: int) -> float:
-    """Median seconds per matmul of the chain at M=m, in this (fresh) process."""
+def child(path: str, m: int, threads: int, spin: bool) -> float:
+    """Median seconds per run of the chain at M=m, in this (fresh) process."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((m, int(sess.get_inputs()[0].shape[1]))).astype(np.float32)
     reps = 20 if m == 1 else 3
@@ -102,31 +105,36 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-spin", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "M"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child[0], int(a.child[1]), a.threads)))
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.threads, not a.no_spin)))
         return 0
     n_matmul = 2 * a.layers
+    # (label, format, intra-op threads, spinning workers)
+    cases = [(f, f, a.threads, True) for f in FORMATS]
+    cases += [("nbits4, 1 thread", "nbits4", 1, True), ("nbits4, no spinning", "nbits4", a.threads, False)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = {f: build(f, a.hidden, a.intermediate, a.layers, Path(tmp)) for f in FORMATS}
         times: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for m in (1, a.prompt):
-                for f in FORMATS if r % 2 == 0 else reversed(FORMATS):
-                    cmd = [sys.executable, __file__, "--threads", str(a.threads), "--child", str(paths[f]), str(m)]
+                for label, f, threads, spin in cases if r % 2 == 0 else reversed(cases):
+                    cmd = [sys.executable, __file__, "--threads", str(threads), *([] if spin else ["--no-spin"])]
+                    cmd += ["--child", str(paths[f]), str(m)]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-                    times.setdefault((f, m), []).append(json.loads(out) / n_matmul)
+                    times.setdefault((label, m), []).append(json.loads(out) / n_matmul)
         weight_bytes = {f: sum(p.stat().st_size for p in Path(tmp).glob(f"{f}.onnx*")) for f in FORMATS}
     print(f"{n_matmul} MatMuls of [{a.hidden}, {a.intermediate}] / [{a.intermediate}, {a.hidden}], "
-          f"{a.threads} threads, {a.rounds} rounds (medians per matmul)\n")  # fmt: skip
-    print(f"| format | M=1 us | M=1 GB/s of weights | M={a.prompt} us | M={a.prompt} GFLOP/s |")
+          f"{a.threads} threads unless noted, {a.rounds} rounds (medians per matmul)\n")  # fmt: skip
+    print(f"| case | M=1 us | M=1 GB/s of weights | M={a.prompt} us | M={a.prompt} GFLOP/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     flops = 2 * a.prompt * a.hidden * a.intermediate
-    for f in FORMATS:
-        t1, tp = statistics.median(times[(f, 1)]), statistics.median(times[(f, a.prompt)])
+    for label, f, _, _ in cases:
+        t1, tp = statistics.median(times[(label, 1)]), statistics.median(times[(label, a.prompt)])
         gbs = weight_bytes[f] / n_matmul / t1 / 1e9
-        print(f"| {f} | {t1 * 1e6:.1f} | {gbs:.1f} | {tp * 1e6:.0f} | {flops / tp / 1e9:.0f} |")
+        print(f"| {label} | {t1 * 1e6:.1f} | {gbs:.1f} | {tp * 1e6:.0f} | {flops / tp / 1e9:.0f} |")
     return 0
 
 

@@ -24,12 +24,22 @@ _ov = ort.OrtValue.ortvalue_from_numpy  # shares memory with the numpy array on 
 
 class OrtBackend:
     def __init__(
-        self, graph: Path, manifest: Manifest, pool: StaticPool, *, threads: int | None = None, log_severity: int = 3
+        self,
+        graph: Path,
+        manifest: Manifest,
+        pool: StaticPool,
+        *,
+        threads: int | None = None,
+        log_severity: int = 3,
+        profile: Path | None = None,
     ):
         so = ort.SessionOptions()
         so.log_severity_level = log_severity
         if threads:
             so.intra_op_num_threads = threads
+        if profile is not None:  # per-node timings, for scripts/profile_ops.py
+            so.enable_profiling = True
+            so.profile_file_prefix = str(profile)
         try:
             self.session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
@@ -103,6 +113,10 @@ class OrtBackend:
         if self.prefix_views:
             self._kv = self._kv_values(span)
             self._bind_kv(self._decode_binding, self._kv)
+
+    def end_profiling(self) -> Path | None:
+        """Write the per-node profile (LoadOptions.profile) and return its path; None if not profiling."""
+        return Path(self.session.end_profiling()) if self.session.get_session_options().enable_profiling else None
 
     def run_decode(self, row: int) -> None:
         """One token; inputs already written into the pool. Logits land in `pool.logits`."""
