@@ -45,12 +45,13 @@ from bench_vs_ortgenai import (
     WORKER,
     _fmt,
     _ratio,
+    between_bandwidth_reads,
     build,
     cpu_name,
     ensure_checkpoint,
     make_prompt,
     ours_build_cmd,
-    read_bandwidth,
+    report,
     run_child,
     say,
     weight_bytes_per_token,
@@ -269,16 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         "threads": a.threads,
         "quant_mix": "--pure (every matrix the named type)" if a.pure else "llama-quantize default mixture",
     }
-    say("measuring read bandwidth")
-    bw = [read_bandwidth(a.threads, log)]
-    rows = [bench_pair(a, lc, s, p, log) for s in a.shape or ["smollm2-135m"] for p in a.precision or PRECISIONS]
-    say("measuring read bandwidth again")
-    bw.append(read_bandwidth(a.threads, log))
+    shapes, precisions = a.shape or ["smollm2-135m"], a.precision or list(PRECISIONS)
+    rows, env["bandwidth_detail"] = between_bandwidth_reads(
+        a.threads, log, lambda: [bench_pair(a, lc, s, p, log) for s in shapes for p in precisions]
+    )
     env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    bandwidth = max(v for b in bw for v in b.values())
-    print(tables(rows, bandwidth, env))
-    if a.json:
-        a.json.write_text(json.dumps({"env": env, "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")
+    report(tables, rows, env, a.json)
     return 0
 
 

@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,31 @@ def read_bandwidth(threads: int, log: Path) -> dict[str, float]:
     if rc != 0:
         raise SystemExit(f"the bandwidth measurement failed (exit {rc}); see {log}")
     return json.loads(out)
+
+
+def between_bandwidth_reads(
+    threads: int, log: Path, measure: Callable[[], list[dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Run `measure` between two read-bandwidth measurements: (its rows, {"<how> (before|after)": B/s})."""
+    say("measuring read bandwidth")
+    before = read_bandwidth(threads, log)
+    rows = measure()
+    say("measuring read bandwidth again")
+    after = read_bandwidth(threads, log)
+    return rows, {f"{k} (before)": v for k, v in before.items()} | {f"{k} (after)": v for k, v in after.items()}
+
+
+def report(
+    render: Callable[[list[dict[str, Any]], float, dict[str, Any]], str],
+    rows: list[dict[str, Any]],
+    env: dict[str, Any],
+    json_path: Path | None,
+) -> None:
+    """Print the tables against the best bandwidth measured; with `json_path`, every figure as JSON too."""
+    bandwidth = max(env["bandwidth_detail"].values())
+    print(render(rows, bandwidth, env))
+    if json_path:
+        json_path.write_text(json.dumps({"env": env, "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")
 
 
 _GATHERED = {("Gather", 0), ("GatherBlockQuantized", 0), ("GroupQueryAttention", 7), ("GroupQueryAttention", 8)}
@@ -399,24 +425,19 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "our_window": "request-sized (prompt + generated)" if args.our_window == "match" else args.our_window,
     }
-    say("measuring read bandwidth")
-    bw_before = read_bandwidth(args.threads, log)
-    rows = []
-    for shape in shapes:
-        ckpt = ensure_checkpoint(args.shapes_dir, shape)
-        prompt_file = args.work / f"{shape}-prompt.json"
-        prompt_file.write_text(json.dumps(make_prompt(ckpt, args.prompt_tokens)))
-        for precision in precisions:
-            rows.append(bench_pair(args, shape, precision, ckpt, prompt_file, log))
-    say("measuring read bandwidth again")
-    bw_after = read_bandwidth(args.threads, log)
+
+    def measure() -> list[dict[str, Any]]:
+        rows = []
+        for shape in shapes:
+            ckpt = ensure_checkpoint(args.shapes_dir, shape)
+            prompt_file = args.work / f"{shape}-prompt.json"
+            prompt_file.write_text(json.dumps(make_prompt(ckpt, args.prompt_tokens)))
+            rows += [bench_pair(args, shape, p, ckpt, prompt_file, log) for p in precisions]
+        return rows
+
+    rows, env["bandwidth_detail"] = between_bandwidth_reads(args.threads, log, measure)
     env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    detail = {f"{k} (before)": v for k, v in bw_before.items()} | {f"{k} (after)": v for k, v in bw_after.items()}
-    env["bandwidth_detail"] = detail
-    bandwidth = max(detail.values())
-    print(tables(rows, bandwidth, env))
-    if args.json:
-        args.json.write_text(json.dumps({"env": env, "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")
+    report(tables, rows, env, args.json)
     return 0
 
 
