@@ -47,8 +47,9 @@ from bench_vs_ortgenai import (
     _ratio,
     between_bandwidth_reads,
     build,
-    cpu_name,
     ensure_checkpoint,
+    load_average,
+    machine_env,
     make_prompt,
     ours_build_cmd,
     report,
@@ -261,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     log = a.work / "bench.log"
     say(f"conversion, build and worker output goes to {log}")
     env: dict[str, Any] = {
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        **machine_env(),
         "llama_cpp": llama_cpp_version(lc.root),
         "prompt_tokens": a.prompt_tokens,
         "gen_tokens": a.gen_tokens,
@@ -274,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, env["bandwidth_detail"] = between_bandwidth_reads(
         a.threads, log, lambda: [bench_pair(a, lc, s, p, log) for s in shapes for p in precisions]
     )
-    env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    env["load_after"] = load_average()
     report(tables, rows, env, a.json)
     return 0
 

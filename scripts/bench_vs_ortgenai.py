@@ -386,6 +386,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def machine_env() -> dict[str, Any]:
+    """What every table's header says about the machine (the load average again at the end)."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_before": load_average()}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -415,9 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime_genai
 
     env: dict[str, Any] = {
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        **machine_env(),
         "onnxruntime": onnxruntime.__version__,
         "onnxruntime_genai": onnxruntime_genai.__version__,
         "prompt_tokens": args.prompt_tokens,
@@ -436,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         return rows
 
     rows, env["bandwidth_detail"] = between_bandwidth_reads(args.threads, log, measure)
-    env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    env["load_after"] = load_average()
     report(tables, rows, env, args.json)
     return 0
 
