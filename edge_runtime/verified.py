@@ -11,7 +11,8 @@ landing in the same timestamp tick as the hash could otherwise go unnoticed.
 
 The memo guards against corrupted or half-copied bundles, as the checksums do; it is not a signature
 (whoever can rewrite a bundle can rewrite its manifest). A memo that cannot be read or written (read-only
-home, full disk) only means the file is hashed again.
+home, full disk) only means the file is hashed again. Records are ~200 bytes, one per file path, under
+`<cache>/verified/`; records of deleted bundles are never read again, and removing the folder is safe.
 """
 
 from __future__ import annotations
