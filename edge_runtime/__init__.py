@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {
     "load": "edge_runtime.engine",

@@ -16,7 +16,7 @@ import numpy as np
 from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, open_bundle
 from .errors import BundleError, EdgeRuntimeError
-from .manifest import KV_ROWS_FIRST
+from .manifest import LINEAR_UNTIL_FULL
 from .pool import StaticPool
 from .ring import RingGeometry, RingState, geometry_problem
 
@@ -44,10 +44,11 @@ class Engine:
         m = bundle.manifest
         self.bundle, self.manifest = bundle, m
         self.host_copy = m.graph.kv["update"] == "host_copy"
-        if not self.host_copy and m.graph.kv.get("layout") != KV_ROWS_FIRST:
+        if not self.host_copy and m.graph.kv.get("attended_columns") != LINEAR_UNTIL_FULL:
             raise BundleError(
-                f"'{bundle.path}' holds the `ort` graph of edge-runtime 0.1 (KV layout {m.graph.kv.get('layout')}), "
-                f"which this runtime no longer drives; re-export it with edge-export (the 0.2 graph decodes faster)"
+                f"'{bundle.path}' holds an `ort` graph of an earlier edge-runtime (KV layout "
+                f"{m.graph.kv.get('layout')}), which this runtime no longer drives; re-export it with edge-export "
+                "(the 0.3 graph decodes faster)"
             )
         self.geometry = _geometry(bundle, opts)
         kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry)
@@ -61,10 +62,9 @@ class Engine:
         self.weight_bytes = weight_bytes
         self.pool = StaticPool.allocate(m, self.geometry)
         self.ring = RingState(self.geometry, np.asarray(m.model.rope_inv_freq), opts.position_offset)
+        self.pool.decode.cos_cache[:], self.pool.decode.sin_cache[:] = self.ring.rotary_cache(self.pool.keys[0].dtype)
         self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile)
         self._decoding = False
-        self._span = self.geometry.capacity  # rows the decode binding attends (in-place flavor)
-        self.filled_prefix = m.graph.kv.get("attended_columns") == "span"  # graph slices the filled rows
 
     @property
     def tokens(self) -> int:
@@ -86,9 +86,7 @@ class Engine:
             )
         out, pos = [], 0
         for n in self.ring.chunks(ids.size):
-            plan = self.ring.plan(
-                n, new_rows_as_columns=self.host_copy, dtype=self.pool.keys[0].dtype, filled_prefix=self.filled_prefix
-            )
+            plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.keys[0].dtype)
             out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
             pos += n
         self._decoding = False
@@ -101,11 +99,6 @@ class Engine:
             self.ring.sync_decode(d)
             self._decoding = True
         self.pool.input_ids[0, 0] = token
-        if self.filled_prefix:
-            span = self.ring.span(self.ring.tokens + 1)
-            if span != self._span:  # the filled prefix grew past the bound views: rebind (rare)
-                self.backend.bind_decode_span(span)
-                self._span = span
         row = self.ring.decode_into(d, new_rows_as_columns=self.host_copy)
         self.backend.run_decode(row)
         if self.host_copy:

@@ -21,7 +21,8 @@ FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 # graph.kv["layout"]: how each layer's K/V buffer is shaped.
 KV_HEADS_FIRST = "[1, num_kv_heads, capacity, head_dim]"  # `trt`, and `ort` bundles before 0.2
-KV_ROWS_FIRST = "[1, capacity, num_kv_heads*head_dim]"  # `ort`: what ONNX Attention reads without a Transpose
+# `ort` graphs since 0.3 attend with GroupQueryAttention until the ring is full, then the whole buffer.
+LINEAR_UNTIL_FULL = "seqlens_k_until_full_then_capacity"
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,6 @@ class GraphSpec:
 
     def kv_shape(self, kv_heads: int, capacity: int, head_dim: int) -> tuple[int, ...]:
         """One layer's K (or V) buffer shape under this graph's layout."""
-        if self.kv.get("layout") == KV_ROWS_FIRST:
-            return (1, capacity, kv_heads * head_dim)
         return (1, kv_heads, capacity, head_dim)
 
 

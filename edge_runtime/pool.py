@@ -1,9 +1,9 @@
 """The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
 
-    K/V per layer      [1, capacity, H_kv*D] (`ort`) or [1, H_kv, capacity, D] (`trt`; manifest kv.layout),
-                       bound as past_* (and present_* for in-place flavors)
+    K/V per layer      [1, H_kv, capacity, D], bound as past_* (and present_* for the in-place `ort` flavor)
     decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
-                       sink_rows [1], sink_correction []
+                       sink_rows [1], ring_full [], seqlens_k [1], total length [],
+                       cos/sin cache [capacity, R/2] (filled once at load: RingState.rotary_cache)
     new K/V rows       [1, H_kv, 1, D] per layer (host-copy flavor only)
     logits             [1, 1, V] float32
 
@@ -51,7 +51,11 @@ class StaticPool:
             sink_mask=np.arange(cols) < g.sinks,
             write_index=np.zeros(1, np.int64),
             sink_rows=np.array([g.sink_rows], np.int64),
-            sink_correction=np.zeros((), np.bool_),
+            ring_full=np.zeros((), np.bool_),
+            seqlens_k=np.zeros(1, np.int32),
+            total_len=np.zeros((), np.int32),
+            cos_cache=np.zeros((g.capacity, half), dtype),
+            sin_cache=np.zeros((g.capacity, half), dtype),
             masked=masked,
             angle=np.zeros(half, np.float64),
             trig=np.zeros(half, np.float64),
@@ -81,7 +85,11 @@ class StaticPool:
             d.sink_mask,
             d.write_index,
             d.sink_rows,
-            d.sink_correction,
+            d.ring_full,
+            d.seqlens_k,
+            d.total_len,
+            d.cos_cache,
+            d.sin_cache,
         ]
         return sum(a.nbytes for a in arrays)
 

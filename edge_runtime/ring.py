@@ -24,7 +24,6 @@ from .errors import EdgeRuntimeError
 
 MASKED = -1e30  # additive mask value; finite so a fully-masked row would not produce NaN in fp32
 MASKED_FP16 = -65504.0
-SPAN_STEP = 64  # granularity of the attended prefix while the cache fills
 
 
 def geometry_problem(sinks: int, window: int, context: int) -> str | None:
@@ -106,11 +105,14 @@ class StepInputs:
     attn_mask: np.ndarray  # [n, K] additive, K = attended columns (capacity, or capacity + n for `trt`)
     sink_mask: np.ndarray  # [K] bool: column uses the sink-rotated query
     sink_rows: np.ndarray  # [1] int64: max(S, 1), the rows the `ort` graph's sink correction reads
-    sink_correction: np.ndarray  # [] bool: some row's sink rotation differs from its window one
+    ring_full: np.ndarray  # [] bool: some token is past S + W - 1 (`ort` leaves GroupQueryAttention)
+    seqlens_k: np.ndarray  # [1] int32: t0 + n - 1, GroupQueryAttention's last row (row r = token r until full)
+    total_len: np.ndarray  # [] int32: t0 + n
 
     def feeds(self, ids: np.ndarray, keep: int) -> dict[str, np.ndarray]:
         """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py); a graph takes
-        the subset it declares (`sink_mask`: `trt`; `sink_rows`, `sink_correction`, `write_index`: `ort`)."""
+        the subset it declares (`sink_mask`: `trt`; `sink_rows`, `write_index`, `ring_full`, `seqlens_k`,
+        `total_sequence_length`: `ort`)."""
         feeds = {
             "input_ids": np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1),
             "cos": self.cos,
@@ -120,7 +122,9 @@ class StepInputs:
             "attn_mask": self.attn_mask,
             "sink_mask": self.sink_mask,
             "sink_rows": self.sink_rows,
-            "sink_correction": self.sink_correction,
+            "ring_full": self.ring_full,
+            "seqlens_k": self.seqlens_k,
+            "total_sequence_length": self.total_len,
             "num_logits_to_keep": np.array([keep], dtype=np.int64),
             "write_index": self.write_index,
         }
@@ -139,7 +143,11 @@ class DecodeBuffers:
     sink_mask: np.ndarray  # [K]
     write_index: np.ndarray  # [1] int64
     sink_rows: np.ndarray  # [1] int64, constant: max(S, 1)
-    sink_correction: np.ndarray  # [] bool
+    ring_full: np.ndarray  # [] bool
+    seqlens_k: np.ndarray  # [1] int32
+    total_len: np.ndarray  # [] int32
+    cos_cache: np.ndarray  # [C, R/2] at the rows' positions while the ring is linear (RingState.rotary_cache)
+    sin_cache: np.ndarray
     masked: float
     angle: np.ndarray  # [R/2] float64 scratch
     trig: np.ndarray  # [R/2] float64 scratch
@@ -159,19 +167,20 @@ class RingState:
         self.tokens = 0
         self.row_pos[:] = -1
 
+    def rotary_cache(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin [C, R/2] of buffer row r's position while the ring is linear (row r holds token r),
+        for GroupQueryAttention, which rotates the rows it writes at their row index."""
+        return self._angles(np.arange(self.geometry.capacity, dtype=np.int64) + self.position_offset, dtype)
+
     def _angles(self, positions: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         a = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
         return np.cos(a).astype(dtype), np.sin(a).astype(dtype)
 
-    def plan(
-        self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32, filled_prefix: bool = False
-    ) -> StepInputs:
+    def plan(self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32) -> StepInputs:
         """Inputs for the next `n` tokens (n <= geometry.max_chunk(tokens)); advances the state.
 
         `new_rows_as_columns`: the graph attends [buffer rows ..., this call's new rows] (the `trt`
         flavor, which cannot update the buffer in place) instead of the updated buffer (`ort`).
-        `filled_prefix`: the in-place graph attends only the first `span()` rows (its manifest says
-        `attended_columns: span`); older bundles attend the whole buffer.
         """
         g = self.geometry
         t0 = self.tokens
@@ -189,7 +198,7 @@ class RingState:
             col_pos = np.concatenate([old, pos])
             col_sink = np.concatenate([np.arange(g.capacity) < g.sinks, steps < g.sinks])
         else:
-            col_pos = self.row_pos[: self.span(t0 + n)] if filled_prefix else self.row_pos
+            col_pos = self.row_pos
             col_sink = np.arange(col_pos.shape[0]) < g.sinks
         diff = pos[:, None] - col_pos[None, :]  # [n, K]: how far back each column's token is
         visible = (col_pos[None, :] >= 0) & (diff >= 0) & (col_sink[None, :] | (diff < g.window))
@@ -206,15 +215,10 @@ class RingState:
             attn_mask=np.where(visible, 0.0, masked).astype(dtype),
             sink_mask=col_sink.copy(),
             sink_rows=np.array([g.sink_rows], dtype=np.int64),
-            sink_correction=np.array(bool((logical != pos).any())),
+            ring_full=np.array(t0 + n > g.logical_capacity),
+            seqlens_k=np.array([t0 + n - 1], dtype=np.int32),
+            total_len=np.array(t0 + n, dtype=np.int32),
         )
-
-    def span(self, tokens: int) -> int:
-        """Buffer rows an in-place graph attends once `tokens` tokens are written: the filled prefix
-        (rows fill in order: sinks, then the ring), rounded up to SPAN_STEP so the decode binding
-        changes a few times while the cache fills, then the whole buffer."""
-        filled = min(tokens, self.geometry.capacity)
-        return min(self.geometry.capacity, -(-filled // SPAN_STEP) * SPAN_STEP)
 
     # -- the decode hot path: one token, every input written in place, no array allocated ---------
 
@@ -270,7 +274,9 @@ class RingState:
         bufs.sin[0] = bufs.trig
         if t < g.logical_capacity or g.sinks == 0:  # past it the sink query stays at S + W - 1 (sync_decode)
             self._sink_angles(bufs, t)
-        bufs.sink_correction[()] = t >= g.logical_capacity and g.sinks > 0
+        bufs.ring_full[()] = t >= g.logical_capacity
+        bufs.seqlens_k[0] = t
+        bufs.total_len[()] = t + 1
         bufs.write_index[0] = row
         self.tokens += 1
         return row

@@ -1,18 +1,22 @@
 """Decoder blocks of the `ort` flavor, written as the few large nodes ONNX Runtime's CPU kernels fuse.
 
-Same math as blocks.py (the `trt` flavor keeps those portable ops); here a layer is 16 nodes instead
-of ~40, because per-node cost, not memory, held decode back on small models (issue 7):
+Same math as blocks.py (the `trt` flavor keeps those portable ops); per-node cost, not memory, held
+decode back on small models (issue 7), so a layer is 10 nodes while the ring is a linear cache:
 
   - residual add + RMSNorm as one com.microsoft::SkipSimplifiedLayerNormalization,
   - q/k/v and gate/up each as one matmul over stacked weights (one MatMulNBits: on the 135M shape the
     121 fused MatMulNBits of a step run ~7% faster than 211 separate ones, measured side by side),
   - SiLU as com.microsoft::QuickGelu(alpha=1),
-  - RoPE as com.microsoft::RotaryEmbedding, attention as ONNX `Attention` (opset 23) over the cache
-    laid out [1, rows, Hkv*D]: no Transpose anywhere, and the host binds each buffer's filled prefix
-    (a contiguous view) so attention reads only those rows, without a copy.
+  - attention as an If on the host's `ring_full`: one com.microsoft::GroupQueryAttention (RoPE, in-place
+    cache write and causal attention in one kernel) until some token is past S + W - 1; after that the
+    general ring path (RoPE as RotaryEmbedding, TensorScatter, ONNX `Attention` with the sink term).
+    Models whose head size GroupQueryAttention refuses (not a multiple of 16) get the general path only.
 
-Shapes: T = tokens in this call, L = attended buffer rows (the filled prefix), S = sinks,
-Hq/Hkv = query/KV heads, G = Hq / Hkv, D = head dim, R = rotary dim.
+The cache is [1, Hkv, C, D] (GroupQueryAttention's layout), bound by the host as both past_* and
+present_*: both branches write it in place.
+
+Shapes: T = tokens in this call, C = buffer rows, S = sinks, Hq/Hkv = query/KV heads, D = head dim,
+R = rotary dim.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from onnx import helper
 
 from edge_runtime.models import LayerWeights
 
 from .blocks import WeightFormat
-from .graph import GraphBuilder
+from .graph import ONNX_DTYPE, GraphBuilder
 
 MS = "com.microsoft"
+GQA_HEAD_MULTIPLE = 16  # ONNX Runtime's GroupQueryAttention: "head_size shall be a multiple of 16"
 
 
 @dataclass(frozen=True)
@@ -37,10 +43,15 @@ class OrtStep:
     sin: str
     dcos: str  # [T, R/2]: (cos_sink - cos) / sqrt(D), the sink query's rotation minus the window one's
     dsin: str
-    attn_mask: str  # [T, L] additive
-    sink_pad: str  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,L-S]
+    attn_mask: str  # [T, C] additive
+    sink_pad: str  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,C-S]
+    sink_rows: str  # [1] int64: S, at least 1
     write_index: str  # [1] int64: buffer row of the first new token
-    sink_correction: str  # [] bool: some row's sink rotation differs from its window one (the ring wrapped)
+    ring_full: str  # [] bool: some token of this call is past S + W - 1 (window slides, sinks rotate apart)
+    seqlens_k: str  # [1] int32: past rows + T - 1 (GroupQueryAttention, while not ring_full)
+    total_len: str  # [] int32: past rows + T
+    cos_cache: str  # [C, R/2] at the rows' positions while the ring is linear (row r = token r)
+    sin_cache: str
 
 
 def fused_matmuls(
@@ -55,7 +66,8 @@ def fused_matmuls(
 def fused_rope(
     g: GraphBuilder, prefix: str, x: str, cos: str, sin: str, heads: int, rotary_dim: int, head_dim: int
 ) -> str:
-    """The same rotation as `rope` on x [1, T, heads*D], as one com.microsoft::RotaryEmbedding node.
+    """The same rotation as `rope` on x [1, T, heads*D] or [1, heads, T, D], as one
+    com.microsoft::RotaryEmbedding node.
     position_ids [0] makes it read cos/sin rows 0..T-1: the host already computed this call's rows."""
     g.domains["com.microsoft"] = 1
     attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim < head_dim else {}
@@ -85,27 +97,65 @@ def skip_norm(
     return normed, total
 
 
-def sink_correction(
+# ------------------------------------------------------------------------------------------------
+#  h ─► qkv_proj (q|k|v packed) ─► If ring_full ─► out, present_key, present_value ─► o_proj
+#
+#  else (every token so far is inside the window: the ring is a plain linear cache, row r = token r):
+#     GroupQueryAttention(qkv, past_key, past_value, seqlens_k, total_len, cos_cache, sin_cache):
+#     RoPE at the row positions, the new rows written in place at [past, past + T), causal attention
+#     over rows [0, past + T). One node.
+#
+#  then (the ring is full: rows are reused, old tokens leave the window, sinks need their rotation):
+#     Reshape/Transpose ─► [1, Hq+2Hkv, T, D] ─► Split(axis 1)
+#        ├─► q ─► RoPE(abs) ──────────────────────────────────────────────────────► q_abs ─┐
+#        │    └► RoPE(dcos, dsin) = (q_sink - q_abs)/√D ─► dq ─┐                            │
+#        ├─► k ─► RoPE(abs) ─► TensorScatter(past_key @ write_index, axis 2) ─► keys ───────┤
+#        └─► v ──────────────► TensorScatter(past_value) ──────────────────► values ───────┤
+#     dq · keys[:, :, :S]ᵀ (Attention's QK output) ─► Pad to C ─► + attn_mask ─► mask ──────┤
+#                            Attention(q_abs, keys, values, mask) ─► Transpose/Reshape ─► [1,T,Hq*D]
+#  The window columns see the query rotated at its absolute position, the sink columns at its
+#  cache-logical one (ring.py): Attention takes one query, so the sink columns get the difference as
+#  an additive mask term (exact: RoPE is linear in cos/sin).
+# ------------------------------------------------------------------------------------------------
+def _general_path(
     g: GraphBuilder,
     prefix: str,
-    q: str,
-    sinks: str,
+    qkv: str,
     step: OrtStep,
     *,
+    layer: int,
     hq: int,
     hkv: int,
     head_dim: int,
     rotary_dim: int,
-) -> str:
-    """attn_mask + (q_sink - q_abs)/sqrt(D) · sinksᵀ on the sink columns: [1, Hq, T, L]."""
+    cache_outs: tuple[str, str] | None = None,
+) -> tuple[str, str, str]:
+    """The ring at any fill, sinks included: (out [1, T, Hq*D], keys, values) over the whole buffer.
+    `cache_outs` names the scattered buffers (the graph's present_* outputs: TensorScatter then writes
+    the bound buffer in place instead of copying it)."""
     d = head_dim
-    # Without sinks (Mistral's sliding window) the host feeds S = 1 and equal rotations: dq = 0 exactly.
+    qkv = g.op("Reshape", [qkv, g.const([1, -1, hq + 2 * hkv, d])], f"{prefix}/qkv/Reshape")
+    qkv = g.op("Transpose", [qkv], f"{prefix}/qkv/Transpose", perm=[0, 2, 1, 3])  # [1, Hq + 2 Hkv, T, D]
+    q, k, v = g.op_multi("Split", [qkv, g.const([hq, hkv, hkv])], f"{prefix}/qkv/Split", n_out=3, axis=1)
+    q_abs = fused_rope(g, f"{prefix}/q_rope", q, step.cos, step.sin, hq, rotary_dim, d)  # [1, Hq, T, D]
+    k = fused_rope(g, f"{prefix}/k_rope", k, step.cos, step.sin, hkv, rotary_dim, d)  # [1, Hkv, T, D]
+    keys, values = (
+        g.op(
+            "TensorScatter",
+            [f"past_{kind}.{layer}", new, step.write_index],
+            f"{prefix}/{kind[0]}_cache/TensorScatter",
+            out=out,
+            axis=2,
+        )
+        for kind, new, out in zip(("key", "value"), (k, v), cache_outs or (None, None), strict=True)
+    )  # [1, Hkv, C, D]
+    sinks = g.op(
+        "Slice", [keys, g.const([0]), step.sink_rows, g.const([2])], f"{prefix}/sink_keys/Slice"
+    )  # [1, Hkv, S, D]
     dq = fused_rope(g, f"{prefix}/dq_rope", q, step.dcos, step.dsin, hq, rotary_dim, d)
     if rotary_dim < d:  # RotaryEmbedding passes the unrotated dims through; their difference is 0
-        keep = np.tile((np.arange(d) < rotary_dim).astype(g.dtype), hq)
-        dq = g.op("Mul", [dq, g.const(keep)], f"{prefix}/dq_rotary_only")
-    # dq · sinksᵀ per query head, GQA grouping included: an Attention node's raw QK output (its own
-    # output is unused); one node where Einsum needed three Reshapes around it and ran slower.
+        dq = g.op("Mul", [dq, g.const((np.arange(d) < rotary_dim).astype(g.dtype))], f"{prefix}/dq_rotary_only")
+    # dq · sinksᵀ per query head, GQA grouping included: an Attention node's raw QK output.
     _, _, _, corr = g.op_multi(
         "Attention",
         [dq, sinks, sinks],
@@ -115,22 +165,20 @@ def sink_correction(
         kv_num_heads=hkv,
         scale=1.0,
     )  # [1, Hq, T, S]
-    corr = g.op("Pad", [corr, step.sink_pad], f"{prefix}/sink_corr/Pad")  # [1, Hq, T, L]
-    return g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
+    corr = g.op("Pad", [corr, step.sink_pad], f"{prefix}/sink_corr/Pad")  # [1, Hq, T, C]
+    mask = g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
+    out = g.op(
+        "Attention",
+        [q_abs, keys, values, mask],
+        f"{prefix}/Attention",
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=float(1.0 / np.sqrt(d)),
+    )  # [1, Hq, T, D]
+    out = g.op("Transpose", [out], f"{prefix}/out/Transpose", perm=[0, 2, 1, 3])
+    return g.op("Reshape", [out, g.const([1, -1, hq * d])], f"{prefix}/out/Reshape"), keys, values
 
 
-# ------------------------------------------------------------------------------------------------
-#  h ─► qkv_proj ─► Split ─► q ─► RoPE(abs) ───────────────────────────────► q_abs ──┐
-#                        │    └► RoPE(dcos, dsin) = (q_sink - q_abs)/√D ─► dq ─┐    │
-#                        ├─► k ─► RoPE(abs) ─► TensorScatter(past_key @ write_index)├─ keys [1,L,.]┐
-#                        └─► v ─────────────► TensorScatter(past_value) ───────────┼─ values ─────┤
-#     If sink_correction: dq · sink_keyᵀ (Attention's QK output) ─► Pad to L ─► + attn_mask ─► mask ┤
-#     else: attn_mask               (sink_key: the host's view of the buffer's first S rows)
-#                                                                   Attention(q_abs, keys, values, mask) ─► o_proj
-# The window columns must see the query rotated at its absolute position, the sink columns at its
-# cache-logical one (ring.py). Attention takes one query, so the sink columns get the difference as
-# an additive mask term: exact (RoPE is linear in cos/sin), and zero until the ring first wraps.
-# ------------------------------------------------------------------------------------------------
 def attention(
     g: GraphBuilder,
     prefix: str,
@@ -145,50 +193,46 @@ def attention(
 ) -> str:
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-    q, k, v = fused_matmuls(
-        g, f"{prefix}/qkv_proj", h, wf, [(lw.q, lw.q_bias), (lw.k, lw.k_bias), (lw.v, lw.v_bias)]
-    )  # [1, T, Hq*D], [1, T, Hkv*D] x2
-    q_abs = fused_rope(g, f"{prefix}/q_rope", q, step.cos, step.sin, hq, rotary_dim, d)
-    k = fused_rope(g, f"{prefix}/k_rope", k, step.cos, step.sin, hkv, rotary_dim, d)
-
-    # The host binds each buffer's filled prefix (its first L rows: contiguous in this layout) as both
-    # past_* and present_*, so attention reads exactly those rows and nothing is copied.
-    cache_shape = [1, "span", hkv * d]
-    keys, values = (
-        g.op(
-            "TensorScatter",
-            [g.input(f"past_{kind}.{layer}", g.dtype, cache_shape), new, step.write_index],
-            f"{prefix}/{kind[0]}_cache/TensorScatter",
-            out=g.output(f"present_{kind}.{layer}", f"present_{kind}.{layer}", g.dtype, cache_shape),
-            axis=1,
+    qkv = wf.matmul_concat(
+        g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
+    )  # [1, T, (Hq + 2 Hkv) * D]
+    cache_shape = [1, hkv, "capacity", d]
+    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
+    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
+    present = [f"present_key.{layer}", f"present_value.{layer}"]
+    for name in present:
+        g.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[g.dtype], cache_shape))
+    if d % GQA_HEAD_MULTIPLE:  # GroupQueryAttention refuses such heads: the general path at every fill
+        out, _, _ = _general_path(
+            g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim, cache_outs=present
         )
-        for kind, new in (("key", k), ("value", v))
-    )
-    # The sink rows arrive as their own input, bound by the host to the first S rows of the same K
-    # buffer (no Slice, no copy). ONNX Runtime may read it before this call's TensorScatter writes:
-    # harmless, because sinks change only while t < S, where dq = 0.
-    sinks = g.input(f"sink_key.{layer}", g.dtype, [1, "sink_rows", hkv * d])
-    # Until the ring first wraps every row's sink and window rotations agree (dq = 0): the host says
-    # so with `sink_correction` and an If skips the four correction nodes (~2 us for the If instead).
-    then = g.branch(f"{prefix}/sink_corr/then")
-    corrected = sink_correction(then, prefix, q, sinks, step, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
-    otherwise = g.branch(f"{prefix}/sink_corr/else")
-    unchanged = otherwise.op("Identity", [step.attn_mask], f"{prefix}/sink_corr/else/Identity")
-    mask = g.op(
-        "If",
-        [step.sink_correction],
-        f"{prefix}/sink_corr/If",
-        then_branch=then.to_graph([(corrected, g.dtype)]),
-        else_branch=otherwise.to_graph([(unchanged, g.dtype)]),
-    )  # [1, Hq, T, L] or [T, L]
-    out = g.op(
-        "Attention",
-        [q_abs, keys, values, mask],
-        f"{prefix}/Attention",
-        q_num_heads=hq,
+        return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
+
+    full = g.branch(f"{prefix}/ring_full/then")
+    general = _general_path(full, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
+    linear = g.branch(f"{prefix}/ring_full/else")
+    g.domains[MS] = 1
+    gqa = linear.op_multi(
+        "GroupQueryAttention",
+        [qkv, "", "", past_k, past_v, step.seqlens_k, step.total_len, step.cos_cache, step.sin_cache],
+        f"{prefix}/GroupQueryAttention",
+        n_out=3,
+        domain=MS,
+        num_heads=hq,
         kv_num_heads=hkv,
+        do_rotary=1,
+        rotary_interleaved=0,
         scale=float(1.0 / np.sqrt(d)),
-    )  # [1, T, Hq*D]
+    )  # out [1, T, Hq*D]; K/V written in place at rows [past, past + T)
+    out, _, _ = g.op_multi(
+        "If",
+        [step.ring_full],
+        f"{prefix}/ring_full/If",
+        n_out=3,
+        outs=[f"{prefix}/attn_out", *present],
+        then_branch=full.to_graph([(general[0], g.dtype), (general[1], g.dtype), (general[2], g.dtype)]),
+        else_branch=linear.to_graph([(gqa[0], g.dtype), (gqa[1], g.dtype), (gqa[2], g.dtype)]),
+    )
     return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
 
 

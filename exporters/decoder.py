@@ -3,11 +3,11 @@
     input_ids ─► embed ─► [layer 0 .. L-1: norm ─► ring attention ─► + ─► norm ─► SwiGLU ─► +]
               ─► keep last `num_logits_to_keep` rows ─► final norm ─► LM head ─► logits (fp32)
 
-`ort` (opset 24 + com.microsoft ops, blocks_ort.py) scatters the new rows into the bound buffer in
-place (TensorScatter), attends its filled prefix with ONNX `Attention` and fuses norms, projections and
-RoPE into ONNX Runtime's CPU kernels; cache [1, capacity, Hkv*D]. `trt` (opset 21, ops TensorRT 10.3
-parses, blocks.py) attends [past rows, new rows] and outputs the new rows for the host to place; cache
-[1, Hkv, capacity, D].
+`ort` (opset 24 + com.microsoft ops, blocks_ort.py) attends with GroupQueryAttention while the ring is
+still a linear cache, then scatters the new rows into the bound buffer in place (TensorScatter) and
+attends the whole ring with ONNX `Attention`; norms, projections and RoPE run as ONNX Runtime's fused
+CPU kernels. `trt` (opset 21, ops TensorRT 10.3 parses, blocks.py) attends [past rows, new rows] and
+outputs the new rows for the host to place. Both keep the cache [1, Hkv, capacity, D].
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from edge_runtime import __version__
-from edge_runtime.manifest import KV_HEADS_FIRST, KV_ROWS_FIRST
+from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL
 from edge_runtime.models import ModelArgs, ModelWeights
 
 from . import blocks_ort
@@ -107,8 +107,8 @@ def build_decoder(
             "new_key": "new_key.{i}" if flavor is Flavor.TRT else None,
             "new_value": "new_value.{i}" if flavor is Flavor.TRT else None,
             "update": "in_place_scatter" if flavor is Flavor.ORT else "host_copy",
-            "layout": KV_ROWS_FIRST if flavor is Flavor.ORT else KV_HEADS_FIRST,
-            "attended_columns": "span" if flavor is Flavor.ORT else "capacity_plus_tokens",
+            "layout": KV_HEADS_FIRST,
+            "attended_columns": LINEAR_UNTIL_FULL if flavor is Flavor.ORT else "capacity_plus_tokens",
         },
     }
     return BuiltGraph(
@@ -144,13 +144,11 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
     half = args.rotary_dim // 2
     ids = g.input("input_ids", np.int64, [1, "tokens"])
     cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))
-    mask = g.input("attn_mask", g.dtype, ["tokens", "span"])
+    mask = g.input("attn_mask", g.dtype, ["tokens", "capacity"])
     sink_rows = g.input("sink_rows", np.int64, [1])  # S, at least 1 (ring.RingGeometry.sink_rows)
-    write_index = g.input("write_index", np.int64, [1])
-    sink_correction = g.input("sink_correction", np.bool_, [])
     scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
-    span = g.op("Shape", [mask], "/model/attn_span/Shape", start=-1)  # [1]: L
-    pad_cols = g.op("Sub", [span, sink_rows], "/model/sink_pad/Sub")
+    capacity = g.op("Shape", [mask], "/model/capacity/Shape", start=-1)  # [1]: C
+    pad_cols = g.op("Sub", [capacity, sink_rows], "/model/sink_pad/Sub")
     step = blocks_ort.OrtStep(
         cos=cos,
         sin=sin,
@@ -158,8 +156,13 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
         dsin=g.op("Mul", [g.op("Sub", [sin_s, sin], "/model/rotary/dsin/Sub"), scale], "/model/rotary/dsin/Mul"),
         attn_mask=mask,
         sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
-        write_index=write_index,
-        sink_correction=sink_correction,
+        sink_rows=sink_rows,
+        write_index=g.input("write_index", np.int64, [1]),
+        ring_full=g.input("ring_full", np.bool_, []),
+        seqlens_k=g.input("seqlens_k", np.int32, [1]),
+        total_len=g.input("total_sequence_length", np.int32, []),
+        cos_cache=g.input("cos_cache", g.dtype, ["capacity", half]),
+        sin_cache=g.input("sin_cache", g.dtype, ["capacity", half]),
     )
     eps = args.rms_norm_eps
     x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]

@@ -56,10 +56,10 @@ class NumpyGraphRunner:
         self.session, self.flavor, self.dtype = session, flavor, np.dtype(dtype)
         self.state = RingState(geometry, inv_freq, position_offset)
         c = geometry.capacity
-        shapes = [(1, h, c, head_dim) if flavor is Flavor.TRT else (1, c, h * head_dim) for h in kv_heads]
-        self.keys = [np.zeros(shape, self.dtype) for shape in shapes]
-        self.values = [np.zeros(shape, self.dtype) for shape in shapes]
+        self.keys = [np.zeros((1, h, c, head_dim), self.dtype) for h in kv_heads]
+        self.values = [np.zeros((1, h, c, head_dim), self.dtype) for h in kv_heads]
         self.inputs = {i.name for i in session.get_inputs()}
+        self.rotary_cache = dict(zip(("cos_cache", "sin_cache"), self.state.rotary_cache(self.dtype), strict=True))
 
     def feed(self, tokens: Sequence[int], max_chunk: int | None = None) -> np.ndarray:
         """Run `tokens` through the graph in ring-legal chunks; logits [n, V] of every token."""
@@ -72,24 +72,31 @@ class NumpyGraphRunner:
     def _call(self, ids: np.ndarray) -> np.ndarray:
         n = ids.shape[0]
         trt = self.flavor is Flavor.TRT
-        plan = self.state.plan(n, new_rows_as_columns=trt, dtype=self.dtype, filled_prefix=not trt)
-        feeds = {k: v for k, v in plan.feeds(ids, n).items() if k in self.inputs}
-        span = plan.attn_mask.shape[1]  # `ort`: the graph reads (and updates) the buffers' first `span` rows
-        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = (k, v) if trt else (k[:, :span], v[:, :span])
-            if f"sink_key.{i}" in self.inputs:  # the buffer's first rows as they are before this call
-                feeds[f"sink_key.{i}"] = k[:, : int(plan.sink_rows[0])].copy()
-        names = [o.name for o in self.session.get_outputs()]
-        result = dict(zip(names, self.session.run(names, feeds), strict=True))
-        row = int(plan.write_index[0])
-        for i in range(len(self.keys)):
-            if trt:  # the host places the new rows: contiguous, by construction of the chunking
+        plan = self.state.plan(n, new_rows_as_columns=trt, dtype=self.dtype)
+        feeds = {k: v for k, v in (plan.feeds(ids, n) | self.rotary_cache).items() if k in self.inputs}
+        if trt:
+            feeds |= {f"past_{kind}.{i}": buf[i] for kind, buf in (("key", self.keys), ("value", self.values))
+                      for i in range(len(self.keys))}  # fmt: skip
+            names = [o.name for o in self.session.get_outputs()]
+            result = dict(zip(names, self.session.run(names, feeds), strict=True))
+            row = int(plan.write_index[0])
+            for i in range(len(self.keys)):  # the host places the new rows: contiguous, by the chunking
                 self.keys[i][:, :, row : row + n] = result[f"new_key.{i}"]
                 self.values[i][:, :, row : row + n] = result[f"new_value.{i}"]
-            else:
-                self.keys[i][:, :span] = result[f"present_key.{i}"]
-                self.values[i][:, :span] = result[f"present_value.{i}"]
-        return result["logits"][0]
+            return result["logits"][0]
+        # `ort`: the buffers are bound as both past_* and present_*, as the runtime binds them; the
+        # graph writes its new rows in place (GroupQueryAttention and TensorScatter alike).
+        io = self.session.io_binding()
+        io.bind_output("logits")  # first: copy_outputs_to_cpu returns outputs in binding order
+        for name, arr in feeds.items():
+            io.bind_cpu_input(name, np.ascontiguousarray(arr))
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            for kind, buf in (("key", k), ("value", v)):
+                value = ort.OrtValue.ortvalue_from_numpy(buf)
+                io.bind_ortvalue_input(f"past_{kind}.{i}", value)
+                io.bind_ortvalue_output(f"present_{kind}.{i}", value)
+        self.session.run_with_iobinding(io)
+        return io.copy_outputs_to_cpu()[0][0]
 
 
 @dataclass

@@ -14,7 +14,7 @@ from edge_runtime.errors import BundleError, ExportError, ManifestVersionError, 
 from edge_runtime.exporters import export as export_mod
 from edge_runtime.exporters.decoder import Flavor, Precision
 from edge_runtime.exporters.export import ExportOptions, export
-from edge_runtime.manifest import KV_ROWS_FIRST, MANIFEST_FILE, Manifest
+from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, MANIFEST_FILE, Manifest
 from edge_runtime.models import DEMO_CHECKPOINT
 
 from .tiny_models import save_tiny_checkpoint
@@ -44,8 +44,8 @@ def test_bundle_contents_and_manifest(bundle):
     assert m.tokenizer.adds_bos and m.tokenizer.bos_token_id == 0 and m.tokenizer.eos_token_ids == [1]
     assert m.validation.max_rel_err <= m.validation.tolerance == 1e-4 and len(m.validation.cases) == 4
     assert set(m.files) == {"model.onnx", "model.onnx.data", "tokenizer.json"}
-    assert m.graph.inputs["past_key.0"]["shape"] == [1, "span", 32]  # rows-first; the host binds the filled prefix
-    assert m.graph.kv["layout"] == KV_ROWS_FIRST
+    assert m.graph.inputs["past_key.0"]["shape"] == [1, 2, "capacity", 16]  # heads-first: what GQA reads
+    assert (m.graph.kv["layout"], m.graph.kv["attended_columns"]) == (KV_HEADS_FIRST, LINEAR_UNTIL_FULL)
     assert len(m.model.rope_inv_freq) == m.model.rotary_dim // 2 == 8
     assert open_bundle(out).manifest == manifest
 
@@ -75,20 +75,22 @@ def test_unknown_format_version_is_refused(bundle, tmp_path):
         open_bundle(out)
 
 
-def test_in_place_bundle_of_the_old_layout_is_refused_with_the_fix(bundle, tmp_path):
-    """0.1 `ort` bundles (heads-first cache, whole-buffer bindings) are not driven by this runtime."""
+def test_in_place_bundle_of_an_earlier_graph_is_refused_with_the_fix(bundle, tmp_path):
+    """0.1 (heads-first, whole buffer) and 0.2 (rows-first, filled prefix) `ort` bundles are not driven
+    by this runtime: their graphs take other inputs."""
     import shutil
 
     from edge_runtime.engine import load
-    from edge_runtime.manifest import KV_HEADS_FIRST
 
-    out = tmp_path / "b"
-    shutil.copytree(bundle[0], out)
-    data = json.loads((out / MANIFEST_FILE).read_text())
-    data["graph"]["kv"]["layout"] = KV_HEADS_FIRST
-    (out / MANIFEST_FILE).write_text(json.dumps(data))
-    with pytest.raises(BundleError, match=r"edge-runtime 0\.1 .* re-export it with edge-export"):
-        load(out)
+    rows_first = "[1, capacity, num_kv_heads*head_dim]"  # the 0.2 layout
+    for layout, columns in ((KV_HEADS_FIRST, "capacity"), (rows_first, "span")):
+        out = tmp_path / columns
+        shutil.copytree(bundle[0], out)
+        data = json.loads((out / MANIFEST_FILE).read_text())
+        data["graph"]["kv"] |= {"layout": layout, "attended_columns": columns}
+        (out / MANIFEST_FILE).write_text(json.dumps(data))
+        with pytest.raises(BundleError, match=r"earlier edge-runtime .* re-export it with edge-export"):
+            load(out)
 
 
 def _no_leftovers(parent):
@@ -173,10 +175,11 @@ def test_demo_model_exports(tmp_path, flavor, precision):
     assert (m.cache.sinks, m.cache.sinks + m.cache.window) == (4, 512)  # fills the demo's trained context
 
 
-def test_sink_correction_flag_is_what_keeps_the_wrapped_ring_exact(tiny, monkeypatch):
-    """The `ort` graph skips its sink correction (an If) while the host says no row needs it. Past the
-    first wrap the flag is set and the graph matches the reference; forcing it off breaks parity,
-    so the validated branch is the one that does the work."""
+def test_ring_full_flag_is_what_keeps_the_full_ring_exact(tiny, monkeypatch):
+    """The `ort` graph attends with GroupQueryAttention (all rows so far, no sinks rotation) until the
+    host's `ring_full` says some token is past S + W - 1. Forcing it off for the calls that still fit
+    the buffer (tokens S + W .. C - 1, in the slack rows) breaks parity: the flag is what keeps the
+    window and the sinks exact."""
     import onnxruntime as ort
 
     from edge_runtime.exporters import ReferenceModel, load_checkpoint
@@ -205,10 +208,11 @@ def test_sink_correction_flag_is_what_keeps_the_wrapped_ring_exact(tiny, monkeyp
     assert case() <= 1e-4
     real_plan = RingState.plan
 
-    def plan_without_correction(self, *a, **kw):
+    def plan_linear_while_rows_last(self, *a, **kw):
         plan = real_plan(self, *a, **kw)
-        plan.sink_correction[()] = False
+        if int(plan.total_len) <= self.geometry.capacity:  # GroupQueryAttention would not overrun the buffer
+            plan.ring_full[()] = False
         return plan
 
-    monkeypatch.setattr(RingState, "plan", plan_without_correction)
+    monkeypatch.setattr(RingState, "plan", plan_linear_while_rows_last)
     assert case() > 1e-3

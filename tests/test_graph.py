@@ -133,12 +133,34 @@ def test_trt_flavor_uses_only_tensorrt_10_3_ops(checkpoints, precision):
         assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [21]
 
 
-def test_ort_flavor_updates_cache_in_place_with_tensorscatter(checkpoints):
+def test_ort_flavor_attends_with_gqa_until_the_ring_is_full_then_scatters_in_place(checkpoints):
+    """Each layer's If writes its graph outputs present_* (bound to the past_* buffers): else-branch one
+    GroupQueryAttention on the packed qkv, then-branch TensorScatter into the heads-first buffer."""
     ckpt = checkpoints["llama-tied"]
+    assert ckpt.args.head_dim % 16 == 0
     model = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32).model
+    ifs = [n for n in model.graph.node if n.op_type == "If"]
+    assert len(ifs) == ckpt.args.num_layers and all(n.input[0] == "ring_full" for n in ifs)
+    outputs = {o.name for o in model.graph.output}
+    for i, node in enumerate(ifs):
+        assert node.name == f"/model/layers.{i}/attn/ring_full/If"
+        assert list(node.output[1:]) == [f"present_key.{i}", f"present_value.{i}"] and set(node.output[1:]) <= outputs
+        branches = {a.name: a.g for a in node.attribute}
+        (gqa,) = [n for n in branches["else_branch"].node if n.op_type == "GroupQueryAttention"]
+        assert list(gqa.input[3:5]) == [f"past_key.{i}", f"past_value.{i}"]
+        scatters = [n for n in branches["then_branch"].node if n.op_type == "TensorScatter"]
+        assert [n.input[0] for n in scatters] == [f"past_key.{i}", f"past_value.{i}"]
+        assert all(a.i == 2 for n in scatters for a in n.attribute if a.name == "axis")
+
+
+def test_ort_heads_gqa_cannot_take_use_the_general_path_scattering_into_the_outputs(checkpoints):
+    """GroupQueryAttention refuses head sizes that are not multiples of 16: such models get the general
+    path at every fill, with each TensorScatter writing its graph output directly (in place)."""
+    ckpt = next(c for c in checkpoints.values() if c.args.head_dim % 16)
+    model = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32).model
+    assert not [n for n in model.graph.node if n.op_type in ("If", "GroupQueryAttention")]
     scatters = [n for n in model.graph.node if n.op_type == "TensorScatter"]
     assert len(scatters) == 2 * ckpt.args.num_layers
     outputs = {o.name for o in model.graph.output}
-    for n in scatters:  # each scatter writes a graph output named like its cache input (same buffer bound)
+    for n in scatters:
         assert n.output[0] in outputs and n.input[0].replace("past_", "present_") == n.output[0]
-    assert scatters[0].name == "/model/layers.0/attn/k_cache/TensorScatter"

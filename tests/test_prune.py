@@ -112,11 +112,8 @@ def test_pruned_export_validates_end_to_end(ckpt, tmp_path, flavor, quant):
     else:
         assert m.validation.max_rel_err <= m.validation.tolerance == 1e-4
     manifest = open_bundle(out).manifest
-    shape = manifest.graph.inputs["past_key.0"]["shape"]  # trt [1, Hkv, C, D]; ort [1, rows, Hkv*D]
-    if flavor is Flavor.TRT:
-        assert shape[1] == m.model.num_kv_heads[0]
-    else:
-        assert shape[2] == m.model.num_kv_heads[0] * m.model.head_dim
+    shape = manifest.graph.inputs["past_key.0"]["shape"]  # [1, Hkv, C, D] in both flavors
+    assert (shape[1], shape[3]) == (m.model.num_kv_heads[0], m.model.head_dim)
 
 
 @pytest.mark.parametrize("ratio", [0.0, 1.0, -0.25, 1.5])

@@ -21,8 +21,8 @@ def test_slots_stay_in_their_region(g, t):
 
 
 @settings(max_examples=60, deadline=None)
-@given(geometries, st.lists(st.integers(1, 40), min_size=1, max_size=8), st.booleans())
-def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests, filled_prefix):
+@given(geometries, st.lists(st.integers(1, 40), min_size=1, max_size=8))
+def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests):
     state = RingState(g, np.ones(2))
     for n_tokens in requests:
         for n in state.chunks(n_tokens):
@@ -31,11 +31,17 @@ def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests, f
             assert rows == list(range(rows[0], rows[0] + n))  # no wrap inside a call
             if t0 < g.sinks:  # a call writing sinks has no row that needs the sink-rotated query (ort reads
                 assert t0 + n - 1 <= g.logical_capacity - 1  # the sink rows through a view bound beforehand)
-            plan = state.plan(n, new_rows_as_columns=False, filled_prefix=filled_prefix)
-            # The attended prefix covers every written row (rows fill in order).
-            assert plan.attn_mask.shape[1] >= min(state.tokens, g.capacity)
-            assert plan.attn_mask.shape[1] >= g.sinks and plan.sink_rows[0] == max(g.sinks, 1)
+            plan = state.plan(n, new_rows_as_columns=False)
+            assert plan.attn_mask.shape[1] == g.capacity and plan.sink_rows[0] == max(g.sinks, 1)
             visible = plan.attn_mask == 0
+            # Until the ring is full the `ort` graph runs GroupQueryAttention, which writes rows
+            # [t0, t0 + n), rotates them at their row index and lets row t see rows 0..t: all must hold.
+            assert bool(plan.ring_full) == (t0 + n - 1 >= g.logical_capacity)
+            if not plan.ring_full:
+                assert rows == list(range(t0, t0 + n)) and int(plan.seqlens_k[0]) == t0 + n - 1
+                assert int(plan.total_len) == t0 + n
+                for r, t in enumerate(range(t0, t0 + n)):
+                    assert set(np.flatnonzero(visible[r])) == set(range(t + 1))
             for r, t in enumerate(range(t0, t0 + n)):
                 # Row t sees exactly: the sinks and the last W tokens up to itself.
                 want = {p for p in range(t + 1) if p < g.sinks or t - p < g.window}

@@ -137,13 +137,11 @@ def test_in_place_update_writes_the_pool_without_a_copy(tiny, capfd):
     engine.prefill([0, 5, 9])
     engine.decode(3)
     row = engine.geometry.slot(3)
-    keys = engine.pool.keys[0][0]  # [capacity, Hkv*D]: the `ort` flavor's rows-first layout
-    assert keys.shape == (
-        engine.geometry.capacity,
-        engine.manifest.model.num_kv_heads[0] * engine.manifest.model.head_dim,
-    )
-    assert np.abs(keys[row]).sum() > 0
-    assert np.abs(keys[row + 1]).sum() == 0
+    keys = engine.pool.keys[0][0]  # [Hkv, capacity, D]: heads-first, as GroupQueryAttention reads it
+    m = engine.manifest.model
+    assert keys.shape == (m.num_kv_heads[0], engine.geometry.capacity, m.head_dim)
+    assert np.abs(keys[:, row]).sum() > 0
+    assert np.abs(keys[:, row + 1]).sum() == 0
     assert "in-place" not in capfd.readouterr().err.lower()
 
 

@@ -1,10 +1,10 @@
 """ONNX Runtime backend: one InferenceSession, IOBinding over the static pool.
 
 Decode binds every buffer once (`_decode_binding`) and then only the arrays' contents change; each
-layer's K/V OrtValue is bound as both `past_*` input and `present_*` output, so ONNX Runtime's
-TensorScatter writes the new row in place (no cache copy). Rows-first (`ort`) bundles are bound to
-the buffers' filled prefix (a contiguous view), rebound a few times while the cache fills. Host-copy
-(`trt`) bundles bind the new rows to small pool buffers and the caller copies them into their slots.
+layer's K/V OrtValue is bound as both `past_*` input and `present_*` output, so the `ort` graph's
+GroupQueryAttention (until the ring is full) or TensorScatter (after) writes the new row in place, no
+cache copy. Host-copy (`trt`) bundles bind the new rows to small pool buffers and the caller copies
+them into their slots.
 """
 
 from __future__ import annotations
@@ -48,23 +48,11 @@ class OrtBackend:
         self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds
         self.layers = manifest.model.num_layers
         self.host_copy = manifest.graph.kv["update"] == "host_copy"
-        self.prefix_views = not self.host_copy  # rows-first in-place graphs read the bound rows only (engine.py)
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
-        self._kv = self._kv_values(pool.keys[0].shape[1] if self.prefix_views else None)
-        # `ort` graphs read the sink rows through their own input: a view of each K buffer's first rows.
-        rows = int(pool.decode.sink_rows[0])
-        self._sinks = [_ov(k[:, :rows]) for k in pool.keys] if "sink_key.0" in self.inputs else []
+        self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
         self._decode_binding = self._bind_decode()
 
-    def _kv_values(self, rows: int | None) -> list[tuple[ort.OrtValue, ort.OrtValue]]:
-        """OrtValues over each layer's K/V buffers: whole, or (rows-first layout) the first `rows` rows."""
-        if rows is None:
-            return [(_ov(k), _ov(v)) for k, v in zip(self.pool.keys, self.pool.values, strict=True)]
-        return [(_ov(k[:, :rows]), _ov(v[:, :rows])) for k, v in zip(self.pool.keys, self.pool.values, strict=True)]
-
     def _bind_kv(self, io: ort.IOBinding, kv: list[tuple[ort.OrtValue, ort.OrtValue]]) -> None:
-        for i, sink in enumerate(self._sinks):
-            io.bind_ortvalue_input(f"sink_key.{i}", sink)
         for i, (k, v) in enumerate(kv):
             io.bind_ortvalue_input(f"past_key.{i}", k)
             io.bind_ortvalue_input(f"past_value.{i}", v)
@@ -84,7 +72,11 @@ class OrtBackend:
             "attn_mask": _ov(d.attn_mask),
             "sink_mask": _ov(d.sink_mask),
             "sink_rows": _ov(d.sink_rows),
-            "sink_correction": _ov(d.sink_correction),
+            "ring_full": _ov(d.ring_full),
+            "seqlens_k": _ov(d.seqlens_k),
+            "total_sequence_length": _ov(d.total_len),
+            "cos_cache": _ov(d.cos_cache),
+            "sin_cache": _ov(d.sin_cache),
             "num_logits_to_keep": _ov(p.keep),
             "write_index": _ov(d.write_index),
         }
@@ -100,19 +92,6 @@ class OrtBackend:
                 io.bind_ortvalue_output(f"new_key.{i}", k)
                 io.bind_ortvalue_output(f"new_value.{i}", v)
         return io
-
-    def bind_decode_span(self, span: int) -> None:
-        """In-place flavor: attend the first `span` buffer rows. Rebinds the mask inputs (and, rows-first,
-        the K/V buffers) to views of the pool arrays (same memory), a few times while the cache fills;
-        never per token once full."""
-        d = self.pool.decode
-        self._span_values = {"attn_mask": _ov(d.attn_mask[:, :span]), "sink_mask": _ov(d.sink_mask[:span])}
-        for name, value in self._span_values.items():
-            if name in self.inputs:
-                self._decode_binding.bind_ortvalue_input(name, value)
-        if self.prefix_views:
-            self._kv = self._kv_values(span)
-            self._bind_kv(self._decode_binding, self._kv)
 
     def end_profiling(self) -> Path | None:
         """Write the per-node profile (LoadOptions.profile) and return its path; None if not profiling."""
@@ -132,11 +111,11 @@ class OrtBackend:
         n = ids.shape[0]
         io = self.session.io_binding()
         feeds = plan.feeds(ids, keep)
+        feeds |= {"cos_cache": self.pool.decode.cos_cache, "sin_cache": self.pool.decode.sin_cache}
         held = {name: _ov(np.ascontiguousarray(a)) for name, a in feeds.items() if name in self.inputs}
         for name, value in held.items():
             io.bind_ortvalue_input(name, value)
-        kv = self._kv_values(plan.attn_mask.shape[1]) if self.prefix_views else self._kv
-        self._bind_kv(io, kv)
+        self._bind_kv(io, self._kv)
         logits = np.empty((1, keep, self.pool.logits.shape[-1]), np.float32)
         io.bind_ortvalue_output("logits", _ov(logits))
         new = []
