@@ -123,7 +123,16 @@ def report(
         json_path.write_text(json.dumps({"env": env, "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")
 
 
-_GATHERED = {("Gather", 0), ("GatherBlockQuantized", 0), ("GroupQueryAttention", 7), ("GroupQueryAttention", 8)}
+# (op, input index) pairs whose initializer is only gathered by row: an embedding table with its block
+# scales / zero points, GroupQueryAttention's cos/sin caches.
+_GATHERED = {
+    ("Gather", 0),
+    ("GatherBlockQuantized", 0),
+    ("GatherBlockQuantized", 2),
+    ("GatherBlockQuantized", 3),
+    ("GroupQueryAttention", 7),
+    ("GroupQueryAttention", 8),
+}
 _LAYOUT_OPS = {"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"}
 
 

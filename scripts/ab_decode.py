@@ -1,0 +1,78 @@
+"""Decode step time of bundles and onnxruntime-genai folders, side by side in one process (issue 7).
+
+    python scripts/ab_decode.py BUNDLE [BUNDLE ...] [--genai FOLDER] [--window N] [--rounds 8]
+
+Loads every model once, then for `--rounds` rounds runs each in turn: a `--prompt`-token prefill, then
+`--gen` single-token decode steps. Rounds interleave the models, so a shared machine's drift hits all of
+them alike. Prints each model's median step time and its per-round ratio to the reference (the genai
+folder if given, else the last bundle). `--window` sizes our ring: a small one (e.g. 60 with the default
+128-token prompt) keeps it full, measuring the steady state of an unbounded stream rather than the fill.
+Compare graphs of different runtime versions by running this at each commit against the same genai folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundles", type=Path, nargs="+")
+    ap.add_argument("--genai", type=Path, help="an onnxruntime-genai model folder (the reference)")
+    ap.add_argument("--window", type=int, help="our ring window [the bundle's]")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    from edge_runtime.engine import LoadOptions, load
+
+    engines = {str(b): load(b, LoadOptions(threads=a.threads, window=a.window)) for b in a.bundles}
+    genai = None
+    if a.genai:
+        import onnxruntime_genai as og
+
+        config = og.Config(str(a.genai))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": a.threads}}}}))
+        genai = (og, og.Model(config))
+    ids = list(range(5, 5 + a.prompt))
+    names = [*engines, *([str(a.genai)] if genai else [])]
+    steps: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(a.rounds):
+        for name, engine in engines.items():
+            engine.reset()
+            engine.prefill(ids)
+            t = time.perf_counter()
+            for _ in range(a.gen):
+                engine.decode(7)
+            steps[name].append((time.perf_counter() - t) / a.gen)
+        if genai:
+            og, model = genai
+            params = og.GeneratorParams(model)
+            total = a.prompt + a.gen + 1
+            params.set_search_options(do_sample=False, max_length=total, min_length=total)
+            generator = og.Generator(model, params)
+            generator.append_tokens(np.asarray(ids, np.int32))
+            generator.generate_next_token()
+            t = time.perf_counter()
+            for _ in range(a.gen):
+                generator.generate_next_token()
+            steps[str(a.genai)].append((time.perf_counter() - t) / a.gen)
+            del generator
+    ref = names[-1]
+    print(f"{a.rounds} rounds, prompt {a.prompt}, {a.gen} decode steps, window {a.window or 'bundle default'}")
+    for name in names:
+        ratios = [x / y for x, y in zip(steps[name], steps[ref], strict=True)]
+        print(f"{name}: {statistics.median(steps[name]) * 1e3:.2f} ms/step; step time / reference: median "
+              f"{statistics.median(ratios):.3f} ({' '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
