@@ -10,7 +10,7 @@ decode back on small models (issue 7), so a layer is 10 nodes while the ring is 
   - attention as an If on the host's `ring_full`: one com.microsoft::GroupQueryAttention (RoPE, in-place
     cache write and causal attention in one kernel) until some token is past S + W - 1; after that the
     general ring path (RoPE as RotaryEmbedding, TensorScatter, ONNX `Attention` with the sink term).
-    Models whose head size GroupQueryAttention refuses (not a multiple of 16) get the general path only.
+    Models whose head or rotary size GroupQueryAttention refuses (`gqa_can_run`) get the general path only.
 
 The cache is [1, Hkv, C, D] (GroupQueryAttention's layout), bound by the host as both past_* and
 present_*: both branches write it in place.
@@ -32,7 +32,12 @@ from .blocks import WeightFormat
 from .graph import ONNX_DTYPE, GraphBuilder
 
 MS = "com.microsoft"
-GQA_HEAD_MULTIPLE = 16  # ONNX Runtime's GroupQueryAttention: "head_size shall be a multiple of 16"
+
+
+def gqa_can_run(head_dim: int, rotary_dim: int) -> bool:
+    """ONNX Runtime 1.32's GroupQueryAttention refuses other shapes: "head_size shall be a multiple of
+    16", "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"."""
+    return head_dim % 16 == 0 and (rotary_dim // 2) % 8 == 0 and rotary_dim <= head_dim
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ def attention(
     present = [f"present_key.{layer}", f"present_value.{layer}"]
     for name in present:
         g.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[g.dtype], cache_shape))
-    if d % GQA_HEAD_MULTIPLE:  # GroupQueryAttention refuses such heads: the general path at every fill
+    if not gqa_can_run(d, rotary_dim):  # the general path at every fill
         out, _, _ = _general_path(
             g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim, cache_outs=present
         )

@@ -153,10 +153,12 @@ def test_ort_flavor_attends_with_gqa_until_the_ring_is_full_then_scatters_in_pla
         assert all(a.i == 2 for n in scatters for a in n.attribute if a.name == "axis")
 
 
-def test_ort_heads_gqa_cannot_take_use_the_general_path_scattering_into_the_outputs(checkpoints):
+def test_ort_models_gqa_refuses_take_the_general_path_scattering_into_the_outputs(checkpoints):
     """GroupQueryAttention refuses head sizes that are not multiples of 16: such models get the general
     path at every fill, with each TensorScatter writing its graph output directly (in place)."""
-    ckpt = next(c for c in checkpoints.values() if c.args.head_dim % 16)
+    from edge_runtime.exporters.blocks_ort import gqa_can_run
+
+    ckpt = next(c for c in checkpoints.values() if not gqa_can_run(c.args.head_dim, c.args.rotary_dim))
     model = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32).model
     assert not [n for n in model.graph.node if n.op_type in ("If", "GroupQueryAttention")]
     scatters = [n for n in model.graph.node if n.op_type == "TensorScatter"]
@@ -164,3 +166,31 @@ def test_ort_heads_gqa_cannot_take_use_the_general_path_scattering_into_the_outp
     outputs = {o.name for o in model.graph.output}
     for n in scatters:
         assert n.output[0] in outputs and n.input[0].replace("past_", "present_") == n.output[0]
+
+
+@pytest.mark.parametrize(
+    "heads,uses_gqa",
+    [(None, False), ((2, 1, 32), True)],
+    ids=["head16-rotary8-general", "head32-rotary16-gqa"],
+)
+def test_partial_rotary_exports_exactly_on_either_path(tmp_path, heads, uses_gqa):
+    """partial_rotary_factor 0.5: GroupQueryAttention takes rotary halves that are multiples of 8 (head
+    32 -> 8), else (head 16 -> 4) the general path runs at every fill; export validates both, the ring
+    past several wraps included."""
+    import json
+
+    import onnx
+
+    from edge_runtime.exporters.export import ExportOptions, export
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint("llama-tied", ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text()) | {"partial_rotary_factor": 0.5}
+    if heads:  # same weight shapes, larger heads: 2 x 32 query rows, 1 x 32 KV rows
+        cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"] = heads
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    manifest = export(ExportOptions(checkpoint=ckpt, out=tmp_path / "b", window=100))
+    assert manifest.validation.max_rel_err <= 1e-4
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False).graph.node}
+    assert ("If" in ops) == uses_gqa  # GroupQueryAttention lives inside the per-layer If
+    assert ("TensorScatter" in ops) == (not uses_gqa)  # top level only without it
