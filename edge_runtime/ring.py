@@ -87,8 +87,8 @@ class RingGeometry:
         contiguous = self.capacity - (t0 if t0 < self.sinks else self.slot(t0))
         n = min(contiguous, max(self.capacity - t0, self.slack + 1))
         if t0 < self.sinks and t0 + n > self.logical_capacity:
-            # A row past S + W - 1 needs the sink keys, which `ort` graphs read through a separate input
-            # bound to the buffer's first rows: write the sinks in an earlier call.
+            # Write the sinks in an earlier call than any row past S + W - 1: no graph call then both
+            # creates the sinks and rotates the query apart for them (one case fewer to validate).
             n = self.sinks - t0
         return n
 

@@ -29,8 +29,8 @@ def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests):
             t0 = state.tokens
             rows = [g.slot(t) for t in range(t0, t0 + n)]
             assert rows == list(range(rows[0], rows[0] + n))  # no wrap inside a call
-            if t0 < g.sinks:  # a call writing sinks has no row that needs the sink-rotated query (ort reads
-                assert t0 + n - 1 <= g.logical_capacity - 1  # the sink rows through a view bound beforehand)
+            if t0 < g.sinks:  # a call writing sinks has no row that needs the sink-rotated query
+                assert t0 + n - 1 <= g.logical_capacity - 1
             plan = state.plan(n, new_rows_as_columns=False)
             assert plan.attn_mask.shape[1] == g.capacity and plan.sink_rows[0] == max(g.sinks, 1)
             visible = plan.attn_mask == 0
