@@ -52,11 +52,12 @@ class OrtStep:
     sink_pad: str  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,C-S]
     sink_rows: str  # [1] int64: S, at least 1
     write_index: str  # [1] int64: buffer row of the first new token
-    ring_full: str  # [] bool: some token of this call is past S + W - 1 (window slides, sinks rotate apart)
-    seqlens_k: str  # [1] int32: past rows + T - 1 (GroupQueryAttention, while not ring_full)
-    total_len: str  # [] int32: past rows + T
-    cos_cache: str  # [C, R/2] at the rows' positions while the ring is linear (row r = token r)
-    sin_cache: str
+    # GroupQueryAttention's inputs, declared only where `gqa_can_run` (None otherwise):
+    ring_full: str | None = None  # [] bool: some token of this call is past S + W - 1
+    seqlens_k: str | None = None  # [1] int32: past rows + T - 1 (while not ring_full)
+    total_len: str | None = None  # [] int32: past rows + T
+    cos_cache: str | None = None  # [C, R/2] at the rows' positions while the ring is linear (row r = token r)
+    sin_cache: str | None = None
 
 
 def fused_matmuls(
@@ -213,6 +214,8 @@ def attention(
         )
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
 
+    if step.ring_full is None:  # decoder.py declares these inputs exactly where gqa_can_run
+        raise ValueError(f"{prefix}: GroupQueryAttention inputs were not declared")  # a builder bug
     full = g.branch(f"{prefix}/ring_full/then")
     general = _general_path(full, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
     linear = g.branch(f"{prefix}/ring_full/else")

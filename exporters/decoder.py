@@ -13,7 +13,7 @@ outputs the new rows for the host to place. Both keep the cache [1, Hkv, capacit
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -158,12 +158,16 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
         sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
         sink_rows=sink_rows,
         write_index=g.input("write_index", np.int64, [1]),
-        ring_full=g.input("ring_full", np.bool_, []),
-        seqlens_k=g.input("seqlens_k", np.int32, [1]),
-        total_len=g.input("total_sequence_length", np.int32, []),
-        cos_cache=g.input("cos_cache", g.dtype, ["capacity", half]),
-        sin_cache=g.input("sin_cache", g.dtype, ["capacity", half]),
     )
+    if blocks_ort.gqa_can_run(args.head_dim, args.rotary_dim):  # else no layer reads these
+        step = replace(
+            step,
+            ring_full=g.input("ring_full", np.bool_, []),
+            seqlens_k=g.input("seqlens_k", np.int32, [1]),
+            total_len=g.input("total_sequence_length", np.int32, []),
+            cos_cache=g.input("cos_cache", g.dtype, ["capacity", half]),
+            sin_cache=g.input("sin_cache", g.dtype, ["capacity", half]),
+        )
     eps = args.rms_norm_eps
     x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
     delta = None  # the last block's output, added to the residual stream x by the next norm

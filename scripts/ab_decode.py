@@ -75,4 +75,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from edge_runtime.errors import EdgeRuntimeError
+
+    try:
+        raise SystemExit(main())
+    except EdgeRuntimeError as e:  # a bad bundle path or geometry: one line, not a traceback
+        raise SystemExit(f"error: {e}") from None

@@ -139,6 +139,7 @@ def test_ort_flavor_attends_with_gqa_until_the_ring_is_full_then_scatters_in_pla
     ckpt = checkpoints["llama-tied"]
     assert ckpt.args.head_dim % 16 == 0
     model = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32).model
+    assert {"ring_full", "seqlens_k", "total_sequence_length", "cos_cache"} <= {i.name for i in model.graph.input}
     ifs = [n for n in model.graph.node if n.op_type == "If"]
     assert len(ifs) == ckpt.args.num_layers and all(n.input[0] == "ring_full" for n in ifs)
     outputs = {o.name for o in model.graph.output}
@@ -161,6 +162,8 @@ def test_ort_models_gqa_refuses_take_the_general_path_scattering_into_the_output
     ckpt = next(c for c in checkpoints.values() if not gqa_can_run(c.args.head_dim, c.args.rotary_dim))
     model = build_decoder(ckpt.args, ckpt.weights, Flavor.ORT, Precision.FP32).model
     assert not [n for n in model.graph.node if n.op_type in ("If", "GroupQueryAttention")]
+    gqa_inputs = {"ring_full", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"}
+    assert not gqa_inputs & {i.name for i in model.graph.input}  # no input that no node reads
     scatters = [n for n in model.graph.node if n.op_type == "TensorScatter"]
     assert len(scatters) == 2 * ckpt.args.num_layers
     outputs = {o.name for o in model.graph.output}
