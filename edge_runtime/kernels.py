@@ -1,0 +1,56 @@
+"""edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime::MatMulQ4` op.
+
+The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
+cannot be built, or the CPU lacks AVX2/FMA, exports fall back to ONNX Runtime's MatMulNBits and bundles
+that need it say so when loaded).
+
+    so = onnxruntime.SessionOptions()
+    kernels.register(so)          # True if the op is now available to sessions made from `so`
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import cache
+from pathlib import Path
+
+import onnxruntime as ort
+
+DOMAIN = "ai.edge_runtime"
+MATMUL_Q4 = "MatMulQ4"
+_MODULE = "edge_runtime._edge_kernels"
+
+
+@cache
+def library() -> Path | None:
+    """The built kernel library, or None where it was not built (non-x86 hosts, no compiler)."""
+    spec = importlib.util.find_spec(_MODULE)
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+@cache
+def unavailable_reason() -> str | None:
+    """Why sessions here cannot run MatMulQ4, or None if they can."""
+    lib = library()
+    if lib is None:
+        return "edge-runtime's kernel library was not built on this machine (x86-64 with a C compiler needed)"
+    try:
+        register(ort.SessionOptions(), check=False)
+    except Exception as e:  # onnxruntime raises its own Fail type; the library's status message says why
+        return f"{lib.name} cannot be used here: {e}"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def register(so: ort.SessionOptions, *, check: bool = True) -> bool:
+    """Make MatMulQ4 available to sessions created from `so`; False (nothing done) where it is unavailable."""
+    if check and not available():
+        return False
+    lib = library()
+    if lib is None:
+        return False
+    so.register_custom_ops_library(str(lib))
+    return True
