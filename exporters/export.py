@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from edge_runtime import __version__
+from edge_runtime import __version__, kernels
 from edge_runtime.bundle import sha256_file
 from edge_runtime.errors import CheckpointError, ExportError, ValidationError
 from edge_runtime.manifest import (
@@ -124,6 +124,7 @@ def _session(model: str | bytes, built: BuiltGraph) -> ort.InferenceSession:
         # ORT fuses DequantizeLinear -> MatMul into MatMulNBits with int8 activations by default;
         # TensorRT dequantizes and multiplies in fp16/fp32, which accuracy level 0 reproduces.
         so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    kernels.register(so)  # graphs exported with --kernel edge hold MatMulQ4 nodes
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
@@ -289,7 +290,12 @@ def _provenance(ckpt: Checkpoint, opts: ExportOptions, seconds: float) -> dict[s
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(seconds, 2),
         "source": str(ckpt.path.resolve()),
-        "options": {"quant": opts.quant.method.value, "block": opts.quant.block, "prune": opts.prune},
+        "options": {
+            "quant": opts.quant.method.value,
+            "block": opts.quant.block,
+            "kernel": opts.quant.kernel.value,
+            "prune": opts.prune,
+        },
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},
         "onnx": onnx.__version__,
         "onnxruntime": ort.__version__,

@@ -37,6 +37,21 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf1
 _FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
 
 
+class MatMulKernel(enum.Enum):
+    """Which kernel computes the ort flavor's INT4 products (block 32; other products always use MLAS)."""
+
+    MLAS = "mlas"  # com.microsoft::MatMulNBits: ONNX Runtime's own, every platform
+    EDGE = "edge"  # ai.edge_runtime::MatMulQ4 (csrc/): same weight bytes, x86-64 AVX2, faster at decode
+
+    @classmethod
+    def parse(cls, text: str) -> MatMulKernel:
+        try:
+            return cls(text)
+        except ValueError:
+            known = ", ".join(k.value for k in cls)
+            raise ExportError(f"unknown matmul kernel {text!r}; choose one of: {known}") from None
+
+
 class QuantMethod(enum.Enum):
     NONE = "none"
     INT8 = "int8"  # every weight INT8 per output channel
@@ -72,6 +87,7 @@ class QuantConfig:
     # Embedding table / LM head: INT8 per row, or INT4 in `block`s (half the bytes of the LM head, which
     # a small model reads in full every token; `ort` flavor only: TensorRT 10.3 gathers no INT4 table).
     table_bits: int = 8
+    kernel: MatMulKernel = MatMulKernel.MLAS
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, QuantMethod):
@@ -83,6 +99,10 @@ class QuantConfig:
             raise ExportError(f"embedding/LM-head bits {self.table_bits} must be 4 or 8 (--table-bits)")
         if self.table_bits == 4 and self.block not in INT4_BLOCKS:
             raise ExportError(f"INT4 block size {self.block} is not supported for the INT4 table (--block)")
+        if not isinstance(self.kernel, MatMulKernel):
+            raise ExportError(f"matmul kernel {self.kernel!r} must be a MatMulKernel")
+        if self.kernel is MatMulKernel.EDGE and self.accuracy_level != 4:
+            raise ExportError("the edge MatMulQ4 kernel computes with int8 activations (accuracy_level 4) only")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise ExportError(f"MatMulNBits accuracy_level {self.accuracy_level} must be one of {ACCURACY_LEVELS}")
 

@@ -7,6 +7,10 @@ Both write the same `QuantizedMatrix` codes and scales (DESIGN.md §4, §6):
     ids ─► com.microsoft::GatherBlockQuantized(the same B, scales [V, k_blocks, 1]) ─► [1, T, k_blocks, blk]
         ─► Reshape [1, T, H]                        (the tied table is stored once, read by both ops)
 
+  ort flavor with --kernel edge: INT4 block-32 products whose K is a multiple of 64 run edge-runtime's
+  own op on the same B and scales (csrc/, x86-64 AVX2; numerically MatMulNBits at accuracy_level 4):
+    x ─► ai.edge_runtime::MatMulQ4(B [N, K/32, 16], scales [N, K/32]) ─► y
+
   trt flavor (TensorRT 10.3: standard domain, opset 21; scales in the activation dtype):
     INT4 codes [K, N] ─► DequantizeLinear(scales [K/blk, N], axis 0, block_size blk) ─► MatMul
     INT8 codes [K, N] ─► DequantizeLinear(scales [N], axis 1)  (per channel)     ─► MatMul
@@ -21,10 +25,12 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from edge_runtime.errors import ExportError
+from edge_runtime.kernels import DOMAIN as EDGE_DOMAIN
+from edge_runtime.kernels import MATMUL_Q4
 
 from .blocks import FloatWeights, WeightFormat, concat_biases
 from .graph import GraphBuilder
-from .quant import QuantizedMatrix
+from .quant import MatMulKernel, QuantizedMatrix
 from .quant_model import QuantizedModel
 
 MS_DOMAIN = "com.microsoft"
@@ -77,6 +83,7 @@ class NBitsWeights:
     model: QuantizedModel
     accuracy_level: int
     floats: FloatWeights  # tables kept in float (--fp-embeddings)
+    kernel: MatMulKernel = MatMulKernel.MLAS
     _tables: dict[str, tuple[QuantizedMatrix, np.ndarray, int]] = field(default_factory=dict, compare=False)
 
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
@@ -135,8 +142,12 @@ class NBitsWeights:
         self, g: GraphBuilder, prefix: str, x: str, b: str, nkb: tuple[int, int, int], scales: np.ndarray, blk: int
     ) -> str:
         """`nkb`: (N, K, bits) of the packed matrix `b`."""
-        g.domains[MS_DOMAIN] = 1
         n, k, bits = nkb
+        if self.kernel is MatMulKernel.EDGE and bits == 4 and blk == 32 and k % 64 == 0:
+            g.domains[EDGE_DOMAIN] = 1
+            s = g.weight(f"{prefix}/scales", scales)
+            return g.op(MATMUL_Q4, [x, b, s], f"{prefix}/{MATMUL_Q4}", domain=EDGE_DOMAIN, K=k, N=n)
+        g.domains[MS_DOMAIN] = 1
         return g.op(
             "MatMulNBits",
             [x, b, g.weight(f"{prefix}/scales", scales)],
@@ -194,4 +205,4 @@ def quantized_format(
 ) -> WeightFormat:
     if trt:
         return QdqWeights(model, FloatWeights(np.dtype(activation)))
-    return NBitsWeights(model, accuracy_level, FloatWeights(np.dtype(storage)))
+    return NBitsWeights(model, accuracy_level, FloatWeights(np.dtype(storage)), model.config.kernel)

@@ -17,7 +17,7 @@ from edge_runtime.models import ModelWeights
 from .calibrate import CalibrationSet, capture_linear_inputs, heldout_ids, heldout_perplexity, load_calibration
 from .checkpoint import Checkpoint
 from .prune import PruneConfig, prune_model
-from .quant import TRT_INT4_BLOCKS, QuantConfig
+from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
 
 Progress = Callable[[str], None]
@@ -37,6 +37,14 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
             f"INT4 block size {quant.block} is not supported by TensorRT (blocks {TRT_INT4_BLOCKS}); "
             f"use --block 64 or --block 128 with --flavor trt"
         )
+    if trt and quant.kernel is MatMulKernel.EDGE:
+        raise ExportError("--kernel edge needs --flavor ort: TensorRT runs its own kernels")
+    if quant.kernel is MatMulKernel.EDGE:
+        from edge_runtime import kernels
+
+        reason = kernels.unavailable_reason()
+        if reason is not None:  # the export validates the graph here, so the op must run here
+            raise ExportError(f"--kernel edge cannot be used: {reason}; export with --kernel mlas")
     if trt and quant.enabled and quant.table_bits == 4 and not quant.fp_embeddings:
         raise ExportError("--table-bits 4 needs --flavor ort: the trt flavor stores the table as INT8 per row")
 
@@ -112,4 +120,5 @@ def prepare_weights(
 def exact_twin(quantized: QuantizedModel) -> QuantizedModel:
     """The same integer weights with MatMulNBits computing in fp32 (accuracy_level 0): the graph the
     reference must match to fp32 tolerance, proving any other difference is int8 activations."""
-    return replace(quantized, config=replace(quantized.config, accuracy_level=0))
+    config = replace(quantized.config, accuracy_level=0, kernel=MatMulKernel.MLAS)
+    return replace(quantized, config=config)

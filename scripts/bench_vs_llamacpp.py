@@ -47,11 +47,13 @@ from bench_vs_ortgenai import (
     _ratio,
     between_bandwidth_reads,
     build,
+    default_kernel,
     ensure_checkpoint,
     load_average,
     machine_env,
     make_prompt,
     ours_build_cmd,
+    ours_dir,
     report,
     run_child,
     say,
@@ -144,19 +146,20 @@ def bench_pair(a: argparse.Namespace, lc: LlamaCpp, shape: str, precision: str, 
     work.mkdir(parents=True, exist_ok=True)
     prompt_file = work / "prompt.json"
     prompt_file.write_text(json.dumps(make_prompt(ckpt, a.prompt_tokens)))
-    ours_dir = a.ours_work / shape / f"ours-{precision}"
+    bundle = ours_dir(a.ours_work / shape, precision, a.our_kernel)
     say(f"{shape} {precision}: building ours")
-    built = build("ours", ours_build_cmd(ckpt, ours_dir, precision, a.block), ours_dir, "manifest.json", False, log)
+    cmd = ours_build_cmd(ckpt, bundle, precision, a.block, a.our_kernel)
+    built = build("ours", cmd, bundle, "manifest.json", False, log)
     if not built["ok"]:
         raise SystemExit(f"our build failed (exit {built.get('rc')}); see {log}")
     gguf = lc.gguf(ckpt, work, precision, a.pure, log)
     row: dict[str, Any] = {"shape": shape, "precision": precision, "gguf": gguf.name, "sides": {}}
-    bytes_ = {"ours": weight_bytes_per_token(ours_dir / "model.onnx"), "llama.cpp": lc.weight_bytes(gguf)}
+    bytes_ = {"ours": weight_bytes_per_token(bundle / "model.onnx"), "llama.cpp": lc.weight_bytes(gguf)}
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama.cpp": []}
     for r in range(a.rounds):
         for side in ("ours", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ours"):
             if side == "ours":
-                cmd = [sys.executable, str(WORKER), "worker", "ours", str(ours_dir), "--prompt-file", str(prompt_file)]
+                cmd = [sys.executable, str(WORKER), "worker", "ours", str(bundle), "--prompt-file", str(prompt_file)]
                 cmd += ["--gen-tokens", str(a.gen_tokens), "--threads", str(a.threads), "--warmup", "1"]
                 cmd += ["--trials", "2", "--window", "match"]
             else:
@@ -246,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", action="append", choices=tuple(PRECISIONS), help="[fp32, int8, int4]")
     ap.add_argument("--pure", action="store_true", help="llama-quantize --pure: no Q6_K LM head under Q4_0")
     ap.add_argument("--block", type=int, default=32, help="our int4 block size (Q4_0's is 32) [32]")
+    ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our int4 kernel [edge where it runs here]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-reps", type=int, default=3, help="llama-bench -r [3]")
     ap.add_argument("--prompt-tokens", type=int, default=128)
@@ -257,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="where our bundles are built (shared with bench_vs_ortgenai.py)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     a = ap.parse_args(argv)
+    a.our_kernel = a.our_kernel or default_kernel()
     lc = LlamaCpp(a.llama_cpp.resolve(), a.build_dir)
     a.work.mkdir(parents=True, exist_ok=True)
     log = a.work / "bench.log"

@@ -174,13 +174,24 @@ def weight_bytes_per_token(onnx_path: Path) -> dict[str, int]:
     return {"read": read, "gathered": gathered}
 
 
-def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int) -> list[str]:
+def default_kernel() -> str:
+    """Our int4 kernel: edge-runtime's MatMulQ4 where its library runs here, else MatMulNBits."""
+    from edge_runtime import kernels
+
+    return "edge" if kernels.available() else "mlas"
+
+
+def ours_dir(work: Path, precision: str, kernel: str) -> Path:
+    return work / (f"ours-{precision}" + ("-edge" if kernel == "edge" and precision == "int4" else ""))
+
+
+def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int, kernel: str = "mlas") -> list[str]:
     cli = Path(sys.executable).with_name("edge-export")
     cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
     if precision != "fp32":
         cmd += ["--quant", precision]
     if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
-        cmd += ["--block", str(block), "--table-bits", "4"]
+        cmd += ["--block", str(block), "--table-bits", "4", "--kernel", kernel]
     return cmd
 
 
@@ -260,9 +271,9 @@ def bench_pair(
     args: argparse.Namespace, shape: str, precision: str, ckpt: Path, prompt_file: Path, log: Path
 ) -> dict[str, Any]:
     work = args.work / shape
-    dirs = {"ours": work / f"ours-{precision}", "theirs": work / f"genai-{precision}"}
+    dirs = {"ours": ours_dir(work, precision, args.our_kernel), "theirs": work / f"genai-{precision}"}
     cmds = {
-        "ours": ours_build_cmd(ckpt, dirs["ours"], precision, args.block),
+        "ours": ours_build_cmd(ckpt, dirs["ours"], precision, args.block, args.our_kernel),
         "theirs": theirs_build_cmd(ckpt, dirs["theirs"], precision, args.block, args.work / ".genai-cache"),
     }
     row: dict[str, Any] = {"shape": shape, "precision": precision, "builds": {}, "sides": {}}
@@ -411,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-1b", action="store_true", help=f"drop {ONE_B} (slow to export, needs GBs of disk/RAM)")
     ap.add_argument("--precision", action="append", choices=PRECISIONS, help="[fp32, int8, int4]")
     ap.add_argument("--block", type=int, default=32, help="int4 block size on both sides [32]")
+    ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our int4 kernel [edge where it runs here]")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, one process per side each [3]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed generations per process [1]")
     ap.add_argument("--trials", type=int, default=2, help="timed generations per process [2]")
@@ -423,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild", action="store_true", help="rebuild bundles that exist from an earlier run")
     ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = ap.parse_args(argv)
+    args.our_kernel = args.our_kernel or default_kernel()
     shapes = [s for s in (args.shape or DEFAULT_SHAPES) if not (args.skip_1b and s == ONE_B)]
     precisions = args.precision or list(PRECISIONS)
     args.work.mkdir(parents=True, exist_ok=True)

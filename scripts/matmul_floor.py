@@ -1,5 +1,6 @@
-"""The MatMulNBits floor of a decode step: every MatMulNBits node of each graph, fed one right-sized
-token, nothing else; timed side by side in one process (issue 7, "show the arithmetic").
+"""The quantized-matmul floor of a decode step: every MatMulNBits (and edge-runtime MatMulQ4) node of
+each graph, fed one right-sized token, nothing else; timed side by side in one process (issue 7, "show
+the arithmetic").
 
     python scripts/matmul_floor.py OURS/model.onnx THEIRS/model.onnx [--rounds 15] [--runs 20]
 
@@ -21,11 +22,15 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from edge_runtime import kernels
+
+FLOOR_OPS = ("MatMulNBits", kernels.MATMUL_Q4)
+
 
 def floor_session(path: str, threads: int) -> tuple[ort.InferenceSession, dict[str, np.ndarray], int]:
-    """A session of `path`'s MatMulNBits nodes only, each reading a [1, 1, K] input of its K."""
+    """A session of `path`'s quantized-matmul nodes only, each reading a [1, 1, K] input of its K."""
     model = onnx.load(path)
-    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    nodes = [n for n in model.graph.node if n.op_type in FLOOR_OPS]
     inits = {i.name: i for i in model.graph.initializer}
 
     def k_of(node: onnx.NodeProto) -> int:
@@ -50,6 +55,7 @@ def floor_session(path: str, threads: int) -> tuple[ort.InferenceSession, dict[s
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    kernels.register(so)
     session = ort.InferenceSession(floor.SerializeToString(), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {f"x{k}": rng.standard_normal((1, 1, k)).astype(np.float32) for k in ks}
@@ -80,7 +86,8 @@ def main() -> None:
     ref = args.models[-1]
     for m, (_, _, n) in sessions.items():
         ratio = statistics.median(a / b for a, b in zip(times[m], times[ref], strict=True))
-        print(f"{m}: {n} MatMulNBits, floor {statistics.median(times[m]) * 1e3:.2f} ms per step, {ratio:.3f}x the last")
+        floor = statistics.median(times[m]) * 1e3
+        print(f"{m}: {n} quantized matmuls, floor {floor:.2f} ms per step, {ratio:.3f}x the last")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from edge_runtime import kernels
 from edge_runtime.errors import BundleError
 from edge_runtime.manifest import Manifest
 from edge_runtime.pool import StaticPool
@@ -40,9 +41,15 @@ class OrtBackend:
         if profile is not None:  # per-node timings, for scripts/profile_ops.py
             so.enable_profiling = True
             so.profile_file_prefix = str(profile)
+        kernels.register(so)
         try:
             self.session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
+            if kernels.MATMUL_Q4 in str(e) and not kernels.available():
+                raise BundleError(
+                    f"'{graph}' was exported with --kernel edge, whose MatMulQ4 op cannot run here: "
+                    f"{kernels.unavailable_reason()}; re-export it with --kernel mlas"
+                ) from e
             raise BundleError(f"ONNX Runtime cannot load '{graph}': {e}") from e
         self.pool = pool
         self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds

@@ -2,7 +2,7 @@
 
 edge-export CHECKPOINT_DIR -o OUT_DIR [--flavor ort|trt] [--dtype fp32|fp16] [--sinks N] [--window N]
             [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO] [--calib FILE]
-            [--fp-embeddings | --table-bits 4|8]
+            [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge]
 edge-export inspect BUNDLE_DIR
 """
 
@@ -73,6 +73,14 @@ def main() -> None:
     show_default=True,
     help="Embedding table / LM head: INT8 per row, or INT4 in --block blocks (ort flavor; half the LM head's bytes).",
 )
+@click.option(
+    "--kernel",
+    type=click.Choice(["mlas", "edge"]),
+    default="mlas",
+    show_default=True,
+    help="INT4 block-32 products: ONNX Runtime's MatMulNBits (every platform) or edge-runtime's MatMulQ4 "
+    "(x86-64 AVX2, faster decode; the bundle then runs only where the kernel library is built).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
 @friendly_errors
@@ -89,12 +97,13 @@ def build(
     calib: Path | None,
     fp_embeddings: bool,
     table_bits: str,
+    kernel: str,
     overwrite: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory) to a validated bundle in OUT."""
     from edge_runtime.exporters.decoder import Flavor, Precision
     from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.exporters.quant import QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
     opts = ExportOptions(
         checkpoint=checkpoint,
@@ -109,6 +118,7 @@ def build(
             block=block if block is not None else 32 if flavor == "ort" else 128,
             fp_embeddings=fp_embeddings,
             table_bits=int(table_bits),
+            kernel=MatMulKernel(kernel),
         ),
         prune=prune,
         calibration=calib,

@@ -1,0 +1,184 @@
+"""edge-runtime's own ONNX Runtime op, ai.edge_runtime::MatMulQ4 (csrc/), and `--kernel edge` exports.
+
+The op must compute exactly what MatMulNBits computes at accuracy_level 4 on the same bytes (int8
+activations per block of 32, scale max/127, round to nearest even), so it is checked against a numpy
+transcription of that arithmetic and against MatMulNBits itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edge_runtime import kernels
+from edge_runtime.errors import BundleError, ExportError
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
+
+
+def _graph(op: str, k: int, n: int, b: np.ndarray, s: np.ndarray, rank: int, *, free_k: bool = False) -> bytes:
+    if op == "MatMulQ4":
+        domain, attrs = kernels.DOMAIN, {"K": k, "N": n}
+    else:
+        domain, attrs = "com.microsoft", {"K": k, "N": n, "bits": 4, "block_size": 32, "accuracy_level": 4}
+    lead = ["T"] if rank == 2 else [1, "T"]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "B", "S"], ["y"], domain=domain, **attrs)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, "K" if free_k else k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])],
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S")],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def _session(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    assert kernels.register(so)
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def _weights(rng, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+    s = (rng.random((n, k // 32), dtype=np.float32) * 0.02 + 1e-4).astype(np.float32)
+    return b, s
+
+
+def _int8_act_reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """MatMulNBits' accuracy_level-4 arithmetic in float64: dequantized weights times int8-rounded x."""
+    n, kb, _ = b.shape
+    k = kb * 32
+    codes = np.stack([(b & 15), (b >> 4)], axis=-1).reshape(n, k).astype(np.float64) - 8
+    w = codes * np.repeat(s.astype(np.float64), 32, axis=1)
+    xb = x.reshape(-1, kb, 32).astype(np.float32)
+    scale = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(scale > 0, np.float32(127) / np.abs(xb).max(axis=-1, keepdims=True), 0).astype(np.float32)
+    xq = np.rint(xb * inv).astype(np.float64) * scale.astype(np.float64)
+    return (xq.reshape(-1, k) @ w.T).reshape(*x.shape[:-1], n)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("m", "k", "n", "rank"),
+    [(1, 576, 960, 3), (1, 64, 5, 2), (3, 128, 37, 3), (4, 192, 64, 2), (9, 2048, 130, 3), (128, 576, 300, 3)],
+)
+def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank):
+    rng = np.random.default_rng(m * 1000 + n)
+    b, s = _weights(rng, k, n)
+    x = rng.standard_normal((m, k) if rank == 2 else (1, m, k)).astype(np.float32)
+    x[..., :32] *= 40  # one block with outliers, as sink tokens have: its own scale must absorb them
+    ours = _session(_graph("MatMulQ4", k, n, b, s, rank)).run(None, {"x": x})[0]
+    mlas = _session(_graph("MatMulNBits", k, n, b, s, rank)).run(None, {"x": x})[0]
+    ref = _int8_act_reference(x, b, s)
+    assert ours.shape == ref.shape == mlas.shape
+    scale = np.abs(ref).max()
+    assert np.abs(ours - ref).max() / scale < 2e-6
+    assert np.abs(ours - mlas).max() / scale < 2e-6
+
+
+@needs_kernels
+def test_matmul_q4_zero_rows_and_single_thread():
+    rng = np.random.default_rng(1)
+    b, s = _weights(rng, 128, 40)
+    sess = _session(_graph("MatMulQ4", 128, 40, b, s, 3), threads=1)
+    assert sess.run(None, {"x": np.zeros((1, 0, 128), np.float32)})[0].shape == (1, 0, 40)
+    x = np.zeros((1, 2, 128), np.float32)  # all-zero blocks: scale 0, no division by zero
+    assert not sess.run(None, {"x": x})[0].any()
+
+
+@needs_kernels
+def test_matmul_q4_refuses_bad_shapes_with_a_message():
+    rng = np.random.default_rng(2)
+    b, s = _weights(rng, 96, 8)
+    with pytest.raises(Exception, match="multiple of 64"):
+        _session(_graph("MatMulQ4", 96, 8, b, s, 2)).run(None, {"x": np.ones((1, 96), np.float32)})
+    b, s = _weights(rng, 128, 8)
+    sess = _session(_graph("MatMulQ4", 128, 8, b, s, 2, free_k=True))  # so the op itself sees the wrong K
+    with pytest.raises(Exception, match="last dimension is not K"):
+        sess.run(None, {"x": np.ones((1, 64), np.float32)})
+    short = _graph("MatMulQ4", 128, 8, b[:4], s[:4], 2)  # B holds 4 rows, N says 8
+    with pytest.raises(Exception, match="N x K/32 blocks"):
+        _session(short).run(None, {"x": np.ones((1, 128), np.float32)})
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from .tiny_models import save_tiny_checkpoint
+
+    d = tmp_path_factory.mktemp("kernels-ckpt")
+    save_tiny_checkpoint("llama-tied", d)
+    return d
+
+
+def _export(ckpt, out, kernel):
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    quant = QuantConfig(QuantMethod.INT4, 32, table_bits=4, kernel=MatMulKernel(kernel))
+    return export(ExportOptions(checkpoint=ckpt, out=out, window=60, quant=quant))
+
+
+@needs_kernels
+def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp_path):
+    import onnx
+
+    from edge_runtime.engine import load
+
+    edge = _export(tiny_ckpt, tmp_path / "edge", "edge")
+    _export(tiny_ckpt, tmp_path / "mlas", "mlas")
+    graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in graph.graph.node]
+    # hidden 64 (K % 64 == 0): q/k/v, o, gate/up and the INT4 LM head; the down projection (K = 96) stays
+    assert ops.count("MatMulQ4") == 2 * 3 + 1  # 2 layers x (qkv, o, gate_up) + the LM head
+    assert ops.count("MatMulNBits") == 2  # the two down projections
+    assert edge.provenance["options"]["kernel"] == "edge"
+    assert edge.validation.max_rel_err <= edge.validation.tolerance
+    assert edge.quantization["exact_parity"]["max_rel_err"] < 1e-4  # the accuracy_level-0 MLAS twin
+
+    prompt = list(range(3, 40))
+    a, b = load(tmp_path / "edge"), load(tmp_path / "mlas")
+    la, lb = a.prefill(prompt, all_logits=True), b.prefill(prompt, all_logits=True)
+    errs = [np.abs(la - lb).max() / np.abs(lb).max()]
+    for tok in (5, 9, 11, 2) * 20:  # 80 decode steps: past the 64-row ring's wrap
+        da, db = a.decode(tok), b.decode(tok)
+        errs.append(np.abs(da - db).max() / np.abs(db).max())
+    # Float sums in another order can move an activation across an int8 rounding boundary, which flips
+    # one code (up to 1/254 of its block's max): rare steps differ by ~1e-2, the rest agree to float noise.
+    assert max(errs) < 5e-2
+    assert sum(e < 1e-5 for e in errs) >= 0.9 * len(errs)
+
+
+def test_edge_kernel_export_is_refused_where_the_op_cannot_run(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: "no library in this test")
+    with pytest.raises(ExportError, match=r"--kernel edge cannot be used: no library in this test.*--kernel mlas"):
+        _export(tiny_ckpt, tmp_path / "b", "edge")
+    assert not (tmp_path / "b").exists()
+
+
+def test_edge_kernel_is_refused_for_trt_and_int8_activations_off():
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant_pipeline import check_options
+
+    with pytest.raises(ExportError, match="--flavor ort"):
+        check_options(QuantConfig(QuantMethod.INT4, 64, kernel=MatMulKernel.EDGE), trt=True)
+    with pytest.raises(ExportError, match="accuracy_level 4"):
+        QuantConfig(QuantMethod.INT4, 32, accuracy_level=0, kernel=MatMulKernel.EDGE)
+    with pytest.raises(ExportError, match="choose one of: mlas, edge"):
+        MatMulKernel.parse("avx512")
+
+
+@needs_kernels
+def test_edge_bundle_on_a_machine_without_the_kernel_says_how_to_fix_it(tiny_ckpt, tmp_path, monkeypatch):
+    from edge_runtime.engine import load
+
+    _export(tiny_ckpt, tmp_path / "edge", "edge")
+    monkeypatch.setattr(kernels, "register", lambda so, check=True: False)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: "no AVX2 here")
+    with pytest.raises(BundleError, match=r"--kernel edge.*no AVX2 here.*re-export it with --kernel mlas"):
+        load(tmp_path / "edge")
