@@ -1,4 +1,5 @@
-"""edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime::MatMulQ4` op.
+"""edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime` ops MatMulQ4 (INT4 x int8
+matmul on MatMulNBits' bytes) and SiluMul (silu(gate) * up of a fused gate|up row).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
 cannot be built, or the CPU lacks AVX2/FMA, exports fall back to ONNX Runtime's MatMulNBits and bundles
@@ -18,6 +19,8 @@ import onnxruntime as ort
 
 DOMAIN = "ai.edge_runtime"
 MATMUL_Q4 = "MatMulQ4"
+SILU_MUL = "SiluMul"
+OPS = (MATMUL_Q4, SILU_MUL)
 _MODULE = "edge_runtime._edge_kernels"
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import helper
 
+from edge_runtime import kernels
 from edge_runtime.models import LayerWeights
 
 from .blocks import WeightFormat
@@ -185,6 +186,38 @@ def _general_path(
     return g.op("Reshape", [out, g.const([1, -1, hq * d])], f"{prefix}/out/Reshape"), keys, values
 
 
+def cache_io(g: GraphBuilder, layer: int, hkv: int, head_dim: int) -> tuple[str, str, list[str]]:
+    """Declare layer `layer`'s past_key/past_value inputs and present_* outputs: (past_k, past_v, present)."""
+    cache_shape = [1, hkv, "capacity", head_dim]
+    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
+    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
+    present = [f"present_key.{layer}", f"present_value.{layer}"]
+    for name in present:
+        g.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[g.dtype], cache_shape))
+    return past_k, past_v, present
+
+
+def _gqa(g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, layer: int, hq: int, hkv: int, d: int) -> list[str]:
+    """GroupQueryAttention on packed qkv: (out [1, T, Hq*D], present_key, present_value); K/V are written in
+    place at rows [past, past + T)."""
+    if step.ring_full is None:  # decoder.py declares these inputs exactly where gqa_can_run
+        raise ValueError(f"{prefix}: GroupQueryAttention inputs were not declared")  # a builder bug
+    g.domains[MS] = 1
+    cache = [f"past_key.{layer}", f"past_value.{layer}"]
+    return g.op_multi(
+        "GroupQueryAttention",
+        [qkv, "", "", *cache, step.seqlens_k, step.total_len, step.cos_cache, step.sin_cache],
+        f"{prefix}/GroupQueryAttention",
+        n_out=3,
+        domain=MS,
+        num_heads=hq,
+        kv_num_heads=hkv,
+        do_rotary=1,
+        rotary_interleaved=0,
+        scale=float(1.0 / np.sqrt(d)),
+    )
+
+
 def attention(
     g: GraphBuilder,
     prefix: str,
@@ -197,41 +230,24 @@ def attention(
     head_dim: int,
     rotary_dim: int,
 ) -> str:
+    """One layer's attention with its own If on ring_full (or the general path only): declares the layer's
+    cache I/O."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     qkv = wf.matmul_concat(
         g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
     )  # [1, T, (Hq + 2 Hkv) * D]
-    cache_shape = [1, hkv, "capacity", d]
-    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
-    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
-    present = [f"present_key.{layer}", f"present_value.{layer}"]
-    for name in present:
-        g.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[g.dtype], cache_shape))
+    _, _, present = cache_io(g, layer, hkv, d)
     if not gqa_can_run(d, rotary_dim):  # the general path at every fill
         out, _, _ = _general_path(
             g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim, cache_outs=present
         )
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
 
-    if step.ring_full is None:  # decoder.py declares these inputs exactly where gqa_can_run
-        raise ValueError(f"{prefix}: GroupQueryAttention inputs were not declared")  # a builder bug
     full = g.branch(f"{prefix}/ring_full/then")
     general = _general_path(full, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
     linear = g.branch(f"{prefix}/ring_full/else")
-    g.domains[MS] = 1
-    gqa = linear.op_multi(
-        "GroupQueryAttention",
-        [qkv, "", "", past_k, past_v, step.seqlens_k, step.total_len, step.cos_cache, step.sin_cache],
-        f"{prefix}/GroupQueryAttention",
-        n_out=3,
-        domain=MS,
-        num_heads=hq,
-        kv_num_heads=hkv,
-        do_rotary=1,
-        rotary_interleaved=0,
-        scale=float(1.0 / np.sqrt(d)),
-    )  # out [1, T, Hq*D]; K/V written in place at rows [past, past + T)
+    gqa = _gqa(linear, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
     out, _, _ = g.op_multi(
         "If",
         [step.ring_full],
@@ -244,11 +260,45 @@ def attention(
     return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
 
 
+def attention_in_branch(
+    g: GraphBuilder,
+    prefix: str,
+    h: str,
+    lw: LayerWeights,
+    wf: WeightFormat,
+    step: OrtStep,
+    *,
+    layer: int,
+    head_dim: int,
+    rotary_dim: int,
+    linear: bool,
+) -> tuple[str, str, str]:
+    """One layer's attention inside a branch of the decoder-wide If (cache I/O declared by the caller):
+    GroupQueryAttention where the ring is `linear`, else the general path. (o_proj out, keys, values)."""
+    d = head_dim
+    hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+    qkv = wf.matmul_concat(g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias])
+    if linear:
+        out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
+    else:
+        out, keys, values = _general_path(
+            g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim
+        )
+    return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
+
+
 # ------------------------------------------------------------------------------------------------
 #   h ─► gate_up_proj ─► Split ─► gate ─► QuickGelu(α=1) = SiLU ─┐
 #                             └─► up ──────────────────────────► * ─► down_proj ─► y
+#   silu_mul (edge-runtime's ops): h ─► gate_up_proj ─► ai.edge_runtime::SiluMul ─► down_proj ─► y
 # ------------------------------------------------------------------------------------------------
-def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat) -> str:
+def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat, *, silu_mul: bool = False) -> str:
+    if silu_mul:
+        parts = [lw.gate, lw.up]
+        gate_up = wf.matmul_concat(g, f"{prefix}/gate_up_proj", h, parts, [lw.gate_bias, lw.up_bias])
+        g.domains[kernels.DOMAIN] = 1
+        act = g.op(kernels.SILU_MUL, [gate_up], f"{prefix}/act/{kernels.SILU_MUL}", domain=kernels.DOMAIN)
+        return wf.matmul(g, f"{prefix}/down_proj", act, lw.down, lw.down_bias)
     gate, up = fused_matmuls(g, f"{prefix}/gate_up_proj", h, wf, [(lw.gate, lw.gate_bias), (lw.up, lw.up_bias)])
     g.domains[MS] = 1
     act = g.op("QuickGelu", [gate], f"{prefix}/act/QuickGelu", domain=MS, alpha=1.0)

@@ -26,6 +26,7 @@ from edge_runtime.models import ModelArgs, ModelWeights
 from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .graph import GraphBuilder
+from .quant import MatMulKernel
 from .quant_graph import quantized_format
 from .quant_model import QuantizedModel
 
@@ -87,7 +88,8 @@ def build_decoder(
         weight_dtype = f"int{quantized.config.method.linear_bits}"
     table = wf.table(g, "/model/embed_tokens", weights.embed)  # [V, H]
     if flavor is Flavor.ORT:
-        logits_2d = _ort_body(g, args, weights, wf, table)
+        edge_ops = quantized is not None and quantized.config.kernel is MatMulKernel.EDGE
+        logits_2d = _ort_body(g, args, weights, wf, table, edge_ops=edge_ops)
     else:
         logits_2d = _portable_body(g, args, weights, wf, table)
     logits = g.op("Reshape", [logits_2d, g.const([1, -1, args.vocab_size])], "/lm_head/unflatten")
@@ -140,7 +142,10 @@ def _lm_head(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weight
 #                                                           ─► keep last rows ─► LM head
 # Each residual add is fused into the following RMSNorm (SkipSimplifiedLayerNormalization).
 # ------------------------------------------------------------------------------------------------
-def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str) -> str:
+def _ort_body(
+    g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str, *, edge_ops: bool
+) -> str:
+    """`edge_ops`: the graph may use edge-runtime's own ops (--kernel edge) beyond MatMulQ4."""
     half = args.rotary_dim // 2
     ids = g.input("input_ids", np.int64, [1, "tokens"])
     cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))
@@ -170,6 +175,9 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
         )
     eps = args.rms_norm_eps
     x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
+    if edge_ops and step.ring_full is not None:
+        h = _stacked_layers(g, args, weights, wf, step, x)
+        return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
     delta = None  # the last block's output, added to the residual stream x by the next norm
     for i, lw in enumerate(weights.layers):
         p = f"/model/layers.{i}"
@@ -178,9 +186,53 @@ def _ort_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weigh
             g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim
         )
         h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
-        delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf)
+        delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf, silu_mul=edge_ops)
     h, _ = blocks_ort.skip_norm(g, "/model/norm", x, delta, weights.final_norm, eps)
     return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
+
+
+# ------------------------------------------------------------------------------------------------
+#  `ort` with edge-runtime's ops: one If on ring_full around every layer instead of one per layer
+#
+#    x ─► If ring_full ─┬ then: layers 0..L-1 with the general ring path ─┬─► h (final norm), present_*
+#                       └ else: layers 0..L-1 with GroupQueryAttention ───┘
+#
+#  An If costs ~20 us of ONNX Runtime per run on the 135M shape; one per step instead of one per
+#  layer. Both branches read the same outer-scope weights (one copy). MatMulQ4 reads them as they
+#  are; MatMulNBits would lose its prepacked copy inside a subgraph, so MLAS graphs keep per-layer Ifs.
+# ------------------------------------------------------------------------------------------------
+def _stacked_layers(
+    g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, step: blocks_ort.OrtStep, x: str
+) -> str:
+    present = []
+    for i, lw in enumerate(weights.layers):
+        present += blocks_ort.cache_io(g, i, lw.num_kv_heads(args.head_dim), args.head_dim)[2]
+    eps, bodies = args.rms_norm_eps, {}
+    for side, linear in (("then", False), ("else", True)):
+        b = g.branch(f"/model/ring_full/{side}", scope=f"/ring_full/{side}")
+        xb, delta, kv = x, None, []
+        for i, lw in enumerate(weights.layers):
+            p = f"/model/layers.{i}"
+            h, xb = blocks_ort.skip_norm(b, f"{p}/input_layernorm", xb, delta, lw.attn_norm, eps)
+            a, k, v = blocks_ort.attention_in_branch(
+                b, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
+                linear=linear,
+            )  # fmt: skip
+            kv += [k, v]
+            h, xb = blocks_ort.skip_norm(b, f"{p}/post_attention_layernorm", xb, a, lw.mlp_norm, eps)
+            delta = blocks_ort.mlp(b, f"{p}/mlp", h, lw, wf, silu_mul=True)
+        h, _ = blocks_ort.skip_norm(b, "/model/norm", xb, delta, weights.final_norm, eps)
+        bodies[side] = b.to_graph([(t, g.dtype) for t in (h, *kv)])
+    outs = g.op_multi(
+        "If",
+        [step.ring_full],
+        "/model/ring_full/If",
+        n_out=1 + len(present),
+        outs=["/model/layers/output", *present],
+        then_branch=bodies["then"],
+        else_branch=bodies["else"],
+    )
+    return outs[0]  # [1, T, H], after the final norm
 
 
 def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str) -> str:

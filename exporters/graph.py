@@ -39,6 +39,9 @@ class GraphBuilder:
         self._consts: dict[tuple, str] = {}
         self._names: set[str] = set()
         self.domains: dict[str, int] = {}
+        self._root = self  # where constants and weights live: the top-level graph
+        self._weights: set[str] = set()
+        self._scope = ""  # prefix of this builder's node names
 
     # -- graph I/O ------------------------------------------------------------------------------
 
@@ -72,6 +75,7 @@ class GraphBuilder:
         domain: str = "",
         **attrs,
     ) -> list[str]:
+        name = self._scope + name
         if name in self._names:
             raise ValueError(f"duplicate node name {name}")  # a builder bug, not a user error
         self._names.add(name)
@@ -82,7 +86,9 @@ class GraphBuilder:
     # -- constants and weights ------------------------------------------------------------------
 
     def const(self, value: np.ndarray | Sequence[int] | float, dtype: np.dtype | None = None) -> str:
-        """A small constant, shared by every node that uses the same value."""
+        """A small constant, shared by every node that uses the same value (branches included)."""
+        if self._root is not self:
+            return self._root.const(value, dtype)
         arr = np.asarray(value, dtype=dtype if dtype is not None else None)
         if arr.dtype == np.float64:
             arr = arr.astype(self.dtype)
@@ -94,14 +100,22 @@ class GraphBuilder:
         return self._consts[key]
 
     def weight(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        """A parameter, stored once in the top-level graph under `name`: branches that build the same
+        layer (the same name) read that one copy from the outer scope."""
+        root = self._root
+        if name not in root._weights:
+            root._weights.add(name)
+            root.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def branch(self, name: str) -> GraphBuilder:
-        """A builder for a control-flow body (If/Loop branch): it may read this graph's values by name."""
+    def branch(self, name: str, scope: str = "") -> GraphBuilder:
+        """A builder for a control-flow body (If/Loop branch): it may read this graph's values by name.
+        `scope` prefixes its node (and so its value) names, so two branches can build the same layers."""
         sub = GraphBuilder(name, self.opset, self.dtype)
         sub._names = self._names  # node names stay unique across the whole model
         sub.domains = self.domains
+        sub._root = self._root
+        sub._scope = self._scope + scope
         return sub
 
     def to_graph(self, outputs: Sequence[tuple[str, np.dtype]]) -> onnx.GraphProto:

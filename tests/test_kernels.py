@@ -106,6 +106,39 @@ def test_matmul_q4_refuses_bad_shapes_with_a_message():
         _session(short).run(None, {"x": np.ones((1, 128), np.float32)})
 
 
+def _silu_session(width: int | str) -> ort.InferenceSession:
+    graph = helper.make_graph(
+        [helper.make_node(kernels.SILU_MUL, ["x"], ["y"], domain=kernels.DOMAIN)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+    return _session(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+
+
+@needs_kernels
+@pytest.mark.parametrize(("t", "width"), [(1, 3072), (5, 18), (128, 2 * 96), (0, 8)])
+def test_silu_mul_is_silu_of_gate_times_up(t, width):
+    rng = np.random.default_rng(t + width)
+    x = (rng.standard_normal((1, t, width)) * 6).astype(np.float32)
+    if t:
+        x[0, 0, :4] = [90.0, -90.0, 0.0, -20.0]  # past exp's range both ways, and the origin
+    y = _silu_session(width).run(None, {"x": x})[0]
+    gate, up = np.split(x.astype(np.float64), 2, axis=-1)
+    ref = gate / (1 + np.exp(-gate)) * up
+    assert y.shape == ref.shape
+    if t:
+        assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-7
+        assert np.isfinite(y).all()
+
+
+@needs_kernels
+def test_silu_mul_refuses_an_odd_width():
+    with pytest.raises(Exception, match="last dimension is odd"):
+        _silu_session("W").run(None, {"x": np.ones((1, 2, 7), np.float32)})
+
+
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     from .tiny_models import save_tiny_checkpoint
@@ -131,11 +164,19 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
 
     edge = _export(tiny_ckpt, tmp_path / "edge", "edge")
     _export(tiny_ckpt, tmp_path / "mlas", "mlas")
-    graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False)
-    ops = [n.op_type for n in graph.graph.node]
-    # hidden 64 (K % 64 == 0): q/k/v, o, gate/up and the INT4 LM head; the down projection (K = 96) stays
-    assert ops.count("MatMulQ4") == 2 * 3 + 1  # 2 layers x (qkv, o, gate_up) + the LM head
-    assert ops.count("MatMulNBits") == 2  # the two down projections
+    graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph
+    top = [n.op_type for n in graph.node]
+    assert top.count("If") == 1 and top.count("MatMulQ4") == 1  # one If around every layer; the INT4 LM head
+    (if_node,) = [n for n in graph.node if n.op_type == "If"]
+    for branch in if_node.attribute:  # each branch: every layer, reading the one copy of the weights
+        ops = [n.op_type for n in branch.g.node]
+        # hidden 64 (K % 64 == 0): qkv, o and gate_up per layer; the down projection (K = 96) stays MLAS
+        assert ops.count("MatMulQ4") == 2 * 3 and ops.count("MatMulNBits") == 2
+        assert ops.count(kernels.SILU_MUL) == 2 and "QuickGelu" not in ops and "If" not in ops
+        assert not branch.g.initializer
+    branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
+    assert branches["else_branch"].count("GroupQueryAttention") == 2  # the ring is still a linear cache
+    assert branches["then_branch"].count("TensorScatter") == 4 and "GroupQueryAttention" not in branches["then_branch"]
     assert edge.provenance["options"]["kernel"] == "edge"
     assert edge.validation.max_rel_err <= edge.validation.tolerance
     assert edge.quantization["exact_parity"]["max_rel_err"] < 1e-4  # the accuracy_level-0 MLAS twin
@@ -182,3 +223,30 @@ def test_edge_bundle_on_a_machine_without_the_kernel_says_how_to_fix_it(tiny_ckp
     monkeypatch.setattr(kernels, "unavailable_reason", lambda: "no AVX2 here")
     with pytest.raises(BundleError, match=r"--kernel edge.*no AVX2 here.*re-export it with --kernel mlas"):
         load(tmp_path / "edge")
+
+
+@needs_kernels
+def test_edge_bundle_writes_the_pool_in_place_through_the_decoder_wide_if(tiny_ckpt, tmp_path, capfd):
+    """Both branches of the one If (GroupQueryAttention, then TensorScatter once the ring is full) write
+    the bound K/V buffers themselves, with no ONNX Runtime copy fallback."""
+    from edge_runtime.backends.onnxruntime import OrtBackend
+    from edge_runtime.engine import LoadOptions, load
+
+    _export(tiny_ckpt, tmp_path / "edge", "edge")
+    engine = load(tmp_path / "edge", LoadOptions(sinks=4, window=28))
+    engine.backend = OrtBackend(engine.bundle.graph_file, engine.manifest, engine.pool, log_severity=1)
+    keys = engine.pool.keys[1][0]  # the last layer's [Hkv, capacity, D]
+    pointer = keys.ctypes.data
+    engine.prefill([0, 5, 9])
+    engine.decode(3)
+    row = engine.geometry.slot(3)
+    assert np.abs(keys[:, row]).sum() > 0 and np.abs(keys[:, row + 1]).sum() == 0
+    for t in range(4, 40):  # past S + W: the full-ring branch reuses rows
+        engine.decode(t % 50)
+    assert engine.ring.tokens > engine.geometry.sinks + engine.geometry.window
+    before = keys.copy()
+    engine.decode(7)
+    changed = np.flatnonzero(np.abs(keys - before).sum(axis=(0, 2)))
+    assert changed.tolist() == [engine.geometry.slot(engine.ring.tokens - 1)]  # that one reused row, in place
+    assert keys.ctypes.data == pointer
+    assert "in-place" not in capfd.readouterr().err.lower()

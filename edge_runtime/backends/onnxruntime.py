@@ -45,9 +45,9 @@ class OrtBackend:
         try:
             self.session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
-            if kernels.MATMUL_Q4 in str(e) and not kernels.available():
+            if any(op in str(e) for op in kernels.OPS) and not kernels.available():
                 raise BundleError(
-                    f"'{graph}' was exported with --kernel edge, whose MatMulQ4 op cannot run here: "
+                    f"'{graph}' was exported with --kernel edge, whose ops cannot run here: "
                     f"{kernels.unavailable_reason()}; re-export it with --kernel mlas"
                 ) from e
             raise BundleError(f"ONNX Runtime cannot load '{graph}': {e}") from e

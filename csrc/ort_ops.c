@@ -1,16 +1,20 @@
-/* ai.edge_runtime::MatMulQ4, an ONNX Runtime custom op over q4gemm.h (DESIGN.md §6).
+/* edge-runtime's ONNX Runtime custom ops (domain ai.edge_runtime, DESIGN.md §6).
  *
+ * MatMulQ4, over q4gemm.h:
  *   A [..., K] float ─┐
  *   B [N, K/32, 16] u8 ├─► quantize A per row/block to int8 ─► q4_tile over column chunks ─► Y [..., N]
  *   scales [N, K/32]  ─┘   (rows in parallel when M > 1)       (ONNX Runtime's intra-op pool)
  *
  * Attributes K, N as MatMulNBits'; bits 4, block 32 and zero point 8 are fixed.
+ *
+ * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ort_abi.h"
 #include "q4gemm.h"
+#include "silu_mul.h"
 
 static const OrtApi *g_api;
 
@@ -28,17 +32,18 @@ static OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_ap
 
 /* ---- op description ---------------------------------------------------------------------------- */
 
-static const char *op_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
+static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
+static size_t q4_inputs(const OrtCustomOp *op) { (void)op; return 3; }
+static int q4_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_UINT8 : ONNX_FLOAT; }
+static const char *silu_name(const OrtCustomOp *op) { (void)op; return "SiluMul"; }
+static size_t one_io(const OrtCustomOp *op) { (void)op; return 1; }
+static int float_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_FLOAT; }
 static const char *op_ep(const OrtCustomOp *op) { (void)op; return NULL; } /* CPU */
-static size_t op_inputs(const OrtCustomOp *op) { (void)op; return 3; }
-static size_t op_outputs(const OrtCustomOp *op) { (void)op; return 1; }
-static int op_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_UINT8 : ONNX_FLOAT; }
-static int op_output_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_FLOAT; }
 static int op_required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
 static int op_mem_default(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ORT_MEM_TYPE_DEFAULT; }
 static int op_one(const OrtCustomOp *op) { (void)op; return 1; }
 
-static OrtStatus *kernel_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+static OrtStatus *q4_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
     (void)op;
     (void)api;
     int64_t K = 0, N = 0;
@@ -112,7 +117,7 @@ static OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims,
     return s;
 }
 
-static OrtStatus *kernel_compute(void *kernel, OrtKernelContext *ctx) {
+static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     const Q4Kernel *k = kernel;
     const OrtValue *a_v, *b_v, *s_v;
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 0, &a_v));
@@ -152,24 +157,63 @@ static OrtStatus *kernel_compute(void *kernel, OrtKernelContext *ctx) {
     return ORT_KernelContext_ParallelFor(g_api)(ctx, column_task, tasks, 0, &w);
 }
 
-static const OrtCustomOp g_op = {
-    .version = EDGE_CUSTOM_OP_VERSION,
-    .GetName = op_name,
-    .GetExecutionProviderType = op_ep,
-    .GetInputType = op_input_type,
-    .GetInputTypeCount = op_inputs,
-    .GetOutputType = op_output_type,
-    .GetOutputTypeCount = op_outputs,
-    .KernelDestroy = kernel_destroy,
-    .GetInputCharacteristic = op_required,
-    .GetOutputCharacteristic = op_required,
-    .GetInputMemoryType = op_mem_default,
-    .GetVariadicInputMinArity = op_one,
-    .GetVariadicInputHomogeneity = op_one,
-    .GetVariadicOutputMinArity = op_one,
-    .GetVariadicOutputHomogeneity = op_one,
-    .CreateKernelV2 = kernel_create,
-    .KernelComputeV2 = kernel_compute,
+/* ---- SiluMul ------------------------------------------------------------------------------------ */
+
+static OrtStatus *silu_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api, (void)info;
+    *out = malloc(1); /* stateless; ORT wants a non-null kernel */
+    return *out ? NULL : fail(ORT_FAIL, "SiluMul: out of memory");
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t inter;
+} SiluWork;
+
+static void silu_task(void *data, size_t r) {
+    const SiluWork *w = data;
+    silu_mul_row(w->x + (int64_t)r * 2 * w->inter, w->inter, w->y + (int64_t)r * w->inter);
+}
+
+static OrtStatus *silu_compute(void *kernel, OrtKernelContext *ctx) {
+    (void)kernel;
+    const OrtValue *x_v;
+    TRY(ORT_KernelContext_GetInput(g_api)(ctx, 0, &x_v));
+    int64_t dims[8];
+    size_t rank = 0, count = 0;
+    TRY(element_count(x_v, &count, dims, &rank));
+    if (rank < 1 || dims[rank - 1] % 2 != 0) return fail(ORT_INVALID_ARGUMENT, "SiluMul: X's last dimension is odd");
+    SiluWork w = {0};
+    w.inter = dims[rank - 1] / 2;
+    dims[rank - 1] = w.inter;
+    OrtValue *y_v;
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 0, dims, rank, &y_v));
+    int64_t rows = w.inter ? (int64_t)count / (2 * w.inter) : 0;
+    if (rows == 0) return NULL;
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)x_v, (void **)&w.x));
+    TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
+    if (rows == 1) {  /* a decode step: a few microseconds, less than waking the pool */
+        silu_task(&w, 0);
+        return NULL;
+    }
+    return ORT_KernelContext_ParallelFor(g_api)(ctx, silu_task, (size_t)rows, 0, &w);
+}
+
+#define EDGE_OP(create, compute, name, n_inputs, input_type)                                          \
+    {                                                                                                 \
+        .version = EDGE_CUSTOM_OP_VERSION, .GetName = name, .GetExecutionProviderType = op_ep,        \
+        .GetInputType = input_type, .GetInputTypeCount = n_inputs, .GetOutputType = float_type,       \
+        .GetOutputTypeCount = one_io, .KernelDestroy = kernel_destroy,                                \
+        .GetInputCharacteristic = op_required, .GetOutputCharacteristic = op_required,                \
+        .GetInputMemoryType = op_mem_default, .GetVariadicInputMinArity = op_one,                     \
+        .GetVariadicInputHomogeneity = op_one, .GetVariadicOutputMinArity = op_one,                   \
+        .GetVariadicOutputHomogeneity = op_one, .CreateKernelV2 = create, .KernelComputeV2 = compute, \
+    }
+
+static const OrtCustomOp g_ops[] = {
+    EDGE_OP(q4_create, q4_compute, q4_name, q4_inputs, q4_input_type),
+    EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type),
 };
 
 /* Called by SessionOptions.register_custom_ops_library for each SessionOptions. */
@@ -179,11 +223,11 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
     const OrtApi *api = base->GetApi(EDGE_ORT_API_VERSION);
     if (!api) return NULL; /* older than 1.17: nothing registered, sessions report the missing op */
     g_api = api;
-    if (!q4_cpu_ok()) return fail(ORT_FAIL, "edge-runtime's MatMulQ4 needs a CPU with AVX2 and FMA");
+    if (!q4_cpu_ok()) return fail(ORT_FAIL, "edge-runtime's kernels need a CPU with AVX2 and FMA");
     if (!domain) {
         OrtCustomOpDomain *d = NULL;
         TRY(ORT_CreateCustomOpDomain(api)("ai.edge_runtime", &d));
-        TRY(ORT_CustomOpDomain_Add(api)(d, &g_op));
+        for (size_t i = 0; i < sizeof g_ops / sizeof g_ops[0]; i++) TRY(ORT_CustomOpDomain_Add(api)(d, &g_ops[i]));
         domain = d;
     }
     return ORT_AddCustomOpDomain(api)(options, domain);
