@@ -61,7 +61,12 @@ class Engine:
             )
         self.weight_bytes = weight_bytes
         self.pool = StaticPool.allocate(m, self.geometry)
-        self.ring = RingState(self.geometry, np.asarray(m.model.rope_inv_freq), opts.position_offset)
+        self.ring = RingState(
+            self.geometry,
+            np.asarray(m.model.rope_inv_freq),
+            opts.position_offset,
+            gqa_while_linear="ring_full" in m.graph.inputs,
+        )
         self.pool.decode.cos_cache[:], self.pool.decode.sin_cache[:] = self.ring.rotary_cache(self.pool.keys[0].dtype)
         self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile)
         self._decoding = False

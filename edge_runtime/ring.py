@@ -156,7 +156,12 @@ class DecodeBuffers:
 class RingState:
     """What the host tracks per sequence: tokens processed and the position held by every buffer row."""
 
-    def __init__(self, geometry: RingGeometry, inv_freq: np.ndarray, position_offset: int = 0):
+    def __init__(
+        self, geometry: RingGeometry, inv_freq: np.ndarray, position_offset: int = 0, *, gqa_while_linear: bool = False
+    ):
+        """`gqa_while_linear`: the graph reads only the rotary cache (GroupQueryAttention) until ring_full,
+        so decode steps before then skip the cos/sin and sink-angle inputs: the `ort` graphs of 0.3."""
+        self.gqa_while_linear = gqa_while_linear
         self.geometry = geometry
         self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
         self.position_offset = position_offset  # absolute position of token 0 (tests start it at 1e7)
@@ -267,14 +272,19 @@ class RingState:
             bufs.sink_mask[g.capacity] = t < g.sinks
         else:
             bufs.attn_mask[0, row] = 0.0
-        np.multiply(self.inv_freq, float(t + self.position_offset), out=bufs.angle)
-        np.cos(bufs.angle, out=bufs.trig)
-        bufs.cos[0] = bufs.trig
-        np.sin(bufs.angle, out=bufs.trig)
-        bufs.sin[0] = bufs.trig
-        if t < g.logical_capacity or g.sinks == 0:  # past it the sink query stays at S + W - 1 (sync_decode)
-            self._sink_angles(bufs, t)
-        bufs.ring_full[()] = t >= g.logical_capacity
+        full = t >= g.logical_capacity
+        # Each numpy call here costs microseconds against caches the step just flushed; the GQA branch
+        # reads none of these inputs, so they are first written on the step that turns ring_full on.
+        if full or not self.gqa_while_linear:
+            np.multiply(self.inv_freq, float(t + self.position_offset), out=bufs.angle)
+            np.cos(bufs.angle, out=bufs.trig)
+            bufs.cos[0] = bufs.trig
+            np.sin(bufs.angle, out=bufs.trig)
+            bufs.sin[0] = bufs.trig
+            # past S + W - 1 the sink query stays at S + W - 1 (sync_decode, or here on the first full step)
+            if not full or g.sinks == 0 or (self.gqa_while_linear and t == g.logical_capacity):
+                self._sink_angles(bufs, t)
+        bufs.ring_full[()] = full
         bufs.seqlens_k[0] = t
         bufs.total_len[()] = t + 1
         bufs.write_index[0] = row

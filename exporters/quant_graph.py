@@ -37,6 +37,11 @@ MS_DOMAIN = "com.microsoft"
 NBITS_BLOCKS = (128, 64, 32, 16)  # MatMulNBits: a power of two >= 16
 
 
+def runs_matmul_q4(bits: int, block: int, k: int) -> bool:
+    """Whether --kernel edge computes this product with MatMulQ4 (else MatMulNBits)."""
+    return bits == 4 and block == 32 and k % 64 == 0
+
+
 def nbits_block(qm: QuantizedMatrix, name: str) -> int:
     """MatMulNBits' block for `qm`: its own, or for per-channel codes the largest power of two
     dividing K (the per-channel scale is repeated over the row's blocks, which is exact)."""
@@ -143,7 +148,7 @@ class NBitsWeights:
     ) -> str:
         """`nkb`: (N, K, bits) of the packed matrix `b`."""
         n, k, bits = nkb
-        if self.kernel is MatMulKernel.EDGE and bits == 4 and blk == 32 and k % 64 == 0:
+        if self.kernel is MatMulKernel.EDGE and runs_matmul_q4(bits, blk, k):
             g.domains[EDGE_DOMAIN] = 1
             s = g.weight(f"{prefix}/scales", scales)
             return g.op(MATMUL_Q4, [x, b, s], f"{prefix}/{MATMUL_Q4}", domain=EDGE_DOMAIN, K=k, N=n)

@@ -144,7 +144,16 @@ def tiny_ckpt(tmp_path_factory):
     from .tiny_models import save_tiny_checkpoint
 
     d = tmp_path_factory.mktemp("kernels-ckpt")
-    save_tiny_checkpoint("llama-tied", d)
+    save_tiny_checkpoint("llama-tied", d, intermediate_size=128)  # every K a multiple of 64: all MatMulQ4
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt_k96(tmp_path_factory):
+    from .tiny_models import save_tiny_checkpoint
+
+    d = tmp_path_factory.mktemp("kernels-ckpt-96")
+    save_tiny_checkpoint("llama-tied", d)  # intermediate 96: down_proj's K is not a multiple of 64
     return d
 
 
@@ -170,8 +179,7 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     (if_node,) = [n for n in graph.node if n.op_type == "If"]
     for branch in if_node.attribute:  # each branch: every layer, reading the one copy of the weights
         ops = [n.op_type for n in branch.g.node]
-        # hidden 64 (K % 64 == 0): qkv, o and gate_up per layer; the down projection (K = 96) stays MLAS
-        assert ops.count("MatMulQ4") == 2 * 3 and ops.count("MatMulNBits") == 2
+        assert ops.count("MatMulQ4") == 2 * 4 and "MatMulNBits" not in ops  # qkv, o, gate_up, down
         assert ops.count(kernels.SILU_MUL) == 2 and "QuickGelu" not in ops and "If" not in ops
         assert not branch.g.initializer
     branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
@@ -192,6 +200,19 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     # one code (up to 1/254 of its block's max): rare steps differ by ~1e-2, the rest agree to float noise.
     assert max(errs) < 5e-2
     assert sum(e < 1e-5 for e in errs) >= 0.9 * len(errs)
+
+
+@needs_kernels
+def test_edge_kernel_keeps_per_layer_ifs_where_some_product_stays_matmulnbits(tiny_ckpt_k96, tmp_path):
+    """down_proj's K = 96 runs MatMulNBits, which would lose its prepacked weights inside a decoder-wide
+    If: such graphs keep one If per layer (and still use SiluMul)."""
+    import onnx
+
+    edge = _export(tiny_ckpt_k96, tmp_path / "edge", "edge")
+    assert edge.validation.max_rel_err <= edge.validation.tolerance
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("If") == 2 and ops.count("MatMulNBits") == 2  # one per layer; the two down projections
+    assert ops.count("MatMulQ4") == 2 * 3 + 1 and ops.count(kernels.SILU_MUL) == 2
 
 
 def test_edge_kernel_export_is_refused_where_the_op_cannot_run(tiny_ckpt, tmp_path, monkeypatch):
