@@ -144,8 +144,9 @@ def _lm_head(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weight
 # Each residual add is fused into the following RMSNorm (SkipSimplifiedLayerNormalization).
 # ------------------------------------------------------------------------------------------------
 def _all_matmul_q4(args: ModelArgs, weights: ModelWeights, quantized: QuantizedModel) -> bool:
-    """Every layer product runs MatMulQ4, which needs no prepacked weights (MatMulNBits reading
-    outer-scope weights inside an If branch ran ~15% slower, measured on 1B-shaped matrices)."""
+    """Every layer product runs MatMulQ4. MatMulNBits reading outer-scope weights inside an If branch
+    ran ~15% slower (a chain of 1B-shaped matrices), and a decoder-wide If over 8-bit MatMulNBits
+    layers decoded 2.6% slower than per-layer Ifs (135M int8, scripts/ab_decode.py, 8 rounds)."""
     c = quantized.config
     widths = [args.hidden_size]
     for lw in weights.layers:
@@ -217,8 +218,8 @@ def _ort_body(
 #                       └ else: layers 0..L-1 with GroupQueryAttention ───┘
 #
 #  An If costs ~20 us of ONNX Runtime per run on the 135M shape; one per step instead of one per
-#  layer. Both branches read the same outer-scope weights (one copy). MatMulQ4 reads them as they
-#  are; MatMulNBits would lose its prepacked copy inside a subgraph, so MLAS graphs keep per-layer Ifs.
+#  layer. Both branches read the same outer-scope weights (one copy), which MatMulQ4 reads as they
+#  are; graphs with MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_matmul_q4).
 # ------------------------------------------------------------------------------------------------
 def _stacked_layers(
     g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, step: blocks_ort.OrtStep, x: str

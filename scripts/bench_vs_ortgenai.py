@@ -182,16 +182,16 @@ def default_kernel() -> str:
 
 
 def ours_dir(work: Path, precision: str, kernel: str) -> Path:
-    return work / (f"ours-{precision}" + ("-edge" if kernel == "edge" and precision == "int4" else ""))
+    return work / (f"ours-{precision}" + ("-edge" if kernel == "edge" and precision != "fp32" else ""))
 
 
 def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int, kernel: str = "mlas") -> list[str]:
     cli = Path(sys.executable).with_name("edge-export")
     cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
-    if precision != "fp32":
-        cmd += ["--quant", precision]
+    if precision != "fp32":  # int8 with --kernel edge: MatMulNBits products, edge-runtime's SiluMul
+        cmd += ["--quant", precision, "--kernel", kernel]
     if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
-        cmd += ["--block", str(block), "--table-bits", "4", "--kernel", kernel]
+        cmd += ["--block", str(block), "--table-bits", "4"]
     return cmd
 
 

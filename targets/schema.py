@@ -18,6 +18,7 @@ from edge_runtime.telemetry.base import METER_KINDS
 BACKENDS = ("onnxruntime", "tensorrt")
 GRAPH_FLAVORS = ("ort", "trt")
 QUANTIZATIONS = ("none", "int8", "int4", "int4-awq", "int4-gptq")
+MATMUL_KERNELS = ("mlas", "edge")  # exporters.quant.MatMulKernel values
 BLOCK_SIZES = (32, 64, 128)
 TRT_BLOCK_SIZES = (64, 128)  # opset-21 blocked DequantizeLinear as TensorRT 10.3 parses it (DESIGN.md §4)
 TRT_PRECISIONS = ("fp16", "bf16", "tf32", "int8", "int4", "fp8")
@@ -80,6 +81,8 @@ class TargetProfile:
     memory_budget_bytes: int
     power: PowerSpec
     detect: DetectHints
+    # INT4 kernel for bundles exported on first use: "edge" (MatMulQ4, x86-64 AVX2) where it runs, else "mlas"
+    matmul_kernel: str = "mlas"
     source: str = ""  # the file it was loaded from; not a YAML key
 
 
@@ -222,6 +225,11 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         raise top.fail("block_size", f"must be one of {', '.join(map(str, BLOCK_SIZES))}")
     if flavor == "trt" and quant.startswith("int4") and block not in TRT_BLOCK_SIZES:
         raise top.fail("block_size", "must be 64 or 128 for INT4 on the trt graph flavor (TensorRT blocked DQ)")
+    kernel = top.string("matmul_kernel", MATMUL_KERNELS, default="mlas")
+    if kernel == "edge" and flavor != "ort":
+        raise top.fail(
+            "matmul_kernel", "must be 'mlas' unless graph_flavor is 'ort' (edge kernels are ONNX Runtime ops)"
+        )
     backend = _backend(top.section("backend", BackendSpec))
     if backend.name == "tensorrt" and flavor != "trt":
         raise top.fail(
@@ -239,5 +247,6 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         memory_budget_bytes=top.integer("memory_budget_bytes", 1),
         power=_power(top.section("power", PowerSpec)),
         detect=_detect(top.section("detect", DetectHints, optional=True)),
+        matmul_kernel=kernel,
         source=src,
     )

@@ -204,8 +204,8 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
 
 @needs_kernels
 def test_edge_kernel_keeps_per_layer_ifs_where_some_product_stays_matmulnbits(tiny_ckpt_k96, tmp_path):
-    """down_proj's K = 96 runs MatMulNBits, which would lose its prepacked weights inside a decoder-wide
-    If: such graphs keep one If per layer (and still use SiluMul)."""
+    """down_proj's K = 96 runs MatMulNBits, which ran slower inside a decoder-wide If: such graphs keep
+    one If per layer (and still use SiluMul)."""
     import onnx
 
     edge = _export(tiny_ckpt_k96, tmp_path / "edge", "edge")

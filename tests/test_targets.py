@@ -66,6 +66,9 @@ def test_cpu_profiles_use_onnxruntime_and_their_meters():
     assert load_target("rpi4").power.meters == ("estimate",)  # no on-board current sensor
     assert load_target("nuc").power.meters[0] == "rapl"
     assert load_target("amd-minipc").power.meters[:2] == ("rapl", "amdgpu")
+    # x86 first-use exports take edge-runtime's INT4 kernel where it is built; ARM ones keep MLAS's
+    assert [load_target(n).matmul_kernel for n in ("nuc", "amd-minipc", "x86")] == ["edge"] * 3
+    assert [load_target(n).matmul_kernel for n in ("rpi5", "rpi4", "orin-nano")] == ["mlas"] * 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +107,8 @@ SCHEMA_CASES = [
     ("backend.providers", ["CPUExecutionProvider"], ["'backend.providers'", "onnxruntime backend only"]),
     ("detect.sensors", ["VDD_IN"], ["'detect.sensors'", "KIND:NAME"]),
     ("detect", "jetson", ["'detect' = 'jetson'", "mapping"]),
+    ("matmul_kernel", "edge", ["'matmul_kernel' = 'edge'", "graph_flavor is 'ort'"]),
+    ("matmul_kernel", "avx512", ["'matmul_kernel' = 'avx512'", "mlas, edge"]),
 ]
 
 

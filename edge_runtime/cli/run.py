@@ -42,18 +42,25 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 
     if not (checkpoint / "config.json").is_file():
         raise CheckpointError(f"'{checkpoint}' is not a Hugging Face checkpoint directory (no config.json)")
+    from edge_runtime import kernels
+
     quant = profile.quantization
     block = f"-b{profile.block_size}" if quant.startswith("int4") else ""
-    name = f"{checkpoint.name}-{profile.graph_flavor}-{quant}{block}-{_checkpoint_key(checkpoint)}-v{__version__}"
+    # The device exports its own bundle, so the edge kernels are used exactly where they run here.
+    kernel = "edge" if profile.matmul_kernel == "edge" and quant.startswith("int4") and kernels.available() else "mlas"
+    suffix = "-edge" if kernel == "edge" else ""
+    name = (
+        f"{checkpoint.name}-{profile.graph_flavor}-{quant}{block}{suffix}-{_checkpoint_key(checkpoint)}-v{__version__}"
+    )
     out = cache_dir() / "bundles" / name
     if (out / "manifest.json").is_file():
         return out
     from edge_runtime.exporters.decoder import Flavor
     from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.exporters.quant import QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
-    click.echo(f"exporting {checkpoint.name} ({quant}{block}) for first use into {out}", err=True)
-    qconfig = QuantConfig(method=QuantMethod.parse(quant), block=profile.block_size)
+    click.echo(f"exporting {checkpoint.name} ({quant}{block}{suffix}) for first use into {out}", err=True)
+    qconfig = QuantConfig(method=QuantMethod.parse(quant), block=profile.block_size, kernel=MatMulKernel(kernel))
     export(
         ExportOptions(checkpoint=checkpoint, out=out, flavor=Flavor(profile.graph_flavor), quant=qconfig),
         progress=lambda msg: click.echo(f"  {msg}", err=True),
