@@ -229,62 +229,45 @@ def attention(
     layer: int,
     head_dim: int,
     rotary_dim: int,
-) -> str:
-    """One layer's attention with its own If on ring_full (or the general path only): declares the layer's
-    cache I/O."""
+    linear: bool | None = None,
+) -> tuple[str, str | None, str | None]:
+    """One layer's attention: (o_proj output, keys, values).
+
+    `linear` None: the layer declares its cache I/O and picks its path with its own If on ring_full (or
+    takes the general path only); keys/values are then the graph's present_* outputs (None here).
+    True / False: inside a branch of the decoder-wide If (the caller declares the I/O and collects the
+    returned keys/values): GroupQueryAttention while the ring is linear, else the general path."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     qkv = wf.matmul_concat(
         g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
     )  # [1, T, (Hq + 2 Hkv) * D]
+    general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim}
+    if linear is not None:
+        if linear:
+            out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
+        else:
+            out, keys, values = _general_path(g, prefix, qkv, step, **general)
+        return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
+
     _, _, present = cache_io(g, layer, hkv, d)
     if not gqa_can_run(d, rotary_dim):  # the general path at every fill
-        out, _, _ = _general_path(
-            g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim, cache_outs=present
-        )
-        return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
-
+        out, _, _ = _general_path(g, prefix, qkv, step, **general, cache_outs=present)
+        return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
     full = g.branch(f"{prefix}/ring_full/then")
-    general = _general_path(full, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
-    linear = g.branch(f"{prefix}/ring_full/else")
-    gqa = _gqa(linear, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
+    ring = _general_path(full, prefix, qkv, step, **general)
+    lin = g.branch(f"{prefix}/ring_full/else")
+    gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
     out, _, _ = g.op_multi(
         "If",
         [step.ring_full],
         f"{prefix}/ring_full/If",
         n_out=3,
         outs=[f"{prefix}/attn_out", *present],
-        then_branch=full.to_graph([(general[0], g.dtype), (general[1], g.dtype), (general[2], g.dtype)]),
-        else_branch=linear.to_graph([(gqa[0], g.dtype), (gqa[1], g.dtype), (gqa[2], g.dtype)]),
+        then_branch=full.to_graph([(t, g.dtype) for t in ring]),
+        else_branch=lin.to_graph([(t, g.dtype) for t in gqa]),
     )
-    return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias)
-
-
-def attention_in_branch(
-    g: GraphBuilder,
-    prefix: str,
-    h: str,
-    lw: LayerWeights,
-    wf: WeightFormat,
-    step: OrtStep,
-    *,
-    layer: int,
-    head_dim: int,
-    rotary_dim: int,
-    linear: bool,
-) -> tuple[str, str, str]:
-    """One layer's attention inside a branch of the decoder-wide If (cache I/O declared by the caller):
-    GroupQueryAttention where the ring is `linear`, else the general path. (o_proj out, keys, values)."""
-    d = head_dim
-    hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-    qkv = wf.matmul_concat(g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias])
-    if linear:
-        out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
-    else:
-        out, keys, values = _general_path(
-            g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim
-        )
-    return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
+    return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ def _ort_body(
     for i, lw in enumerate(weights.layers):
         p = f"/model/layers.{i}"
         h, x = blocks_ort.skip_norm(g, f"{p}/input_layernorm", x, delta, lw.attn_norm, eps)
-        a = blocks_ort.attention(
+        a, _, _ = blocks_ort.attention(
             g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim
         )
         h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
@@ -234,7 +234,7 @@ def _stacked_layers(
         for i, lw in enumerate(weights.layers):
             p = f"/model/layers.{i}"
             h, xb = blocks_ort.skip_norm(b, f"{p}/input_layernorm", xb, delta, lw.attn_norm, eps)
-            a, k, v = blocks_ort.attention_in_branch(
+            a, k, v = blocks_ort.attention(
                 b, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
                 linear=linear,
             )  # fmt: skip

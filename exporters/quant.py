@@ -38,18 +38,12 @@ _FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
 
 
 class MatMulKernel(enum.Enum):
-    """Which kernel computes the ort flavor's INT4 products (block 32; other products always use MLAS)."""
+    """Whose kernels an ort-flavor quantized graph runs on."""
 
-    MLAS = "mlas"  # com.microsoft::MatMulNBits: ONNX Runtime's own, every platform
-    EDGE = "edge"  # ai.edge_runtime::MatMulQ4 (csrc/): same weight bytes, x86-64 AVX2, faster at decode
-
-    @classmethod
-    def parse(cls, text: str) -> MatMulKernel:
-        try:
-            return cls(text)
-        except ValueError:
-            known = ", ".join(k.value for k in cls)
-            raise ExportError(f"unknown matmul kernel {text!r}; choose one of: {known}") from None
+    MLAS = "mlas"  # ONNX Runtime's own (MatMulNBits, QuickGelu, ...): every platform
+    # edge-runtime's ops where they apply (csrc/, x86-64 AVX2): MatMulQ4 for INT4 block-32 products with
+    # K % 64 == 0 (same weight bytes; the rest stay MatMulNBits) and SiluMul; faster at decode
+    EDGE = "edge"
 
 
 class QuantMethod(enum.Enum):

@@ -78,8 +78,9 @@ def main() -> None:
     type=click.Choice(["mlas", "edge"]),
     default="mlas",
     show_default=True,
-    help="INT4 block-32 products: ONNX Runtime's MatMulNBits (every platform) or edge-runtime's MatMulQ4 "
-    "(x86-64 AVX2, faster decode; the bundle then runs only where the kernel library is built).",
+    help="Kernels of quantized bundles: ONNX Runtime's own (every platform) or edge-runtime's ops where they "
+    "apply (MatMulQ4 for INT4 block-32 products, SiluMul; x86-64 AVX2, faster decode; the bundle then runs "
+    "only where edge-runtime's kernel library is built).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
