@@ -8,6 +8,7 @@ and [intermediate, hidden] (the MLP matrices of the model shape; random weights)
 onnxruntime's own tools:
   fp32        MatMul
   nbits4      MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 compute): our int4 layers
+  q4edge      edge-runtime's MatMulQ4 on nbits4's very bytes (--kernel edge; where its library is built)
   nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4: our int8 layers
   dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
               uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("fp32", "nbits4", "nbits8", "dyn8")
+FORMATS = ("fp32", "nbits4", "q4edge", "nbits8", "dyn8")
 
 
 def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
@@ -56,12 +57,24 @@ def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
     path = out / f"{fmt}.onnx"
     if fmt == "fp32":
         onnx.save(model, path)
-    elif fmt.startswith("nbits"):
+    elif fmt.startswith("nbits") or fmt == "q4edge":
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        q = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4, bits=int(fmt[5:]))
+        bits = 4 if fmt == "q4edge" else int(fmt[5:])
+        q = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
         q.process()
-        onnx.save(q.model.model, path)
+        quantized = q.model.model
+        if fmt == "q4edge":  # the same inputs; MatMulQ4 takes only K and N
+            from edge_runtime import kernels
+
+            for node in quantized.graph.node:
+                if node.op_type == "MatMulNBits":
+                    keep = {a.name: a.i for a in node.attribute if a.name in ("K", "N")}
+                    node.op_type, node.domain = kernels.MATMUL_Q4, kernels.DOMAIN
+                    del node.attribute[:]
+                    node.attribute.extend(helper.make_attribute(k, v) for k, v in keep.items())
+            quantized.opset_import.append(helper.make_opsetid(kernels.DOMAIN, 1))
+        onnx.save(quantized, path)
     else:
         import logging
 
@@ -81,6 +94,9 @@ def child(path: str, m: int, threads: int, spin: bool) -> float:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    from edge_runtime import kernels
+
+    kernels.register(so)
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
@@ -113,10 +129,13 @@ def main() -> int:
         return 0
     n_matmul = 2 * a.layers
     # (label, format, intra-op threads, spinning workers)
-    cases = [(f, f, a.threads, True) for f in FORMATS]
+    from edge_runtime import kernels
+
+    formats = [f for f in FORMATS if f != "q4edge" or kernels.available()]
+    cases = [(f, f, a.threads, True) for f in formats]
     cases += [("nbits4, 1 thread", "nbits4", 1, True), ("nbits4, no spinning", "nbits4", a.threads, False)]
     with tempfile.TemporaryDirectory() as tmp:
-        paths = {f: build(f, a.hidden, a.intermediate, a.layers, Path(tmp)) for f in FORMATS}
+        paths = {f: build(f, a.hidden, a.intermediate, a.layers, Path(tmp)) for f in formats}
         times: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for m in (1, a.prompt):
@@ -125,7 +144,7 @@ def main() -> int:
                     cmd += ["--child", str(paths[f]), str(m)]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                     times.setdefault((label, m), []).append(json.loads(out) / n_matmul)
-        weight_bytes = {f: sum(p.stat().st_size for p in Path(tmp).glob(f"{f}.onnx*")) for f in FORMATS}
+        weight_bytes = {f: sum(p.stat().st_size for p in Path(tmp).glob(f"{f}.onnx*")) for f in formats}
     print(f"{n_matmul} MatMuls of [{a.hidden}, {a.intermediate}] / [{a.intermediate}, {a.hidden}], "
           f"{a.threads} threads unless noted, {a.rounds} rounds (medians per matmul)\n")  # fmt: skip
     print(f"| case | M=1 us | M=1 GB/s of weights | M={a.prompt} us | M={a.prompt} GFLOP/s |")
