@@ -26,7 +26,7 @@ typedef struct OrtApiBase {
 } OrtApiBase;
 
 enum { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
-enum { ONNX_FLOAT = 1, ONNX_UINT8 = 2 };          /* ONNXTensorElementDataType */
+enum { ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6 }; /* ONNXTensorElementDataType */
 enum { INPUT_OUTPUT_REQUIRED = 0 };               /* OrtCustomOpInputOutputCharacteristic */
 enum { ORT_MEM_TYPE_DEFAULT = 0 };                /* OrtMemType */
 
@@ -66,6 +66,8 @@ struct OrtCustomOp {
 #define ORT_GetTensorShapeElementCount(a) \
     ORT_SLOT(a, 64, OrtStatus * (*)(const OrtTensorTypeAndShapeInfo *, size_t *))
 #define ORT_GetTensorTypeAndShape(a) ORT_SLOT(a, 65, OrtStatus * (*)(const OrtValue *, OrtTensorTypeAndShapeInfo **))
+#define ORT_KernelInfoGetAttribute_float(a) \
+    ORT_SLOT(a, 85, OrtStatus * (*)(const OrtKernelInfo *, const char *, float *))
 #define ORT_KernelInfoGetAttribute_int64(a) \
     ORT_SLOT(a, 86, OrtStatus * (*)(const OrtKernelInfo *, const char *, int64_t *))
 #define ORT_KernelContext_GetInput(a) ORT_SLOT(a, 90, OrtStatus * (*)(const OrtKernelContext *, size_t, const OrtValue **))

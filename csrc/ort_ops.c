@@ -8,10 +8,15 @@
  * Attributes K, N as MatMulNBits'; bits 4, block 32 and zero point 8 are fixed.
  *
  * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
+ *
+ * LinearAttention, over attention.h: GroupQueryAttention's packed-qkv form (inputs qkv, past_key,
+ * past_value, seqlens_k, cos_cache, sin_cache; outputs out, present_key, present_value; attributes
+ * num_heads, kv_num_heads, scale). Bound with present_* on past_*'s buffers, it writes only the new rows.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "ort_abi.h"
 #include "q4gemm.h"
 #include "silu_mul.h"
@@ -200,11 +205,113 @@ static OrtStatus *silu_compute(void *kernel, OrtKernelContext *ctx) {
     return ORT_KernelContext_ParallelFor(g_api)(ctx, silu_task, (size_t)rows, 0, &w);
 }
 
-#define EDGE_OP(create, compute, name, n_inputs, input_type)                                          \
+/* ---- LinearAttention ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t hq, hkv;
+    float scale;
+} AttnKernel;
+
+static const char *attn_name(const OrtCustomOp *op) { (void)op; return "LinearAttention"; }
+static size_t attn_inputs(const OrtCustomOp *op) { (void)op; return 6; }
+static size_t attn_outputs(const OrtCustomOp *op) { (void)op; return 3; }
+static int attn_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 3 ? ONNX_INT32 : ONNX_FLOAT; }
+
+static OrtStatus *attn_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    AttnKernel k = {0, 0, 0.0f};
+    TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "num_heads", &k.hq));
+    TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "kv_num_heads", &k.hkv));
+    TRY(ORT_KernelInfoGetAttribute_float(g_api)(info, "scale", &k.scale));
+    if (k.hq <= 0 || k.hkv <= 0 || k.hq % k.hkv != 0)
+        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: num_heads must be a positive multiple of kv_num_heads");
+    AttnKernel *p = malloc(sizeof *p);
+    if (!p) return fail(ORT_FAIL, "LinearAttention: out of memory");
+    *p = k;
+    *out = p;
+    return NULL;
+}
+
+static int64_t g_cache_copies; /* calls that had to copy the cache (present_* not on past_*'s buffers) */
+
+/* For tests (ctypes): how many LinearAttention calls in this process copied a whole cache. */
+__attribute__((visibility("default"))) int64_t edge_linear_attention_cache_copies(void) {
+    return __atomic_load_n(&g_cache_copies, __ATOMIC_RELAXED);
+}
+
+static _Thread_local float *t_scores;
+static _Thread_local size_t t_scores_len;
+
+static void attn_task(void *data, size_t index) {
+    const AttnArgs *a = data;
+    int64_t i = (int64_t)index / a->hq, h = (int64_t)index % a->hq;
+    size_t need = (size_t)(a->past + i + 1);
+    if (need > t_scores_len) { /* grows to the cache capacity once per thread, then never again */
+        free(t_scores);
+        t_scores = malloc((size_t)a->capacity * sizeof(float));
+        t_scores_len = t_scores ? (size_t)a->capacity : 0;
+        if (!t_scores) return; /* checked below through the output staying unwritten: see attn_compute */
+    }
+    attn_head(a, i, h, t_scores);
+}
+
+static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
+    const AttnKernel *k = kernel;
+    const OrtValue *in[6];
+    for (size_t i = 0; i < 6; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
+    int64_t qd[8], kd[8], cd[8];
+    size_t qr = 0, kr = 0, cr = 0, qn = 0, kn = 0, cn = 0, sn = 0;
+    TRY(element_count(in[0], &qn, qd, &qr));
+    TRY(element_count(in[1], &kn, kd, &kr));
+    TRY(element_count(in[4], &cn, cd, &cr));
+    TRY(element_count(in[3], &sn, NULL, NULL));
+    if (qr != 3 || kr != 4 || cr != 2 || sn != 1 || qd[0] != 1 || kd[0] != 1 || kd[1] != k->hkv)
+        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: expects qkv [1, T, W], caches [1, Hkv, C, D], seqlens_k [1]");
+    AttnArgs a = {0};
+    a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.d = kd[3], a.scale = k->scale;
+    a.rot_half = cd[1];
+    if (qd[2] != (a.hq + 2 * a.hkv) * a.d || a.d % 8 != 0 || a.d > 512 || 2 * a.rot_half > a.d || cd[0] < a.capacity)
+        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: qkv width, head size (multiple of 8, <= 512) or cos_cache shape");
+    int32_t *seqlens;
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[3], (void **)&seqlens));
+    a.past = (int64_t)seqlens[0] + 1 - a.T;
+    if (a.past < 0 || a.past + a.T > a.capacity)
+        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: seqlens_k puts the new rows outside the cache");
+    int64_t out_dims[3] = {1, a.T, a.hq * a.d};
+    OrtValue *out_v, *pk_v, *pv_v;
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 0, out_dims, 3, &out_v));
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 1, kd, 4, &pk_v));
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 2, kd, 4, &pv_v));
+    float *past_k, *past_v;
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[0], (void **)&a.qkv));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[1], (void **)&past_k));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[2], (void **)&past_v));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[4], (void **)&a.cos));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[5], (void **)&a.sin));
+    TRY(ORT_GetTensorMutableData(g_api)(out_v, (void **)&a.out));
+    TRY(ORT_GetTensorMutableData(g_api)(pk_v, (void **)&a.keys));
+    TRY(ORT_GetTensorMutableData(g_api)(pv_v, (void **)&a.values));
+    /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
+     * cache is copied first (correct, but a full copy per call). */
+    if (a.keys != past_k || a.values != past_v) __atomic_add_fetch(&g_cache_copies, 1, __ATOMIC_RELAXED);
+    if (a.keys != past_k) memcpy(a.keys, past_k, kn * sizeof(float));
+    if (a.values != past_v) memcpy(a.values, past_v, kn * sizeof(float));
+    for (int64_t i = 0; i < a.T; i++) attn_write_kv(&a, i);
+    size_t tasks = (size_t)(a.T * a.hq);
+    if (a.T == 1 && a.past < 64) { /* a few microseconds of work: less than waking the pool */
+        for (size_t t = 0; t < tasks; t++) attn_task(&a, t);
+    } else {
+        TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, attn_task, tasks, 0, &a));
+    }
+    if (t_scores == NULL && a.capacity > 0) return fail(ORT_FAIL, "LinearAttention: out of memory for the scores");
+    return NULL;
+}
+
+#define EDGE_OP(create, compute, name, n_inputs, input_type, n_outputs)                               \
     {                                                                                                 \
         .version = EDGE_CUSTOM_OP_VERSION, .GetName = name, .GetExecutionProviderType = op_ep,        \
         .GetInputType = input_type, .GetInputTypeCount = n_inputs, .GetOutputType = float_type,       \
-        .GetOutputTypeCount = one_io, .KernelDestroy = kernel_destroy,                                \
+        .GetOutputTypeCount = n_outputs, .KernelDestroy = kernel_destroy,                             \
         .GetInputCharacteristic = op_required, .GetOutputCharacteristic = op_required,                \
         .GetInputMemoryType = op_mem_default, .GetVariadicInputMinArity = op_one,                     \
         .GetVariadicInputHomogeneity = op_one, .GetVariadicOutputMinArity = op_one,                   \
@@ -212,8 +319,9 @@ static OrtStatus *silu_compute(void *kernel, OrtKernelContext *ctx) {
     }
 
 static const OrtCustomOp g_ops[] = {
-    EDGE_OP(q4_create, q4_compute, q4_name, q4_inputs, q4_input_type),
-    EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type),
+    EDGE_OP(q4_create, q4_compute, q4_name, q4_inputs, q4_input_type, one_io),
+    EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type, one_io),
+    EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type, attn_outputs),
 };
 
 /* Called by SessionOptions.register_custom_ops_library for each SessionOptions. */

@@ -1,5 +1,6 @@
 """edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime` ops MatMulQ4 (INT4 x int8
-matmul on MatMulNBits' bytes) and SiluMul (silu(gate) * up of a fused gate|up row).
+matmul on MatMulNBits' bytes), SiluMul (silu(gate) * up of a fused gate|up row) and LinearAttention
+(GroupQueryAttention's packed-qkv decode/prefill over the ring while it is a linear cache).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
 cannot be built, or the CPU lacks AVX2/FMA, exports fall back to ONNX Runtime's MatMulNBits and bundles
@@ -20,7 +21,8 @@ import onnxruntime as ort
 DOMAIN = "ai.edge_runtime"
 MATMUL_Q4 = "MatMulQ4"
 SILU_MUL = "SiluMul"
-OPS = (MATMUL_Q4, SILU_MUL)
+LINEAR_ATTENTION = "LinearAttention"
+OPS = (MATMUL_Q4, SILU_MUL, LINEAR_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
 
 

@@ -197,13 +197,29 @@ def cache_io(g: GraphBuilder, layer: int, hkv: int, head_dim: int) -> tuple[str,
     return past_k, past_v, present
 
 
-def _gqa(g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, layer: int, hq: int, hkv: int, d: int) -> list[str]:
-    """GroupQueryAttention on packed qkv: (out [1, T, Hq*D], present_key, present_value); K/V are written in
-    place at rows [past, past + T)."""
+def _gqa(
+    g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, layer: int, hq: int, hkv: int, d: int, edge: bool
+) -> list[str]:
+    """GroupQueryAttention on packed qkv, or with `edge` edge-runtime's LinearAttention (the same
+    semantics: tests/test_kernels.py): (out [1, T, Hq*D], present_key, present_value); K/V are written
+    in place at rows [past, past + T)."""
     if step.ring_full is None:  # decoder.py declares these inputs exactly where gqa_can_run
         raise ValueError(f"{prefix}: GroupQueryAttention inputs were not declared")  # a builder bug
-    g.domains[MS] = 1
     cache = [f"past_key.{layer}", f"past_value.{layer}"]
+    scale = float(1.0 / np.sqrt(d))
+    if edge:
+        g.domains[kernels.DOMAIN] = 1
+        return g.op_multi(
+            kernels.LINEAR_ATTENTION,
+            [qkv, *cache, step.seqlens_k, step.cos_cache, step.sin_cache],
+            f"{prefix}/{kernels.LINEAR_ATTENTION}",
+            n_out=3,
+            domain=kernels.DOMAIN,
+            num_heads=hq,
+            kv_num_heads=hkv,
+            scale=scale,
+        )
+    g.domains[MS] = 1
     return g.op_multi(
         "GroupQueryAttention",
         [qkv, "", "", *cache, step.seqlens_k, step.total_len, step.cos_cache, step.sin_cache],
@@ -214,7 +230,7 @@ def _gqa(g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, layer: int, h
         kv_num_heads=hkv,
         do_rotary=1,
         rotary_interleaved=0,
-        scale=float(1.0 / np.sqrt(d)),
+        scale=scale,
     )
 
 
@@ -230,13 +246,15 @@ def attention(
     head_dim: int,
     rotary_dim: int,
     linear: bool | None = None,
+    edge_ops: bool = False,
 ) -> tuple[str, str | None, str | None]:
     """One layer's attention: (o_proj output, keys, values).
 
     `linear` None: the layer declares its cache I/O and picks its path with its own If on ring_full (or
     takes the general path only); keys/values are then the graph's present_* outputs (None here).
     True / False: inside a branch of the decoder-wide If (the caller declares the I/O and collects the
-    returned keys/values): GroupQueryAttention while the ring is linear, else the general path."""
+    returned keys/values): GroupQueryAttention while the ring is linear, else the general path.
+    `edge_ops`: edge-runtime's LinearAttention in place of GroupQueryAttention."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     qkv = wf.matmul_concat(
@@ -245,7 +263,7 @@ def attention(
     general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim}
     if linear is not None:
         if linear:
-            out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
+            out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops)
         else:
             out, keys, values = _general_path(g, prefix, qkv, step, **general)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
@@ -257,7 +275,7 @@ def attention(
     full = g.branch(f"{prefix}/ring_full/then")
     ring = _general_path(full, prefix, qkv, step, **general)
     lin = g.branch(f"{prefix}/ring_full/else")
-    gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d)
+    gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops)
     out, _, _ = g.op_multi(
         "If",
         [step.ring_full],

@@ -203,8 +203,9 @@ def _ort_body(
         p = f"/model/layers.{i}"
         h, x = blocks_ort.skip_norm(g, f"{p}/input_layernorm", x, delta, lw.attn_norm, eps)
         a, _, _ = blocks_ort.attention(
-            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim
-        )
+            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
+            edge_ops=edge_ops,
+        )  # fmt: skip
         h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
         delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf, silu_mul=edge_ops)
     h, _ = blocks_ort.skip_norm(g, "/model/norm", x, delta, weights.final_norm, eps)
@@ -236,7 +237,7 @@ def _stacked_layers(
             h, xb = blocks_ort.skip_norm(b, f"{p}/input_layernorm", xb, delta, lw.attn_norm, eps)
             a, k, v = blocks_ort.attention(
                 b, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
-                linear=linear,
+                linear=linear, edge_ops=True,
             )  # fmt: skip
             kv += [k, v]
             h, xb = blocks_ort.skip_norm(b, f"{p}/post_attention_layernorm", xb, a, lw.mlp_norm, eps)

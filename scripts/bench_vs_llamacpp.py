@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", action="append", choices=tuple(PRECISIONS), help="[fp32, int8, int4]")
     ap.add_argument("--pure", action="store_true", help="llama-quantize --pure: no Q6_K LM head under Q4_0")
     ap.add_argument("--block", type=int, default=32, help="our int4 block size (Q4_0's is 32) [32]")
-    ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our int4 kernel [edge where it runs here]")
+    ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our kernels [edge where they run here]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-reps", type=int, default=3, help="llama-bench -r [3]")
     ap.add_argument("--prompt-tokens", type=int, default=128)

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-1b", action="store_true", help=f"drop {ONE_B} (slow to export, needs GBs of disk/RAM)")
     ap.add_argument("--precision", action="append", choices=PRECISIONS, help="[fp32, int8, int4]")
     ap.add_argument("--block", type=int, default=32, help="int4 block size on both sides [32]")
-    ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our int4 kernel [edge where it runs here]")
+    ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our kernels [edge where they run here]")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, one process per side each [3]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed generations per process [1]")
     ap.add_argument("--trials", type=int, default=2, help="timed generations per process [2]")

@@ -7,6 +7,8 @@ transcription of that arithmetic and against MatMulNBits itself.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -139,6 +141,64 @@ def test_silu_mul_refuses_an_odd_width():
         _silu_session("W").run(None, {"x": np.ones((1, 2, 7), np.float32)})
 
 
+def _cache_copies() -> int:
+    lib = ctypes.CDLL(str(kernels.library()))
+    lib.edge_linear_attention_cache_copies.restype = ctypes.c_int64
+    return lib.edge_linear_attention_cache_copies()
+
+
+def _attention_graph(op: str, hq: int, hkv: int, d: int) -> bytes:
+    qkv = helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "T", (hq + 2 * hkv) * d])
+    caches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, hkv, "C", d]) for n in ("pk", "pv")]
+    seq = helper.make_tensor_value_info("seq", TensorProto.INT32, [1])
+    trig = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["C", "R"]) for n in ("cos", "sin")]
+    scale = float(1 / np.sqrt(d))
+    if op == kernels.LINEAR_ATTENTION:
+        domain, names, inputs = kernels.DOMAIN, ["qkv", "pk", "pv", "seq", "cos", "sin"], [qkv, *caches, seq, *trig]
+        attrs = {"num_heads": hq, "kv_num_heads": hkv, "scale": scale}
+    else:
+        total = helper.make_tensor_value_info("tot", TensorProto.INT32, [])
+        domain, names = "com.microsoft", ["qkv", "", "", "pk", "pv", "seq", "tot", "cos", "sin"]
+        inputs = [qkv, *caches, seq, total, *trig]
+        attrs = {"num_heads": hq, "kv_num_heads": hkv, "scale": scale, "do_rotary": 1, "rotary_interleaved": 0}
+    node = helper.make_node(op, names, ["out", "k", "v"], domain=domain, **attrs)
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "k", "v")]
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)]
+    return helper.make_model(helper.make_graph([node], "g", inputs, outs), opset_imports=opsets).SerializeToString()
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "capacity", "past", "t", "half"),
+    [(9, 3, 64, 300, 200, 1, 32), (4, 2, 16, 64, 0, 7, 8), (32, 8, 64, 260, 100, 1, 32), (4, 2, 32, 64, 10, 5, 8)],
+)
+def test_linear_attention_is_group_query_attention(hq, hkv, d, capacity, past, t, half):
+    """Decode and prefill, GQA grouping, partial rotary (half * 2 < d): the same out and new cache rows."""
+    rng = np.random.default_rng(past + t)
+    qkv = rng.standard_normal((1, t, (hq + 2 * hkv) * d)).astype(np.float32)
+    pk, pv = (rng.standard_normal((1, hkv, capacity, d)).astype(np.float32) for _ in range(2))
+    angles = np.arange(capacity)[:, None] * (10000.0 ** (-np.arange(half) / half))[None]
+    feeds = {"qkv": qkv, "pk": pk, "pv": pv, "seq": np.array([past + t - 1], np.int32)}
+    feeds |= {"cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    ours = _session(_attention_graph(kernels.LINEAR_ATTENTION, hq, hkv, d)).run(None, feeds)
+    gqa = _session(_attention_graph("GroupQueryAttention", hq, hkv, d)).run(
+        None, {**feeds, "tot": np.array(past + t, np.int32)}
+    )
+    assert np.abs(ours[0] - gqa[0]).max() / np.abs(gqa[0]).max() < 2e-6
+    rows = slice(0, past + t)  # GroupQueryAttention leaves rows past the total length undefined
+    for a, b in zip(ours[1:], gqa[1:], strict=True):
+        assert np.abs(a[:, :, rows] - b[:, :, rows]).max() < 1e-5
+
+
+@needs_kernels
+def test_linear_attention_refuses_rows_outside_the_cache():
+    feeds = {"qkv": np.zeros((1, 2, 4 * 16), np.float32), "pk": np.zeros((1, 1, 8, 16), np.float32)}
+    feeds |= {"pv": np.zeros((1, 1, 8, 16), np.float32), "seq": np.array([8], np.int32)}
+    feeds |= {"cos": np.ones((8, 8), np.float32), "sin": np.zeros((8, 8), np.float32)}
+    with pytest.raises(Exception, match="outside the cache"):
+        _session(_attention_graph(kernels.LINEAR_ATTENTION, 2, 1, 16)).run(None, feeds)
+
+
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     from .tiny_models import save_tiny_checkpoint
@@ -183,8 +243,10 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
         assert ops.count(kernels.SILU_MUL) == 2 and "QuickGelu" not in ops and "If" not in ops
         assert not branch.g.initializer
     branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
-    assert branches["else_branch"].count("GroupQueryAttention") == 2  # the ring is still a linear cache
-    assert branches["then_branch"].count("TensorScatter") == 4 and "GroupQueryAttention" not in branches["then_branch"]
+    assert branches["else_branch"].count(kernels.LINEAR_ATTENTION) == 2  # the ring is still a linear cache
+    assert "GroupQueryAttention" not in branches["else_branch"]
+    then = branches["then_branch"]
+    assert then.count("TensorScatter") == 4 and kernels.LINEAR_ATTENTION not in then
     assert edge.provenance["options"]["kernel"] == "edge"
     assert edge.validation.max_rel_err <= edge.validation.tolerance
     assert edge.quantization["exact_parity"]["max_rel_err"] < 1e-4  # the accuracy_level-0 MLAS twin
@@ -247,15 +309,17 @@ def test_edge_bundle_on_a_machine_without_the_kernel_says_how_to_fix_it(tiny_ckp
 
 
 @needs_kernels
-def test_edge_bundle_writes_the_pool_in_place_through_the_decoder_wide_if(tiny_ckpt, tmp_path, capfd):
-    """Both branches of the one If (GroupQueryAttention, then TensorScatter once the ring is full) write
-    the bound K/V buffers themselves, with no ONNX Runtime copy fallback."""
+@pytest.mark.parametrize("ckpt", ["tiny_ckpt", "tiny_ckpt_k96"])
+def test_edge_bundle_writes_the_pool_in_place(ckpt, tmp_path, capfd, request):
+    """Both branches of the decoder-wide If (tiny_ckpt) or of each layer's (tiny_ckpt_k96) write the bound
+    K/V buffers themselves: LinearAttention while the ring is linear, TensorScatter once it is full."""
     from edge_runtime.backends.onnxruntime import OrtBackend
     from edge_runtime.engine import LoadOptions, load
 
-    _export(tiny_ckpt, tmp_path / "edge", "edge")
+    _export(request.getfixturevalue(ckpt), tmp_path / "edge", "edge")
     engine = load(tmp_path / "edge", LoadOptions(sinks=4, window=28))
     engine.backend = OrtBackend(engine.bundle.graph_file, engine.manifest, engine.pool, log_severity=1)
+    copies_before = _cache_copies()
     keys = engine.pool.keys[1][0]  # the last layer's [Hkv, capacity, D]
     pointer = keys.ctypes.data
     engine.prefill([0, 5, 9])
@@ -271,3 +335,4 @@ def test_edge_bundle_writes_the_pool_in_place_through_the_decoder_wide_if(tiny_c
     assert changed.tolist() == [engine.geometry.slot(engine.ring.tokens - 1)]  # that one reused row, in place
     assert keys.ctypes.data == pointer
     assert "in-place" not in capfd.readouterr().err.lower()
+    assert _cache_copies() == copies_before  # LinearAttention was handed the pool buffers as its outputs
