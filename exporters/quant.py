@@ -42,7 +42,7 @@ class MatMulKernel(enum.Enum):
 
     MLAS = "mlas"  # ONNX Runtime's own (MatMulNBits, QuickGelu, ...): every platform
     # edge-runtime's ops where they apply (csrc/, x86-64 AVX2): MatMulQ4 for INT4 block-32 products with
-    # K % 64 == 0 (same weight bytes; the rest stay MatMulNBits) and SiluMul; faster at decode
+    # K % 64 == 0 (same weight bytes; the rest stay MatMulNBits), SiluMul and LinearAttention; faster at decode
     EDGE = "edge"
 
 

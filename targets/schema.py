@@ -81,7 +81,7 @@ class TargetProfile:
     memory_budget_bytes: int
     power: PowerSpec
     detect: DetectHints
-    # INT4 kernel for bundles exported on first use: "edge" (MatMulQ4, x86-64 AVX2) where it runs, else "mlas"
+    # kernels of quantized bundles exported on first use: "edge" (csrc/, x86-64 AVX2) where they run, else "mlas"
     matmul_kernel: str = "mlas"
     source: str = ""  # the file it was loaded from; not a YAML key
 

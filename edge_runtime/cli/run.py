@@ -47,7 +47,7 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
     quant = profile.quantization
     block = f"-b{profile.block_size}" if quant.startswith("int4") else ""
     # The device exports its own bundle, so the edge kernels are used exactly where they run here.
-    kernel = "edge" if profile.matmul_kernel == "edge" and quant.startswith("int4") and kernels.available() else "mlas"
+    kernel = "edge" if profile.matmul_kernel == "edge" and quant != "none" and kernels.available() else "mlas"
     suffix = "-edge" if kernel == "edge" else ""
     name = (
         f"{checkpoint.name}-{profile.graph_flavor}-{quant}{block}{suffix}-{_checkpoint_key(checkpoint)}-v{__version__}"
