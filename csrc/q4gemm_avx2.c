@@ -70,6 +70,8 @@ void q4_quantize_row(const float *x, int64_t K, Q4Row row) {
         __m256 acc[M];                                                                                  \
         for (int r = 0; r < M; r++) acc[r] = _mm256_setzero_ps();                                       \
         for (int64_t p = 0; p < pairs; p++) {                                                           \
+            /* 1 KB ahead: +3-5% at decode, paired in chains of 135M- and 1B-shaped matrices */       \
+            _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);                              \
             __m256i v = _mm256_loadu_si256((const __m256i *)(bn + p * 32));                             \
             __m256i lo = _mm256_and_si256(v, low4);                                                     \
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                               \
