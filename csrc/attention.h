@@ -12,6 +12,7 @@ typedef struct {
     float *keys, *values;                             /* [hkv, capacity, d], rows [past, past + T) written */
     const float *cos, *sin;                           /* [capacity, rot_half] */
     float *out;                                       /* [T, hq * d] */
+    int out_of_memory;                                /* set by a task that could not get its scratch */
 } AttnArgs;
 
 /* Rotate token i's key and write it and its value into row past + i. */

@@ -1,4 +1,4 @@
-/* edge-runtime's ONNX Runtime custom ops (domain ai.edge_runtime, DESIGN.md §6).
+/* edge-runtime's ONNX Runtime custom ops (domain ai.edge_runtime; README, "edge-runtime's own kernels").
  *
  * MatMulQ4, over q4gemm.h:
  *   A [..., K] float ─┐
@@ -115,7 +115,7 @@ static OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims,
     OrtStatus *s = ORT_GetTensorShapeElementCount(g_api)(info, count);
     if (!s && dims) {
         s = ORT_GetDimensionsCount(g_api)(info, rank);
-        if (!s && *rank > 8) s = fail(ORT_INVALID_ARGUMENT, "MatMulQ4: A has more than 8 dimensions");
+        if (!s && *rank > 8) s = fail(ORT_INVALID_ARGUMENT, "edge-runtime op: an input has more than 8 dimensions");
         if (!s) s = ORT_GetDimensions(g_api)(info, dims, *rank);
     }
     ORT_ReleaseTensorTypeAndShapeInfo(g_api)(info);
@@ -243,14 +243,17 @@ static _Thread_local float *t_scores;
 static _Thread_local size_t t_scores_len;
 
 static void attn_task(void *data, size_t index) {
-    const AttnArgs *a = data;
+    AttnArgs *a = data;
     int64_t i = (int64_t)index / a->hq, h = (int64_t)index % a->hq;
     size_t need = (size_t)(a->past + i + 1);
     if (need > t_scores_len) { /* grows to the cache capacity once per thread, then never again */
         free(t_scores);
         t_scores = malloc((size_t)a->capacity * sizeof(float));
         t_scores_len = t_scores ? (size_t)a->capacity : 0;
-        if (!t_scores) return; /* checked below through the output staying unwritten: see attn_compute */
+        if (!t_scores) {
+            __atomic_store_n(&a->out_of_memory, 1, __ATOMIC_RELAXED);
+            return;
+        }
     }
     attn_head(a, i, h, t_scores);
 }
@@ -265,8 +268,14 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(element_count(in[1], &kn, kd, &kr));
     TRY(element_count(in[4], &cn, cd, &cr));
     TRY(element_count(in[3], &sn, NULL, NULL));
-    if (qr != 3 || kr != 4 || cr != 2 || sn != 1 || qd[0] != 1 || kd[0] != 1 || kd[1] != k->hkv)
-        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: expects qkv [1, T, W], caches [1, Hkv, C, D], seqlens_k [1]");
+    size_t vn = 0, sin_n = 0;
+    TRY(element_count(in[2], &vn, NULL, NULL));
+    TRY(element_count(in[5], &sin_n, NULL, NULL));
+    if (qr != 3 || kr != 4 || cr != 2 || sn != 1 || qd[0] != 1 || kd[0] != 1 || kd[1] != k->hkv || vn != kn ||
+        sin_n != cn)
+        return fail(ORT_INVALID_ARGUMENT,
+                    "LinearAttention: expects qkv [1, T, W], past_key and past_value [1, Hkv, C, D], seqlens_k [1], "
+                    "cos_cache and sin_cache of one shape");
     AttnArgs a = {0};
     a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.d = kd[3], a.scale = k->scale;
     a.rot_half = cd[1];
@@ -303,7 +312,8 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     } else {
         TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, attn_task, tasks, 0, &a));
     }
-    if (t_scores == NULL && a.capacity > 0) return fail(ORT_FAIL, "LinearAttention: out of memory for the scores");
+    if (__atomic_load_n(&a.out_of_memory, __ATOMIC_RELAXED))
+        return fail(ORT_FAIL, "LinearAttention: out of memory for the attention scores");
     return NULL;
 }
 

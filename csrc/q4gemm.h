@@ -1,4 +1,4 @@
-/* INT4 x INT8 matrix product for edge-runtime's `MatMulQ4` ONNX Runtime op (DESIGN.md §6).
+/* INT4 x INT8 matrix product for edge-runtime's `MatMulQ4` ONNX Runtime op (README: edge-runtime's own kernels).
  *
  * Weights use MatMulNBits' layout exactly (4 bits, block 32, symmetric, zero point 8), so a bundle can
  * switch between this op and com.microsoft::MatMulNBits without touching its weight bytes:
