@@ -3,11 +3,11 @@ matmul on MatMulNBits' bytes), SiluMul (silu(gate) * up of a fused gate|up row) 
 (GroupQueryAttention's packed-qkv decode/prefill over the ring while it is a linear cache).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
-cannot be built, or the CPU lacks AVX2/FMA, exports fall back to ONNX Runtime's MatMulNBits and bundles
-that need it say so when loaded).
+cannot be built, or the CPU lacks AVX2/FMA, `--kernel edge` exports are refused and bundles that need
+the ops say so when loaded).
 
     so = onnxruntime.SessionOptions()
-    kernels.register(so)          # True if the op is now available to sessions made from `so`
+    kernels.register(so)          # True if the ops are now available to sessions made from `so`
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def library() -> Path | None:
 
 @cache
 def unavailable_reason() -> str | None:
-    """Why sessions here cannot run MatMulQ4, or None if they can."""
+    """Why sessions here cannot run the edge ops, or None if they can."""
     lib = library()
     if lib is None:
         return "edge-runtime's kernel library was not built on this machine (x86-64 with a C compiler needed)"
@@ -51,7 +51,7 @@ def available() -> bool:
 
 
 def register(so: ort.SessionOptions, *, check: bool = True) -> bool:
-    """Make MatMulQ4 available to sessions created from `so`; False (nothing done) where it is unavailable."""
+    """Make the edge ops available to sessions created from `so`; False (nothing done) where unavailable."""
     if check and not available():
         return False
     lib = library()

@@ -40,7 +40,7 @@ class GraphBuilder:
         self._names: set[str] = set()
         self.domains: dict[str, int] = {}
         self._root = self  # where constants and weights live: the top-level graph
-        self._weights: set[str] = set()
+        self._weights: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # name -> (shape, dtype)
         self._scope = ""  # prefix of this builder's node names
 
     # -- graph I/O ------------------------------------------------------------------------------
@@ -103,9 +103,12 @@ class GraphBuilder:
         """A parameter, stored once in the top-level graph under `name`: branches that build the same
         layer (the same name) read that one copy from the outer scope."""
         root = self._root
+        kind = (tuple(array.shape), np.dtype(array.dtype))
         if name not in root._weights:
-            root._weights.add(name)
+            root._weights[name] = kind
             root.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        elif root._weights[name] != kind:  # two different tensors under one name: a builder bug
+            raise ValueError(f"weight {name} already stored as {root._weights[name]}, now given {kind}")
         return name
 
     def branch(self, name: str, scope: str = "") -> GraphBuilder:

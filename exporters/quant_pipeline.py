@@ -39,6 +39,8 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
         )
     if trt and quant.kernel is MatMulKernel.EDGE:
         raise ExportError("--kernel edge needs --flavor ort: TensorRT runs its own kernels")
+    if quant.kernel is MatMulKernel.EDGE and not quant.enabled:
+        raise ExportError("--kernel edge applies to quantized bundles; add --quant int4 (or int8) or drop --kernel")
     if quant.kernel is MatMulKernel.EDGE:
         from edge_runtime import kernels
 

@@ -1,7 +1,8 @@
 """Side-by-side speed against onnxruntime-genai on random-weight checkpoints of real shapes (issue 7).
 
     python scripts/bench_vs_ortgenai.py [--shape smollm2-135m] [--skip-1b] [--precision fp32 ...]
-                                        [--rounds 3] [--work /tmp/edge-vs-genai] [--json out.json]
+                                        [--our-kernel edge|mlas] [--rounds 3] [--work /tmp/edge-vs-genai]
+                                        [--json out.json]
 
 For each shape (default: smollm2-135m and llama-3.2-1b; `--skip-1b` drops the 1B one) and precision
 (fp32, int8, int4 block 32) it
@@ -175,7 +176,7 @@ def weight_bytes_per_token(onnx_path: Path) -> dict[str, int]:
 
 
 def default_kernel() -> str:
-    """Our int4 kernel: edge-runtime's MatMulQ4 where its library runs here, else MatMulNBits."""
+    """Our kernels for quantized bundles: edge-runtime's ops where their library runs here, else MLAS's."""
     from edge_runtime import kernels
 
     return "edge" if kernels.available() else "mlas"
@@ -188,7 +189,7 @@ def ours_dir(work: Path, precision: str, kernel: str) -> Path:
 def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int, kernel: str = "mlas") -> list[str]:
     cli = Path(sys.executable).with_name("edge-export")
     cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
-    if precision != "fp32":  # int8 with --kernel edge: MatMulNBits products, edge-runtime's SiluMul
+    if precision != "fp32":  # int8 with --kernel edge: MatMulNBits products, SiluMul and LinearAttention
         cmd += ["--quant", precision, "--kernel", kernel]
     if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
         cmd += ["--block", str(block), "--table-bits", "4"]

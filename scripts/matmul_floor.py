@@ -27,10 +27,24 @@ from edge_runtime import kernels
 FLOOR_OPS = ("MatMulNBits", kernels.MATMUL_Q4)
 
 
+def _floor_nodes(graph: onnx.GraphProto, seen: set[str]) -> list[onnx.NodeProto]:
+    """Every quantized-matmul node, If branches included (edge bundles hold the layers in a decoder-wide
+    If); each weight counted once, as a step runs one branch."""
+    nodes = []
+    for n in graph.node:
+        if n.op_type in FLOOR_OPS and n.input[1] not in seen:
+            seen.add(n.input[1])
+            nodes.append(n)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                nodes += _floor_nodes(a.g, seen)
+    return nodes
+
+
 def floor_session(path: str, threads: int) -> tuple[ort.InferenceSession, dict[str, np.ndarray], int]:
     """A session of `path`'s quantized-matmul nodes only, each reading a [1, 1, K] input of its K."""
     model = onnx.load(path)
-    nodes = [n for n in model.graph.node if n.op_type in FLOOR_OPS]
+    nodes = _floor_nodes(model.graph, set())
     inits = {i.name: i for i in model.graph.initializer}
 
     def k_of(node: onnx.NodeProto) -> int:

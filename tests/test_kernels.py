@@ -8,6 +8,8 @@ transcription of that arithmetic and against MatMulNBits itself.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -17,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edge_runtime import kernels
 from edge_runtime.errors import BundleError, ExportError
 
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
 
 
@@ -195,8 +198,12 @@ def test_linear_attention_refuses_rows_outside_the_cache():
     feeds = {"qkv": np.zeros((1, 2, 4 * 16), np.float32), "pk": np.zeros((1, 1, 8, 16), np.float32)}
     feeds |= {"pv": np.zeros((1, 1, 8, 16), np.float32), "seq": np.array([8], np.int32)}
     feeds |= {"cos": np.ones((8, 8), np.float32), "sin": np.zeros((8, 8), np.float32)}
+    session = _session(_attention_graph(kernels.LINEAR_ATTENTION, 2, 1, 16))
     with pytest.raises(Exception, match="outside the cache"):
-        _session(_attention_graph(kernels.LINEAR_ATTENTION, 2, 1, 16)).run(None, feeds)
+        session.run(None, feeds)
+    feeds["seq"] = np.array([1], np.int32)
+    with pytest.raises(Exception, match="past_key and past_value"):  # would read past the smaller buffer
+        session.run(None, {**feeds, "pv": np.zeros((1, 1, 4, 16), np.float32)})
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +254,11 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     assert "GroupQueryAttention" not in branches["else_branch"]
     then = branches["then_branch"]
     assert then.count("TensorScatter") == 4 and kernels.LINEAR_ATTENTION not in then
+    # scripts/matmul_floor.py finds the layer products inside the If, each weight once: 2 x 4 + the LM head
+    spec = importlib.util.spec_from_file_location("matmul_floor", SCRIPTS / "matmul_floor.py")
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    assert len(floor._floor_nodes(graph, set())) == 2 * 4 + 1
     assert edge.provenance["options"]["kernel"] == "edge"
     assert edge.validation.max_rel_err <= edge.validation.tolerance
     assert edge.quantization["exact_parity"]["max_rel_err"] < 1e-4  # the accuracy_level-0 MLAS twin
@@ -292,6 +304,8 @@ def test_edge_kernel_is_refused_for_trt_and_int8_activations_off():
         check_options(QuantConfig(QuantMethod.INT4, 64, kernel=MatMulKernel.EDGE), trt=True)
     with pytest.raises(ExportError, match="accuracy_level 4"):
         QuantConfig(QuantMethod.INT4, 32, accuracy_level=0, kernel=MatMulKernel.EDGE)
+    with pytest.raises(ExportError, match="applies to quantized bundles"):
+        check_options(QuantConfig(kernel=MatMulKernel.EDGE), trt=False)
     with pytest.raises(ExportError, match="must be a MatMulKernel"):
         QuantConfig(QuantMethod.INT4, 32, kernel="edge")
 
@@ -336,3 +350,15 @@ def test_edge_bundle_writes_the_pool_in_place(ckpt, tmp_path, capfd, request):
     assert keys.ctypes.data == pointer
     assert "in-place" not in capfd.readouterr().err.lower()
     assert _cache_copies() == copies_before  # LinearAttention was handed the pool buffers as its outputs
+
+
+def test_one_weight_name_cannot_hold_two_tensors():
+    """Branches share weights by name (the decoder-wide If); a clash must not silently keep the first."""
+    from edge_runtime.exporters.graph import GraphBuilder
+
+    g = GraphBuilder("g", 21, np.float32)
+    b = g.branch("b", scope="/b")
+    assert b.weight("w", np.zeros((2, 3), np.float32)) == g.weight("w", np.ones((2, 3), np.float32)) == "w"
+    assert len(g.initializers) == 1 and not b.initializers
+    with pytest.raises(ValueError, match="already stored"):
+        b.weight("w", np.zeros((3, 2), np.float32))

@@ -71,3 +71,37 @@ def test_sink_query_position_is_cache_logical():
     wrap = lambda a: (a + np.pi) % (2 * np.pi) - np.pi  # noqa: E731
     assert np.allclose(angles_abs, wrap(100 + np.arange(8)))
     assert np.allclose(angles_sink, wrap(100 + np.minimum(np.arange(8), 4)))  # min(t, S + W - 1)
+
+
+def _decode_buffers(g: RingGeometry, half: int):
+    from edge_runtime.ring import DecodeBuffers
+
+    cols = g.capacity
+    return DecodeBuffers(
+        cos=np.zeros((1, half)), sin=np.zeros((1, half)), cos_sink=np.zeros((1, half)), sin_sink=np.zeros((1, half)),
+        attn_mask=np.full((1, cols), -1e9), sink_mask=np.arange(cols) < g.sinks, write_index=np.zeros(1, np.int64),
+        sink_rows=np.array([g.sink_rows], np.int64), ring_full=np.zeros((), np.bool_),
+        seqlens_k=np.zeros(1, np.int32), total_len=np.zeros((), np.int32), cos_cache=np.zeros((cols, half)),
+        sin_cache=np.zeros((cols, half)), masked=-1e9, angle=np.zeros(half), trig=np.zeros(half),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sinks", [4, 0])
+def test_gqa_while_linear_skips_only_inputs_the_linear_branch_never_reads(sinks):
+    """From the first ring_full step on, every decode input equals the eager one's; before it, only the
+    cos/sin/sink angles (read by the full-ring branch alone) may be stale."""
+    g = RingGeometry(sinks=sinks, window=12, slack=3)
+    inv_freq = 1.0 / 10000 ** (np.arange(8) / 8)
+    eager, lazy = RingState(g, inv_freq, 5), RingState(g, inv_freq, 5, gqa_while_linear=True)
+    be, bl = _decode_buffers(g, 8), _decode_buffers(g, 8)
+    eager.sync_decode(be)
+    lazy.sync_decode(bl)
+    for t in range(3 * g.capacity):
+        assert eager.decode_into(be, new_rows_as_columns=False) == lazy.decode_into(bl, new_rows_as_columns=False)
+        for name in ("attn_mask", "write_index", "ring_full", "seqlens_k", "total_len"):
+            assert np.array_equal(getattr(be, name), getattr(bl, name)), (t, name)
+        if t >= g.logical_capacity:
+            for name in ("cos", "sin", "cos_sink", "sin_sink"):
+                assert np.array_equal(getattr(be, name), getattr(bl, name)), (t, name)
+        else:
+            assert not bl.ring_full
