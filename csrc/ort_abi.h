@@ -26,7 +26,7 @@ typedef struct OrtApiBase {
 } OrtApiBase;
 
 enum { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
-enum { ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6 }; /* ONNXTensorElementDataType */
+enum { ONNX_UNDEFINED = 0, ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_FLOAT16 = 10 }; /* ONNXTensorElementDataType; UNDEFINED: any type */
 enum { INPUT_OUTPUT_REQUIRED = 0 };               /* OrtCustomOpInputOutputCharacteristic */
 enum { ORT_MEM_TYPE_DEFAULT = 0 };                /* OrtMemType */
 
@@ -61,6 +61,7 @@ struct OrtCustomOp {
 #define ORT_CustomOpDomain_Add(a) ORT_SLOT(a, 27, OrtStatus * (*)(OrtCustomOpDomain *, const OrtCustomOp *))
 #define ORT_AddCustomOpDomain(a) ORT_SLOT(a, 28, OrtStatus * (*)(OrtSessionOptions *, OrtCustomOpDomain *))
 #define ORT_GetTensorMutableData(a) ORT_SLOT(a, 51, OrtStatus * (*)(OrtValue *, void **))
+#define ORT_GetTensorElementType(a) ORT_SLOT(a, 60, OrtStatus * (*)(const OrtTensorTypeAndShapeInfo *, int *))
 #define ORT_GetDimensionsCount(a) ORT_SLOT(a, 61, OrtStatus * (*)(const OrtTensorTypeAndShapeInfo *, size_t *))
 #define ORT_GetDimensions(a) ORT_SLOT(a, 62, OrtStatus * (*)(const OrtTensorTypeAndShapeInfo *, int64_t *, size_t))
 #define ORT_GetTensorShapeElementCount(a) \

@@ -5,7 +5,8 @@
  *   B [N, K/32, 16] u8 ├─► quantize A per row/block to int8 ─► q4_tile over column chunks ─► Y [..., N]
  *   scales [N, K/32]  ─┘   (rows in parallel when M > 1)       (ONNX Runtime's intra-op pool)
  *
- * Attributes K, N as MatMulNBits'; bits 4, block 32 and zero point 8 are fixed.
+ * Attributes K, N as MatMulNBits'; bits 4, block 32 and zero point 8 are fixed. scales are float16 (what
+ * exports write) or float (MatMulNBits' own input), checked when the op runs.
  *
  * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
  *
@@ -39,7 +40,10 @@ static OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_ap
 
 static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
 static size_t q4_inputs(const OrtCustomOp *op) { (void)op; return 3; }
-static int q4_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_UINT8 : ONNX_FLOAT; }
+static int q4_input_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 0 ? ONNX_FLOAT : i == 1 ? ONNX_UINT8 : ONNX_UNDEFINED; /* scales: float16 or float */
+}
 static const char *silu_name(const OrtCustomOp *op) { (void)op; return "SiluMul"; }
 static size_t one_io(const OrtCustomOp *op) { (void)op; return 1; }
 static int float_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_FLOAT; }
@@ -71,7 +75,8 @@ typedef struct {
     const float *a;
     float *y;
     const uint8_t *b;
-    const float *scales;
+    const void *scales;
+    int fp16_scales;
     void *scratch;
     int64_t M, K, N, cols_per_task;
 } Work;
@@ -91,7 +96,7 @@ static void column_task(void *data, size_t i) {
     for (int64_t r0 = 0; r0 < w->M; r0 += 4) {
         int m = w->M - r0 < 4 ? (int)(w->M - r0) : 4;
         for (int j = 0; j < m; j++) rows[j] = q4_row_at(w->scratch, w->K, r0 + j);
-        q4_tile(rows, m, w->b, w->scales, w->K, w->N, n0, n1, w->y + r0 * w->N);
+        q4_tile(rows, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, w->y + r0 * w->N);
     }
 }
 
@@ -109,10 +114,12 @@ static void *scratch_for(size_t bytes) {
     return t_scratch;
 }
 
-static OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims, size_t *rank) {
+/* Element count of `v`; also its dims (when `dims`) and element type (when `type`). */
+static OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims, size_t *rank, int *type) {
     OrtTensorTypeAndShapeInfo *info = NULL;
     TRY(ORT_GetTensorTypeAndShape(g_api)(v, &info));
     OrtStatus *s = ORT_GetTensorShapeElementCount(g_api)(info, count);
+    if (!s && type) s = ORT_GetTensorElementType(g_api)(info, type);
     if (!s && dims) {
         s = ORT_GetDimensionsCount(g_api)(info, rank);
         if (!s && *rank > 8) s = fail(ORT_INVALID_ARGUMENT, "edge-runtime op: an input has more than 8 dimensions");
@@ -130,9 +137,12 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 2, &s_v));
     int64_t dims[8];
     size_t rank = 0, a_count = 0, b_count = 0, s_count = 0;
-    TRY(element_count(a_v, &a_count, dims, &rank));
-    TRY(element_count(b_v, &b_count, NULL, NULL));
-    TRY(element_count(s_v, &s_count, NULL, NULL));
+    TRY(element_count(a_v, &a_count, dims, &rank, NULL));
+    TRY(element_count(b_v, &b_count, NULL, NULL, NULL));
+    int s_type = 0;
+    TRY(element_count(s_v, &s_count, NULL, NULL, &s_type));
+    if (s_type != ONNX_FLOAT16 && s_type != ONNX_FLOAT)
+        return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: scales must be float16 or float");
     if (rank < 1 || dims[rank - 1] != k->K) return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: A's last dimension is not K");
     if ((int64_t)b_count != k->N * k->K / 2 || (int64_t)s_count != k->N * k->K / 32)
         return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: B or scales do not hold N x K/32 blocks");
@@ -148,6 +158,7 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)s_v, (void **)&w.scales));
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
     w.M = M, w.K = k->K, w.N = k->N;
+    w.fp16_scales = s_type == ONNX_FLOAT16;
     w.scratch = scratch_for(q4_row_bytes(k->K) * (size_t)M);
     if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4: out of memory for the quantized activations");
     if (M == 1)
@@ -187,7 +198,7 @@ static OrtStatus *silu_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 0, &x_v));
     int64_t dims[8];
     size_t rank = 0, count = 0;
-    TRY(element_count(x_v, &count, dims, &rank));
+    TRY(element_count(x_v, &count, dims, &rank, NULL));
     if (rank < 1 || dims[rank - 1] % 2 != 0) return fail(ORT_INVALID_ARGUMENT, "SiluMul: X's last dimension is odd");
     SiluWork w = {0};
     w.inter = dims[rank - 1] / 2;
@@ -264,13 +275,13 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     for (size_t i = 0; i < 6; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
     int64_t qd[8], kd[8], cd[8];
     size_t qr = 0, kr = 0, cr = 0, qn = 0, kn = 0, cn = 0, sn = 0;
-    TRY(element_count(in[0], &qn, qd, &qr));
-    TRY(element_count(in[1], &kn, kd, &kr));
-    TRY(element_count(in[4], &cn, cd, &cr));
-    TRY(element_count(in[3], &sn, NULL, NULL));
+    TRY(element_count(in[0], &qn, qd, &qr, NULL));
+    TRY(element_count(in[1], &kn, kd, &kr, NULL));
+    TRY(element_count(in[4], &cn, cd, &cr, NULL));
+    TRY(element_count(in[3], &sn, NULL, NULL, NULL));
     size_t vn = 0, sin_n = 0;
-    TRY(element_count(in[2], &vn, NULL, NULL));
-    TRY(element_count(in[5], &sin_n, NULL, NULL));
+    TRY(element_count(in[2], &vn, NULL, NULL, NULL));
+    TRY(element_count(in[5], &sin_n, NULL, NULL, NULL));
     if (qr != 3 || kr != 4 || cr != 2 || sn != 1 || qd[0] != 1 || kd[0] != 1 || kd[1] != k->hkv || vn != kn ||
         sin_n != cn)
         return fail(ORT_INVALID_ARGUMENT,

@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 size_t q4_row_bytes(int64_t K) {
     int64_t pairs = K / 64;
@@ -60,10 +61,23 @@ void q4_quantize_row(const float *x, int64_t K, Q4Row row) {
     }
 }
 
+/* [s_b0 x4 | s_b1 x4] (the two 128-bit lanes) from the pair's two consecutive block scales. */
+static inline __m256 pair_scales_f32(const void *sn, int64_t p, __m256i lanes) {
+    const float *s = (const float *)sn + 2 * p;
+    return _mm256_permutevar8x32_ps(_mm256_castpd_ps(_mm256_broadcast_sd((const double *)s)), lanes);
+}
+
+static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
+    int32_t two;
+    memcpy(&two, (const uint16_t *)sn + 2 * p, sizeof two);
+    __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(two)); /* [s0, s1, 0, 0] */
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), lanes);
+}
+
 /* One column `n` against m rows (m in 1..4). Weight bytes are unpacked once and used m times. */
-#define Q4_COLUMN(M)                                                                                    \
-    static inline void column_##M(const Q4Row *rows, const uint8_t *bn, const float *sn, int64_t pairs, \
-                                  float *y, int64_t N) {                                                \
+#define Q4_COLUMN(M, FMT)                                                                               \
+    static inline void column_##M##_##FMT(const Q4Row *rows, const uint8_t *bn, const void *sn,         \
+                                          int64_t pairs, float *y, int64_t N) {                         \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                    \
         const __m256i ones = _mm256_set1_epi16(1);                                                      \
         const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                 \
@@ -75,9 +89,7 @@ void q4_quantize_row(const float *x, int64_t K, Q4Row row) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(bn + p * 32));                             \
             __m256i lo = _mm256_and_si256(v, low4);                                                     \
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                               \
-            /* [s_b0 x4 | s_b1 x4] from the two consecutive block scales */                             \
-            __m256 sw = _mm256_permutevar8x32_ps(                                                       \
-                _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(sn + 2 * p))), lanes);            \
+            __m256 sw = pair_scales_##FMT(sn, p, lanes);                                                \
             for (int r = 0; r < M; r++) {                                                               \
                 const int8_t *xq = rows[r].xq + p * 64;                                                 \
                 __m256i d = _mm256_add_epi16(                                                           \
@@ -91,27 +103,31 @@ void q4_quantize_row(const float *x, int64_t K, Q4Row row) {
         }                                                                                               \
         for (int r = 0; r < M; r++) y[r * N] = hsum8(acc[r]);                                           \
     }
-Q4_COLUMN(1)
-Q4_COLUMN(2)
-Q4_COLUMN(3)
-Q4_COLUMN(4)
+Q4_COLUMN(1, f32)
+Q4_COLUMN(2, f32)
+Q4_COLUMN(3, f32)
+Q4_COLUMN(4, f32)
+Q4_COLUMN(1, f16)
+Q4_COLUMN(2, f16)
+Q4_COLUMN(3, f16)
+Q4_COLUMN(4, f16)
 
-void q4_tile(const Q4Row *rows, int m, const uint8_t *B, const float *scales, int64_t K, int64_t N, int64_t n0,
-             int64_t n1, float *y) {
+typedef void (*ColumnFn)(const Q4Row *, const uint8_t *, const void *, int64_t, float *, int64_t);
+static const ColumnFn k_columns[2][4] = {
+    {column_1_f32, column_2_f32, column_3_f32, column_4_f32},
+    {column_1_f16, column_2_f16, column_3_f16, column_4_f16},
+};
+
+void q4_tile(const Q4Row *rows, int m, const uint8_t *B, const void *scales, int fp16_scales, int64_t K, int64_t N,
+             int64_t n0, int64_t n1, float *y) {
     int64_t nb = K / 32, pairs = K / 64;
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *bn = B + n * nb * 16;
-        const float *sn = scales + n * nb;
-        switch (m) {
-            case 1: column_1(rows, bn, sn, pairs, y + n, N); break;
-            case 2: column_2(rows, bn, sn, pairs, y + n, N); break;
-            case 3: column_3(rows, bn, sn, pairs, y + n, N); break;
-            default: column_4(rows, bn, sn, pairs, y + n, N); break;
-        }
-    }
+    ColumnFn column = k_columns[fp16_scales ? 1 : 0][(m < 1 ? 1 : m > 4 ? 4 : m) - 1];
+    size_t scale_bytes = fp16_scales ? 2 : 4;
+    for (int64_t n = n0; n < n1; n++)
+        column(rows, B + n * nb * 16, (const char *)scales + (size_t)(n * nb) * scale_bytes, pairs, y + n, N);
 }
 
 int q4_cpu_ok(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }

@@ -8,8 +8,8 @@ Both write the same `QuantizedMatrix` codes and scales (DESIGN.md §4, §6):
         ─► Reshape [1, T, H]                        (the tied table is stored once, read by both ops)
 
   ort flavor with --kernel edge: INT4 block-32 products whose K is a multiple of 64 run edge-runtime's
-  own op on the same B and scales (csrc/, x86-64 AVX2; numerically MatMulNBits at accuracy_level 4):
-    x ─► ai.edge_runtime::MatMulQ4(B [N, K/32, 16], scales [N, K/32]) ─► y
+  own op on the same B, with the scales in fp16 (csrc/, x86-64 AVX2; numerically MatMulNBits at accuracy_level 4):
+    x ─► ai.edge_runtime::MatMulQ4(B [N, K/32, 16], scales float16 [N, K/32]) ─► y
 
   trt flavor (TensorRT 10.3: standard domain, opset 21; scales in the activation dtype):
     INT4 codes [K, N] ─► DequantizeLinear(scales [K/blk, N], axis 0, block_size blk) ─► MatMul
@@ -150,7 +150,9 @@ class NBitsWeights:
         n, k, bits = nkb
         if self.kernel is MatMulKernel.EDGE and runs_matmul_q4(bits, blk, k):
             g.domains[EDGE_DOMAIN] = 1
-            s = g.weight(f"{prefix}/scales", scales)
+            # fp16 scales are exact (block_scales makes them fp16-representable) and cut a decode step's
+            # bytes from 5 to 4.5 bits a weight; MatMulNBits' float path would need them in float32
+            s = g.weight(f"{prefix}/scales_f16", scales.astype(np.float16))
             return g.op(MATMUL_Q4, [x, b, s], f"{prefix}/{MATMUL_Q4}", domain=EDGE_DOMAIN, K=k, N=n)
         g.domains[MS_DOMAIN] = 1
         return g.op(

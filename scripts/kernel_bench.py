@@ -1,18 +1,20 @@
 """Which ONNX Runtime quantized-matmul kernel is fastest here, at decode (M=1) and prefill (M=prompt) sizes.
 
     python scripts/kernel_bench.py [--hidden 576] [--intermediate 1536] [--layers 30] [--prompt 128]
-                                   [--rounds 3] [--threads 2]
+                                   [--rounds 3] [--threads 2] [--formats nbits4,q4edge]
 
 Builds one graph per weight format: a chain of 2 x `--layers` MatMuls alternating [hidden, intermediate]
 and [intermediate, hidden] (the MLP matrices of the model shape; random weights), quantized with
 onnxruntime's own tools:
   fp32        MatMul
   nbits4      MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 compute): our int4 layers
-  q4edge      edge-runtime's MatMulQ4 on nbits4's very bytes (--kernel edge; where its library is built)
+  q4edge      edge-runtime's MatMulQ4 on nbits4's very codes, scales in fp16 as exports write them
+              (--kernel edge; where its library is built)
   nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4: our int8 layers
   dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
               uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
-and two session-option variants of nbits4 (one intra-op thread; workers that sleep instead of spin).
+and two session-option variants of nbits4 (one intra-op thread; workers that sleep instead of spin;
+left out when --formats names a subset).
 Each (case, M) is timed in its own fresh process (ONNX Runtime's spinning workers of one session would
 slow another's), formats alternating, `--rounds` times; medians per matmul and weight bandwidth at M=1.
 Only ratios between rows of one run mean anything on a shared machine.
@@ -64,9 +66,12 @@ def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
         q = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
         q.process()
         quantized = q.model.model
-        if fmt == "q4edge":  # the same inputs; MatMulQ4 takes only K and N
+        if fmt == "q4edge":  # the same codes; MatMulQ4 takes only K and N, and fp16 scales
             from edge_runtime import kernels
 
+            for init in quantized.graph.initializer:
+                if init.name.endswith("_scales"):
+                    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
             for node in quantized.graph.node:
                 if node.op_type == "MatMulNBits":
                     keep = {a.name: a.i for a in node.attribute if a.name in ("K", "N")}
@@ -121,6 +126,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--formats", help="comma-separated subset of: " + ", ".join(FORMATS) + " (default: all)")
     ap.add_argument("--no-spin", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "M"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -131,9 +137,13 @@ def main() -> int:
     # (label, format, intra-op threads, spinning workers)
     from edge_runtime import kernels
 
-    formats = [f for f in FORMATS if f != "q4edge" or kernels.available()]
+    wanted = a.formats.split(",") if a.formats else list(FORMATS)
+    if unknown := set(wanted) - set(FORMATS):
+        ap.error(f"unknown --formats {sorted(unknown)}; choose from {', '.join(FORMATS)}")
+    formats = [f for f in FORMATS if f in wanted and (f != "q4edge" or kernels.available())]
     cases = [(f, f, a.threads, True) for f in formats]
-    cases += [("nbits4, 1 thread", "nbits4", 1, True), ("nbits4, no spinning", "nbits4", a.threads, False)]
+    if not a.formats:
+        cases += [("nbits4, 1 thread", "nbits4", 1, True), ("nbits4, no spinning", "nbits4", a.threads, False)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = {f: build(f, a.hidden, a.intermediate, a.layers, Path(tmp)) for f in formats}
         times: dict[tuple[str, int], list[float]] = {}

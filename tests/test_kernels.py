@@ -72,12 +72,14 @@ def _int8_act_reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarr
     ("m", "k", "n", "rank"),
     [(1, 576, 960, 3), (1, 64, 5, 2), (3, 128, 37, 3), (4, 192, 64, 2), (9, 2048, 130, 3), (128, 576, 300, 3)],
 )
-def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank):
+@pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])  # fp16: what exports write
+def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype):
     rng = np.random.default_rng(m * 1000 + n)
     b, s = _weights(rng, k, n)
+    s = s.astype(scale_dtype).astype(np.float32)  # fp16-representable, as exported scales are
     x = rng.standard_normal((m, k) if rank == 2 else (1, m, k)).astype(np.float32)
     x[..., :32] *= 40  # one block with outliers, as sink tokens have: its own scale must absorb them
-    ours = _session(_graph("MatMulQ4", k, n, b, s, rank)).run(None, {"x": x})[0]
+    ours = _session(_graph("MatMulQ4", k, n, b, s.astype(scale_dtype), rank)).run(None, {"x": x})[0]
     mlas = _session(_graph("MatMulNBits", k, n, b, s, rank)).run(None, {"x": x})[0]
     ref = _int8_act_reference(x, b, s)
     assert ours.shape == ref.shape == mlas.shape
@@ -109,6 +111,9 @@ def test_matmul_q4_refuses_bad_shapes_with_a_message():
     short = _graph("MatMulQ4", 128, 8, b[:4], s[:4], 2)  # B holds 4 rows, N says 8
     with pytest.raises(Exception, match="N x K/32 blocks"):
         _session(short).run(None, {"x": np.ones((1, 128), np.float32)})
+    ints = _graph("MatMulQ4", 128, 8, b, s.astype(np.int32), 2)  # the scales input takes any type at load
+    with pytest.raises(Exception, match="float16 or float"):
+        _session(ints).run(None, {"x": np.ones((1, 128), np.float32)})
 
 
 def _silu_session(width: int | str) -> ort.InferenceSession:
