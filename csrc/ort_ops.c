@@ -83,7 +83,7 @@ typedef struct {
 
 static void quantize_task(void *data, size_t r) {
     const Work *w = data;
-    q4_quantize_row(w->a + (int64_t)r * w->K, w->K, q4_row_at(w->scratch, w->K, (int64_t)r));
+    q4_quantize_row(w->a + (int64_t)r * w->K, w->K, w->M, w->scratch, (int64_t)r);
 }
 
 /* One chunk of columns against every row, four rows at a time: the chunk's weights stay in cache
@@ -92,11 +92,9 @@ static void column_task(void *data, size_t i) {
     const Work *w = data;
     int64_t n0 = (int64_t)i * w->cols_per_task;
     int64_t n1 = n0 + w->cols_per_task < w->N ? n0 + w->cols_per_task : w->N;
-    Q4Row rows[4];
     for (int64_t r0 = 0; r0 < w->M; r0 += 4) {
         int m = w->M - r0 < 4 ? (int)(w->M - r0) : 4;
-        for (int j = 0; j < m; j++) rows[j] = q4_row_at(w->scratch, w->K, r0 + j);
-        q4_tile(rows, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, w->y + r0 * w->N);
+        q4_tile(w->scratch, r0, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, w->y + r0 * w->N);
     }
 }
 
@@ -159,7 +157,7 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
     w.M = M, w.K = k->K, w.N = k->N;
     w.fp16_scales = s_type == ONNX_FLOAT16;
-    w.scratch = scratch_for(q4_row_bytes(k->K) * (size_t)M);
+    w.scratch = scratch_for(q4_scratch_bytes(k->K, M));
     if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4: out of memory for the quantized activations");
     if (M == 1)
         quantize_task(&w, 0);

@@ -15,25 +15,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One activation row quantized for the kernel; `nb` blocks of 32 (nb even), in pairs of blocks. */
-typedef struct {
-    int8_t *xq;  /* [nb/2][64]: per pair [b0 even k | b1 even k | b0 odd k | b1 odd k] */
-    float *sx;   /* [nb/2][8]:  b0's scale x4, b1's scale x4 (the two 128-bit lanes) */
-    int16_t *c8; /* [nb/2][16]: 8 * the pair sums maddubs forms, the zero point's share, precomputed */
-} Q4Row;
+/* Quantized activations live in tiles of four consecutive rows (r0 % 4 == 0), interleaved per pair of
+ * blocks so the kernel reaches all four rows from one pointer at fixed offsets (fewer address ops than
+ * four rows' pointers: +11% at M = 128, bit-identical results). Per pair, m * 128 bytes for a tile of m
+ * rows (4, or fewer for the last tile):
+ *   xq int8  [m][64]  per row [b0 even k | b1 even k | b0 odd k | b1 odd k] (the weights' nibble order)
+ *   sx float [m][8]   per row b0's scale x4, b1's scale x4 (the two 128-bit lanes)
+ *   c8 int16 [m][16]  per row 8 * the pair sums maddubs forms: the zero point's share, precomputed
+ */
+#define Q4_TILE_PAIR 512
 
-/* Bytes of scratch one quantized row of K takes (K a multiple of 64). */
-size_t q4_row_bytes(int64_t K);
+/* Bytes of scratch M quantized rows of K take (K a multiple of 64). */
+size_t q4_scratch_bytes(int64_t K, int64_t M);
 
-/* Lay out row `r` of the scratch buffer (64-byte aligned) as a Q4Row. */
-Q4Row q4_row_at(void *scratch, int64_t K, int64_t r);
+/* Quantize `x` [K] as row `r` of M in `scratch` (64-byte aligned); rows may be quantized concurrently. */
+void q4_quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r);
 
-/* Quantize `x` [K] into `row`. */
-void q4_quantize_row(const float *x, int64_t K, Q4Row row);
-
-/* y[r][n] for rows [0, m) (m <= 4) and columns [n0, n1): y row stride N. */
-void q4_tile(const Q4Row *rows, int m, const uint8_t *B, const void *scales, int fp16_scales, int64_t K, int64_t N,
-             int64_t n0, int64_t n1, float *y);
+/* y[r][n] for the tile of rows [r0, r0 + m) (r0 % 4 == 0, m = min(4, M - r0)) and columns [n0, n1): y points at row r0, stride N. */
+void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
+             int64_t K, int64_t N, int64_t n0, int64_t n1, float *y);
 
 /* Nonzero when this CPU runs the kernel (AVX2, FMA and F16C). */
 int q4_cpu_ok(void);

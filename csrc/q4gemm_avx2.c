@@ -8,16 +8,16 @@
 #include <math.h>
 #include <string.h>
 
-size_t q4_row_bytes(int64_t K) {
-    int64_t pairs = K / 64;
-    return (size_t)(pairs * (64 + 32 + 32));
-}
+size_t q4_scratch_bytes(int64_t K, int64_t M) { return (size_t)((M + 3) / 4 * (K / 64)) * Q4_TILE_PAIR; }
 
-Q4Row q4_row_at(void *scratch, int64_t K, int64_t r) {
-    int64_t pairs = K / 64;
-    char *base = (char *)scratch + (size_t)r * q4_row_bytes(K);
-    Q4Row row = {(int8_t *)base, (float *)(base + pairs * 64), (int16_t *)(base + pairs * 96)};
-    return row;
+/* A tile of `m` rows (4, or fewer for the last) packs each pair into m * 128 bytes: at decode (m = 1) one
+ * row's pair is two cache lines, as compact as a plain row. */
+#define TILE_XQ(t, m, lane) ((int8_t *)(t) + (lane) * 64)
+#define TILE_SX(t, m, lane) ((float *)((char *)(t) + (m) * 64 + (lane) * 32))
+#define TILE_C8(t, m, lane) ((int16_t *)((char *)(t) + (m) * 96 + (lane) * 32))
+
+static inline char *tile_at(const void *scratch, int64_t K, int64_t r) {
+    return (char *)scratch + (size_t)(r / 4 * (K / 64)) * Q4_TILE_PAIR;
 }
 
 static inline float hmax8(__m256 v) {
@@ -32,7 +32,10 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-void q4_quantize_row(const float *x, int64_t K, Q4Row row) {
+void q4_quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
+    char *tile = tile_at(scratch, K, r);
+    int lane = (int)(r % 4);
+    int rows = M - (r - lane) < 4 ? (int)(M - (r - lane)) : 4; /* in this tile */
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i eight = _mm256_set1_epi8(8);
     for (int64_t b = 0; b < K / 32; b++) {
@@ -46,18 +49,20 @@ void q4_quantize_row(const float *x, int64_t K, Q4Row row) {
         for (int i = 0; i < 32; i += 8)  /* cvtps rounds to nearest even, as MLAS does */
             _mm256_storeu_si256((__m256i *)(q + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv)));
         int64_t p = b / 2, h = b % 2;
-        int8_t *even = row.xq + p * 64 + h * 16, *odd = row.xq + p * 64 + 32 + h * 16;
+        char *t = tile + p * rows * 128;
+        int8_t *even = TILE_XQ(t, rows, lane) + h * 16, *odd = TILE_XQ(t, rows, lane) + 32 + h * 16;
         for (int j = 0; j < 16; j++) {
             even[j] = (int8_t)q[2 * j];
             odd[j] = (int8_t)q[2 * j + 1];
         }
-        for (int i = 0; i < 4; i++) row.sx[p * 8 + h * 4 + i] = scale;
+        for (int i = 0; i < 4; i++) TILE_SX(t, rows, lane)[h * 4 + i] = scale;
     }
     for (int64_t p = 0; p < K / 64; p++) {
-        __m256i xe = _mm256_loadu_si256((const __m256i *)(row.xq + p * 64));
-        __m256i xo = _mm256_loadu_si256((const __m256i *)(row.xq + p * 64 + 32));
+        char *t = tile + p * rows * 128;
+        __m256i xe = _mm256_loadu_si256((const __m256i *)TILE_XQ(t, rows, lane));
+        __m256i xo = _mm256_loadu_si256((const __m256i *)(TILE_XQ(t, rows, lane) + 32));
         __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(eight, xe), _mm256_maddubs_epi16(eight, xo));
-        _mm256_storeu_si256((__m256i *)(row.c8 + p * 16), c);
+        _mm256_storeu_si256((__m256i *)TILE_C8(t, rows, lane), c);
     }
 }
 
@@ -76,7 +81,7 @@ static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
 
 /* One column `n` against m rows (m in 1..4). Weight bytes are unpacked once and used m times. */
 #define Q4_COLUMN(M, FMT)                                                                               \
-    static inline void column_##M##_##FMT(const Q4Row *rows, const uint8_t *bn, const void *sn,         \
+    static inline void column_##M##_##FMT(const char *tile, const uint8_t *bn, const void *sn,          \
                                           int64_t pairs, float *y, int64_t N) {                         \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                    \
         const __m256i ones = _mm256_set1_epi16(1);                                                      \
@@ -90,14 +95,15 @@ static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
             __m256i lo = _mm256_and_si256(v, low4);                                                     \
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                               \
             __m256 sw = pair_scales_##FMT(sn, p, lanes);                                                \
+            const char *t = tile + p * M * 128;                                                         \
             for (int r = 0; r < M; r++) {                                                               \
-                const int8_t *xq = rows[r].xq + p * 64;                                                 \
+                const int8_t *xq = TILE_XQ(t, M, r);                                                       \
                 __m256i d = _mm256_add_epi16(                                                           \
                     _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                  \
                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));          \
-                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)(rows[r].c8 + p * 16)));    \
+                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C8(t, M, r)));            \
                 __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                             \
-                __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(rows[r].sx + p * 8));                      \
+                __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, M, r)));                           \
                 acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                \
             }                                                                                           \
         }                                                                                               \
@@ -112,19 +118,20 @@ Q4_COLUMN(2, f16)
 Q4_COLUMN(3, f16)
 Q4_COLUMN(4, f16)
 
-typedef void (*ColumnFn)(const Q4Row *, const uint8_t *, const void *, int64_t, float *, int64_t);
+typedef void (*ColumnFn)(const char *, const uint8_t *, const void *, int64_t, float *, int64_t);
 static const ColumnFn k_columns[2][4] = {
     {column_1_f32, column_2_f32, column_3_f32, column_4_f32},
     {column_1_f16, column_2_f16, column_3_f16, column_4_f16},
 };
 
-void q4_tile(const Q4Row *rows, int m, const uint8_t *B, const void *scales, int fp16_scales, int64_t K, int64_t N,
-             int64_t n0, int64_t n1, float *y) {
+void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
+             int64_t K, int64_t N, int64_t n0, int64_t n1, float *y) {
+    const char *tile = tile_at(scratch, K, r0);
     int64_t nb = K / 32, pairs = K / 64;
     ColumnFn column = k_columns[fp16_scales ? 1 : 0][(m < 1 ? 1 : m > 4 ? 4 : m) - 1];
     size_t scale_bytes = fp16_scales ? 2 : 4;
     for (int64_t n = n0; n < n1; n++)
-        column(rows, B + n * nb * 16, (const char *)scales + (size_t)(n * nb) * scale_bytes, pairs, y + n, N);
+        column(tile, B + n * nb * 16, (const char *)scales + (size_t)(n * nb) * scale_bytes, pairs, y + n, N);
 }
 
 int q4_cpu_ok(void) {
