@@ -53,6 +53,11 @@ class StreamingDetokenizer:
         self.ids.append(token)
         before = self.tok.decode(self.ids[self._prefix : self._read])
         after = self.tok.decode(self.ids[self._prefix :])
+        if after == before:
+            # The pending tokens add no text at all, not even U+FFFD (special tokens, which decode skips):
+            # dropping them changes no later text and keeps a stream of them in constant memory.
+            del self.ids[self._read :]
+            return ""
         if len(after) > len(before) and not after.endswith("\ufffd"):
             new = after[len(before) :]
             del self.ids[: self._read]  # the new prefix starts at the old read offset

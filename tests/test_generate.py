@@ -107,6 +107,20 @@ def test_detokenizer_memory_stays_bounded(engine_tok):
     assert len(detok.ids) < 8
 
 
+def test_detokenizer_stays_bounded_on_tokens_that_decode_to_nothing(engine_tok):
+    _, tok = engine_tok
+    special = [i for i in tok.spec.eos_token_ids if tok.decode([i]) == ""]  # skipped by decode
+    assert special
+    ids = tok._tok.encode("naïve café 東京", add_special_tokens=False).ids
+    detok = StreamingDetokenizer(tok)
+    pieces = [detok.add(ids[0])]
+    for _ in range(500):  # a long run of skipped specials mid-stream, between a word and the rest
+        pieces.append(detok.add(special[0]))
+        assert len(detok.ids) < 8
+    pieces += [detok.add(i) for i in ids[1:]] + [detok.flush()]
+    assert "".join(pieces) == tok.decode(ids)
+
+
 # -- generate / stream_generate ------------------------------------------------------------------
 
 
