@@ -1,6 +1,8 @@
-"""Per-operator time of a decode step, ours and (optionally) onnxruntime-genai's, from ONNX Runtime's profiler.
+"""Per-operator time of a decode step (or, with --prefill, of the prompt's run), ours and (optionally)
+onnxruntime-genai's, from ONNX Runtime's profiler.
 
     python scripts/profile_ops.py BUNDLE_DIR [--genai GENAI_DIR] [--prompt-tokens 128] [--gen-tokens 128]
+                                  [--prefill]
 
 Runs one generation per side with ONNX Runtime's per-node profiling on (2 threads, greedy, EOS ignored;
 our ring sized to the request), then sums each operator type's kernel time over the decode steps and
@@ -76,9 +78,13 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, help="keep the profiles here")
+    ap.add_argument("--prefill", action="store_true", help="profile the prompt's run (one token generated)")
     a = ap.parse_args()
     prompt = [5 + i % 1000 for i in range(a.prompt_tokens)]
-    steps = a.gen_tokens - 8  # decode steps only, clear of the prompt's runs
+    if a.prefill:
+        a.gen_tokens, steps, what = 1, 1, "prefill"  # the one run is the prompt's
+    else:
+        steps, what = a.gen_tokens - 8, "decode step"  # decode steps only, clear of the prompt's runs
     with tempfile.TemporaryDirectory() as tmp:
         out = a.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
@@ -89,8 +95,8 @@ def main() -> int:
     for side, (run_us, ops) in results.items():
         total = sum(t for t, _ in ops.values())
         nodes = sum(n for _, n in ops.values())
-        print(f"\n{side}: model_run {run_us:.0f} us per decode step; kernels {total:.0f} us in {nodes:.0f} nodes\n")
-        print("| op | us per step | nodes per step | us per node |")
+        print(f"\n{side}: model_run {run_us:.0f} us per {what}; kernels {total:.0f} us in {nodes:.0f} nodes\n")
+        print(f"| op | us per {what} | nodes per {what} | us per node |")
         print("| --- | ---: | ---: | ---: |")
         for op, (t, n) in sorted(ops.items(), key=lambda kv: -kv[1][0]):
             print(f"| {op} | {t:.0f} | {n:.1f} | {t / n:.1f} |")
