@@ -86,14 +86,14 @@ static void quantize_task(void *data, size_t r) {
     q4_quantize_row(w->a + (int64_t)r * w->K, w->K, w->M, w->scratch, (int64_t)r);
 }
 
-/* One chunk of columns against every row, four rows at a time: the chunk's weights stay in cache
+/* One chunk of columns against every row, eight rows at a time: the chunk's weights stay in cache
  * while the rows stream past (prefill); at M = 1 it is a plain slice of the GEMV. */
 static void column_task(void *data, size_t i) {
     const Work *w = data;
     int64_t n0 = (int64_t)i * w->cols_per_task;
     int64_t n1 = n0 + w->cols_per_task < w->N ? n0 + w->cols_per_task : w->N;
-    for (int64_t r0 = 0; r0 < w->M; r0 += 4) {
-        int m = w->M - r0 < 4 ? (int)(w->M - r0) : 4;
+    for (int64_t r0 = 0; r0 < w->M; r0 += 8) {
+        int m = w->M - r0 < 8 ? (int)(w->M - r0) : 8;
         q4_tile(w->scratch, r0, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, w->y + r0 * w->N);
     }
 }

@@ -118,6 +118,40 @@ Q4_COLUMN(2, f16)
 Q4_COLUMN(3, f16)
 Q4_COLUMN(4, f16)
 
+/* One column against eight rows, two full tiles (t0: rows 0-3, t1: rows 4-7) sharing each unpacked
+ * weight vector and its scales: half the unpack work per row of four (+9-19% at M=128 single-threaded,
+ * bit-identical). Twelve rows spill registers and ran slower. */
+#define Q4_COLUMN8(FMT)                                                                                  \
+    static inline void column_8_##FMT(const char *t0, const char *t1, const uint8_t *bn, const void *sn, \
+                                      int64_t pairs, float *y, int64_t N) {                              \
+        const __m256i low4 = _mm256_set1_epi8(0x0F);                                                     \
+        const __m256i ones = _mm256_set1_epi16(1);                                                       \
+        const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                  \
+        __m256 acc[8];                                                                                   \
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();                                        \
+        for (int64_t p = 0; p < pairs; p++) {                                                            \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(bn + p * 32));                              \
+            __m256i lo = _mm256_and_si256(v, low4);                                                      \
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                \
+            __m256 sw = pair_scales_##FMT(sn, p, lanes);                                                 \
+            const char *ta = t0 + p * Q4_TILE_PAIR, *tb = t1 + p * Q4_TILE_PAIR;                         \
+            for (int r = 0; r < 8; r++) {                                                                \
+                const char *t = r < 4 ? ta : tb;                                                         \
+                const int8_t *xq = TILE_XQ(t, 4, r & 3);                                                 \
+                __m256i d = _mm256_add_epi16(                                                            \
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                   \
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));           \
+                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C8(t, 4, r & 3)));      \
+                __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                              \
+                __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, 4, r & 3)));                     \
+                acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                 \
+            }                                                                                            \
+        }                                                                                                \
+        for (int r = 0; r < 8; r++) y[r * N] = hsum8(acc[r]);                                            \
+    }
+Q4_COLUMN8(f32)
+Q4_COLUMN8(f16)
+
 typedef void (*ColumnFn)(const char *, const uint8_t *, const void *, int64_t, float *, int64_t);
 static const ColumnFn k_columns[2][4] = {
     {column_1_f32, column_2_f32, column_3_f32, column_4_f32},
@@ -126,12 +160,27 @@ static const ColumnFn k_columns[2][4] = {
 
 void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
              int64_t K, int64_t N, int64_t n0, int64_t n1, float *y) {
-    const char *tile = tile_at(scratch, K, r0);
     int64_t nb = K / 32, pairs = K / 64;
-    ColumnFn column = k_columns[fp16_scales ? 1 : 0][(m < 1 ? 1 : m > 4 ? 4 : m) - 1];
     size_t scale_bytes = fp16_scales ? 2 : 4;
-    for (int64_t n = n0; n < n1; n++)
-        column(tile, B + n * nb * 16, (const char *)scales + (size_t)(n * nb) * scale_bytes, pairs, y + n, N);
+    const char *t0 = tile_at(scratch, K, r0), *t1 = tile_at(scratch, K, r0 + 4);
+    if (m == 8) {
+        for (int64_t n = n0; n < n1; n++) {
+            const uint8_t *bn = B + n * nb * 16;
+            const char *sn = (const char *)scales + (size_t)(n * nb) * scale_bytes;
+            if (fp16_scales)
+                column_8_f16(t0, t1, bn, sn, pairs, y + n, N);
+            else
+                column_8_f32(t0, t1, bn, sn, pairs, y + n, N);
+        }
+        return;
+    }
+    for (int part = 0; part < 2 && m > part * 4; part++) { /* one or two tiles of at most four rows */
+        int rows = m - part * 4 < 4 ? m - part * 4 : 4;
+        ColumnFn column = k_columns[fp16_scales ? 1 : 0][rows - 1];
+        for (int64_t n = n0; n < n1; n++)
+            column(part ? t1 : t0, B + n * nb * 16, (const char *)scales + (size_t)(n * nb) * scale_bytes, pairs,
+                   y + part * 4 * N + n, N);
+    }
 }
 
 int q4_cpu_ok(void) {

@@ -70,7 +70,15 @@ def _int8_act_reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarr
 @needs_kernels
 @pytest.mark.parametrize(
     ("m", "k", "n", "rank"),
-    [(1, 576, 960, 3), (1, 64, 5, 2), (3, 128, 37, 3), (4, 192, 64, 2), (9, 2048, 130, 3), (128, 576, 300, 3)],
+    [
+        (1, 576, 960, 3),
+        (1, 64, 5, 2),
+        (3, 128, 37, 3),
+        (4, 192, 64, 2),
+        (6, 128, 20, 2),
+        (9, 2048, 130, 3),
+        (128, 576, 300, 3),
+    ],  # m = 6 and 9: a tile and a part; 128: eight-row pairs of tiles
 )
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])  # fp16: what exports write
 def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype):
