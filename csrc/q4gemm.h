@@ -31,10 +31,11 @@ size_t q4_scratch_bytes(int64_t K, int64_t M);
 /* Quantize `x` [K] as row `r` of M in `scratch` (64-byte aligned); rows may be quantized concurrently. */
 void q4_quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r);
 
-/* y[r][n] for rows [r0, r0 + m) (r0 % 4 == 0, m = min(8, M - r0): one or two tiles) and columns [n0, n1);
- * y points at row r0, stride N. */
+/* y[r][n] for rows [r0, r0 + m) (r0 % 4 == 0, m = min(8, M - r0): one or two tiles) and columns [n0, n1),
+ * over the pairs of blocks [p0, p1) of K: stored when p0 == 0, added to y otherwise (K in chunks keeps a
+ * prompt's rows in L1 across columns). y points at row r0, stride N. */
 void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
-             int64_t K, int64_t N, int64_t n0, int64_t n1, float *y);
+             int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y);
 
 /* Nonzero when this CPU runs the kernel (AVX2, FMA and F16C). */
 int q4_cpu_ok(void);

@@ -82,7 +82,7 @@ static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
 /* One column `n` against m rows (m in 1..4). Weight bytes are unpacked once and used m times. */
 #define Q4_COLUMN(M, FMT)                                                                               \
     static inline void column_##M##_##FMT(const char *tile, const uint8_t *bn, const void *sn,          \
-                                          int64_t pairs, float *y, int64_t N) {                         \
+                                          int64_t pairs, float *y, int64_t N, int add) {                \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                    \
         const __m256i ones = _mm256_set1_epi16(1);                                                      \
         const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                 \
@@ -107,7 +107,7 @@ static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
                 acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                \
             }                                                                                           \
         }                                                                                               \
-        for (int r = 0; r < M; r++) y[r * N] = hsum8(acc[r]);                                           \
+        for (int r = 0; r < M; r++) y[r * N] = (add ? y[r * N] : 0.0f) + hsum8(acc[r]);                 \
     }
 Q4_COLUMN(1, f32)
 Q4_COLUMN(2, f32)
@@ -123,7 +123,7 @@ Q4_COLUMN(4, f16)
  * bit-identical). Twelve rows spill registers and ran slower. */
 #define Q4_COLUMN8(FMT)                                                                                  \
     static inline void column_8_##FMT(const char *t0, const char *t1, const uint8_t *bn, const void *sn, \
-                                      int64_t pairs, float *y, int64_t N) {                              \
+                                      int64_t pairs, float *y, int64_t N, int add) {                     \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                     \
         const __m256i ones = _mm256_set1_epi16(1);                                                       \
         const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                  \
@@ -147,39 +147,43 @@ Q4_COLUMN(4, f16)
                 acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                 \
             }                                                                                            \
         }                                                                                                \
-        for (int r = 0; r < 8; r++) y[r * N] = hsum8(acc[r]);                                            \
+        for (int r = 0; r < 8; r++) y[r * N] = (add ? y[r * N] : 0.0f) + hsum8(acc[r]);                  \
     }
 Q4_COLUMN8(f32)
 Q4_COLUMN8(f16)
 
-typedef void (*ColumnFn)(const char *, const uint8_t *, const void *, int64_t, float *, int64_t);
+typedef void (*ColumnFn)(const char *, const uint8_t *, const void *, int64_t, float *, int64_t, int);
 static const ColumnFn k_columns[2][4] = {
     {column_1_f32, column_2_f32, column_3_f32, column_4_f32},
     {column_1_f16, column_2_f16, column_3_f16, column_4_f16},
 };
 
 void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
-             int64_t K, int64_t N, int64_t n0, int64_t n1, float *y) {
-    int64_t nb = K / 32, pairs = K / 64;
+             int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
+    int64_t nb = K / 32, pairs = p1 - p0;
     size_t scale_bytes = fp16_scales ? 2 : 4;
+    int add = p0 > 0;
     const char *t0 = tile_at(scratch, K, r0), *t1 = tile_at(scratch, K, r0 + 4);
+    const uint8_t *b0 = B + p0 * 32;
+    const char *s0 = (const char *)scales + (size_t)(2 * p0) * scale_bytes;
     if (m == 8) {
+        t0 += p0 * Q4_TILE_PAIR, t1 += p0 * Q4_TILE_PAIR;
         for (int64_t n = n0; n < n1; n++) {
-            const uint8_t *bn = B + n * nb * 16;
-            const char *sn = (const char *)scales + (size_t)(n * nb) * scale_bytes;
+            const uint8_t *bn = b0 + n * nb * 16;
+            const char *sn = s0 + (size_t)(n * nb) * scale_bytes;
             if (fp16_scales)
-                column_8_f16(t0, t1, bn, sn, pairs, y + n, N);
+                column_8_f16(t0, t1, bn, sn, pairs, y + n, N, add);
             else
-                column_8_f32(t0, t1, bn, sn, pairs, y + n, N);
+                column_8_f32(t0, t1, bn, sn, pairs, y + n, N, add);
         }
         return;
     }
     for (int part = 0; part < 2 && m > part * 4; part++) { /* one or two tiles of at most four rows */
         int rows = m - part * 4 < 4 ? m - part * 4 : 4;
         ColumnFn column = k_columns[fp16_scales ? 1 : 0][rows - 1];
+        const char *t = (part ? t1 : t0) + p0 * rows * 128;
         for (int64_t n = n0; n < n1; n++)
-            column(part ? t1 : t0, B + n * nb * 16, (const char *)scales + (size_t)(n * nb) * scale_bytes, pairs,
-                   y + part * 4 * N + n, N);
+            column(t, b0 + n * nb * 16, s0 + (size_t)(n * nb) * scale_bytes, pairs, y + part * 4 * N + n, N, add);
     }
 }
 
