@@ -200,7 +200,8 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
         f"Machine: {env['cpu']} ({env['cores']} cores), load average {env['load_before']} before / "
         f"{env['load_after']} after; llama.cpp {env['llama_cpp']}; prompt {env['prompt_tokens']} tokens, "
         f"{env['gen_tokens']} generated, {env['threads']} threads; llama.cpp quantization: {env['quant_mix']}.",
-        f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s.",
+        f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s."
+        + (f" {env['bandwidth_note']}" if "bandwidth_note" in env else ""),
         "",
         "| shape | precision (GGUF) | ours / llama.cpp: TTFT | decode tok/s | paired per round: TTFT, decode "
         "| peak RSS | weights read per token |",
