@@ -112,3 +112,20 @@ def test_exported_tiny_bundle_weight_bytes_match_the_manifest(made: dict[str, Pa
     assert counted["read"] == manifest.graph.weight_bytes  # tied: the table is read in full by the LM head
     assert counted["gathered"] == 0
     assert json.loads((made["bf16"] / "config.json").read_text())["tie_word_embeddings"] is True
+
+
+def test_bench_report_bounds_the_bandwidth_by_the_fastest_decode(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _script("bench_vs_ortgenai")
+    seen: list[float] = []
+
+    def render(rows: list, bandwidth: float, env: dict) -> str:
+        seen.append(bandwidth)
+        return env.get("bandwidth_note", "")
+
+    side = {"weight_bytes_read": 1e9, "decode_tps": 40.0}  # 40 GB/s, above the 30 GB/s probe
+    rows = [{"shape": "s", "precision": "int8", "sides": {"ours": side, "theirs": None}}]
+    bench.report(render, rows, {"bandwidth_detail": {"probe": 30e9}}, None)
+    assert seen == [40e9] and "s int8 ours: 40.0 GB/s against 30.0" in capsys.readouterr().out
+    env = {"bandwidth_detail": {"probe": 50e9}}  # the usual case: the probe is the bound, and nothing is said
+    bench.report(render, rows, env, None)
+    assert seen[-1] == 50e9 and "bandwidth_note" not in env
