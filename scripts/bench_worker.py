@@ -152,35 +152,10 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
-def _gemv_session(graph, threads: int, opsets: list) -> object:
+def measure_read_bandwidth(threads: int, mb_per_thread: int = 512, reps: int = 5) -> dict[str, float]:
+    """Best-of-`reps` read bandwidth (bytes/s) with `threads` threads: numpy sums and an ORT fp32 GEMV."""
     import onnx
     import onnxruntime as ort
-    from onnx import helper
-
-    model = helper.make_model(graph, opset_imports=opsets)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "gemv.onnx"
-        onnx.save_model(model, path, save_as_external_data=True, location="gemv.data")
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def _best_rate(session, x: np.ndarray, nbytes: int, reps: int) -> float:
-    session.run(None, {"x": x})
-    best = 0.0
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        session.run(None, {"x": x})
-        best = max(best, nbytes / (time.perf_counter() - t0))
-    return best
-
-
-def measure_read_bandwidth(threads: int, mb_per_thread: int = 512, reps: int = 5) -> dict[str, float]:
-    """Best-of-`reps` read bandwidth (bytes/s) with `threads` threads: numpy sums, an ORT fp32 GEMV and an
-    ORT 8-bit MatMulNBits GEMV (MLAS's 8-bit decode kernel streamed faster than the fp32 GEMV measured in
-    the same runs, so the fp32 probes alone understated the best case and inflated "% of read BW")."""
-    import onnx
     from onnx import TensorProto, helper
 
     n = mb_per_thread * (1 << 20) // 4
@@ -210,39 +185,22 @@ def measure_read_bandwidth(threads: int, mb_per_thread: int = 512, reps: int = 5
         [onnx.numpy_helper.from_array(w, "w")],
     )
     del w
-    session = _gemv_session(graph, threads, [helper.make_opsetid("", 17)])
-    del graph
-    best_gemv = _best_rate(session, np.ones((1, k), np.float32), k * cols * 4, reps)
-    del session
-
-    block, cols8 = 128, threads * mb_per_thread * (1 << 20) // k  # uint8 codes of the same byte count
-    b = np.full((cols8, k // block, block), 129, np.uint8)
-    scales = np.full((cols8, k // block), 1e-3, np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node(
-                "MatMulNBits",
-                ["x", "b", "s"],
-                ["y"],
-                domain="com.microsoft",
-                K=k,
-                N=cols8,
-                bits=8,
-                block_size=block,
-                accuracy_level=4,
-            )
-        ],
-        "gemv8",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols8])],
-        [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(scales, "s")],
-    )
-    nbytes = b.nbytes + scales.nbytes
-    del b, scales
-    session = _gemv_session(graph, threads, [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    del graph
-    best_nbits8 = _best_rate(session, np.ones((1, k), np.float32), nbytes, reps)
-    return {"numpy_sum": best_sum, "ort_gemv_fp32": best_gemv, "ort_gemv_nbits8": best_nbits8}
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gemv.onnx"
+        onnx.save_model(model, path, save_as_external_data=True, location="gemv.data")
+        del model, graph
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    x = np.ones((1, k), np.float32)
+    session.run(None, {"x": x})
+    best_gemv = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        session.run(None, {"x": x})
+        best_gemv = max(best_gemv, k * cols * 4 / (time.perf_counter() - t0))
+    return {"numpy_sum": best_sum, "ort_gemv_fp32": best_gemv}
 
 
 def main(argv: list[str] | None = None) -> int:
