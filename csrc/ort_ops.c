@@ -357,7 +357,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
     const OrtApi *api = base->GetApi(EDGE_ORT_API_VERSION);
     if (!api) return NULL; /* older than 1.17: nothing registered, sessions report the missing op */
     g_api = api;
-    if (!q4_cpu_ok()) return fail(ORT_FAIL, "edge-runtime's kernels need a CPU with AVX2 and FMA");
+    if (!q4_cpu_ok()) return fail(ORT_FAIL, "edge-runtime's kernels need a CPU with AVX2, FMA and F16C");
     if (!domain) {
         OrtCustomOpDomain *d = NULL;
         TRY(ORT_CreateCustomOpDomain(api)("ai.edge_runtime", &d));

@@ -3,7 +3,7 @@ matmul on MatMulNBits' bytes), SiluMul (silu(gate) * up of a fused gate|up row) 
 (GroupQueryAttention's packed-qkv decode/prefill over the ring while it is a linear cache).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
-cannot be built, or the CPU lacks AVX2/FMA, `--kernel edge` exports are refused and bundles that need
+cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are refused and bundles that need
 the ops say so when loaded).
 
     so = onnxruntime.SessionOptions()
