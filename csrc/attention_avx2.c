@@ -95,13 +95,13 @@ void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
         const float *v = values + e0;
         if (n == 8) {
-            for (int64_t r = 0; r <= pos; r++, v += d) { /* rows in order: each value row read contiguously */
-                __m256 p = _mm256_set1_ps(scores[r]);
+            for (int64_t row = 0; row <= pos; row++, v += d) { /* in order: each value row read contiguously */
+                __m256 p = _mm256_set1_ps(scores[row]);
                 for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
             }
         } else {
-            for (int64_t r = 0; r <= pos; r++, v += d) {
-                __m256 p = _mm256_set1_ps(scores[r]);
+            for (int64_t row = 0; row <= pos; row++, v += d) {
+                __m256 p = _mm256_set1_ps(scores[row]);
                 for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
             }
         }
