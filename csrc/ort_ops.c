@@ -14,6 +14,7 @@
  * past_value, seqlens_k, cos_cache, sin_cache; outputs out, present_key, present_value; attributes
  * num_heads, kv_num_heads, scale). Bound with present_* on past_*'s buffers, it writes only the new rows.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ static const OrtApi *g_api;
 
 typedef struct {
     int64_t K, N;
+    const Q4Impl *impl;
 } Q4Kernel;
 
 static OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_api)(code, msg); }
@@ -59,10 +61,20 @@ static OrtStatus *q4_create(const OrtCustomOp *op, const OrtApi *api, const OrtK
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "K", &K));
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "N", &N));
     if (K <= 0 || K % 64 != 0 || N <= 0) return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: K must be a positive multiple of 64 and N positive");
+    /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
+    const char *isa = getenv("EDGE_KERNELS_ISA");
+    const Q4Impl *impl = q4_impl(isa);
+    if (!impl) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "MatMulQ4: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
+                 "(avx2 or avx512vnni; unset it to pick the fastest)", isa ? isa : "");
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
     Q4Kernel *k = malloc(sizeof *k);
     if (!k) return fail(ORT_FAIL, "MatMulQ4: out of memory");
     k->K = K;
     k->N = N;
+    k->impl = impl;
     *out = k;
     return NULL;
 }
@@ -77,13 +89,14 @@ typedef struct {
     const uint8_t *b;
     const void *scales;
     int fp16_scales;
+    const Q4Impl *impl;
     void *scratch;
     int64_t M, K, N, cols_per_task;
 } Work;
 
 static void quantize_task(void *data, size_t r) {
     const Work *w = data;
-    q4_quantize_row(w->a + (int64_t)r * w->K, w->K, w->M, w->scratch, (int64_t)r);
+    w->impl->quantize_row(w->a + (int64_t)r * w->K, w->K, w->M, w->scratch, (int64_t)r);
 }
 
 /* One chunk of columns against every row, eight rows at a time: the chunk's weights stay in cache
@@ -97,10 +110,10 @@ static void column_task(void *data, size_t i) {
     int64_t pairs = w->K / 64, step = w->M > 4 && pairs > 16 ? 16 : pairs;
     for (int64_t p0 = 0; p0 < pairs; p0 += step) {
         int64_t p1 = p0 + step < pairs ? p0 + step : pairs;
-        for (int64_t r0 = 0; r0 < w->M; r0 += 8) {
-            int m = w->M - r0 < 8 ? (int)(w->M - r0) : 8;
-            q4_tile(w->scratch, r0, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, p0, p1,
-                    w->y + r0 * w->N);
+        for (int64_t r0 = 0; r0 < w->M; r0 += w->impl->rows) {
+            int m = w->M - r0 < w->impl->rows ? (int)(w->M - r0) : w->impl->rows;
+            w->impl->tile(w->scratch, r0, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, p0, p1,
+                          w->y + r0 * w->N);
         }
     }
 }
@@ -164,7 +177,8 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
     w.M = M, w.K = k->K, w.N = k->N;
     w.fp16_scales = s_type == ONNX_FLOAT16;
-    w.scratch = scratch_for(q4_scratch_bytes(k->K, M));
+    w.impl = k->impl;
+    w.scratch = scratch_for(k->impl->scratch_bytes(k->K, M));
     if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4: out of memory for the quantized activations");
     if (M == 1)
         quantize_task(&w, 0);
@@ -350,6 +364,13 @@ static const OrtCustomOp g_ops[] = {
     EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type, attn_outputs),
 };
 
+/* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where
+ * EDGE_KERNELS_ISA names one this CPU lacks or the CPU runs none (kernels.isa(), for reports). */
+__attribute__((visibility("default"))) const char *EdgeKernelsIsa(void) {
+    const Q4Impl *impl = q4_impl(getenv("EDGE_KERNELS_ISA"));
+    return impl ? impl->isa : NULL;
+}
+
 /* Called by SessionOptions.register_custom_ops_library for each SessionOptions. */
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *options,
                                                                      const OrtApiBase *base) {
@@ -357,7 +378,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
     const OrtApi *api = base->GetApi(EDGE_ORT_API_VERSION);
     if (!api) return NULL; /* older than 1.17: nothing registered, sessions report the missing op */
     g_api = api;
-    if (!q4_cpu_ok()) return fail(ORT_FAIL, "edge-runtime's kernels need a CPU with AVX2, FMA and F16C");
+    if (!q4_impl(NULL)) return fail(ORT_FAIL, "edge-runtime's kernels need a CPU with AVX2, FMA and F16C");
     if (!domain) {
         OrtCustomOpDomain *d = NULL;
         TRY(ORT_CreateCustomOpDomain(api)("ai.edge_runtime", &d));

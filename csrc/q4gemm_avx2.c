@@ -3,51 +3,18 @@
  * weights' even/odd order, and the zero point's share is a precomputed int16 vector per pair, so the
  * inner loop is 8 vector ops per row and 64 weights (plus the unpack, shared by up to eight rows) with
  * no shuffles. */
-#include "q4gemm.h"
+#include "q4tile.h"
 
-#include <immintrin.h>
-#include <string.h>
+static size_t scratch_bytes(int64_t K, int64_t M) { return (size_t)((M + 3) / 4 * (K / 64)) * Q4_TILE_PAIR; }
 
-size_t q4_scratch_bytes(int64_t K, int64_t M) { return (size_t)((M + 3) / 4 * (K / 64)) * Q4_TILE_PAIR; }
-
-/* A tile of `m` rows (4, or fewer for the last) packs each pair into m * 128 bytes: at decode (m = 1) one
- * row's pair is two cache lines, as compact as a plain row. */
-#define TILE_XQ(t, m, lane) ((int8_t *)(t) + (lane) * 64)
-#define TILE_SX(t, m, lane) ((float *)((char *)(t) + (m) * 64 + (lane) * 32))
-#define TILE_C8(t, m, lane) ((int16_t *)((char *)(t) + (m) * 96 + (lane) * 32))
-
-static inline char *tile_at(const void *scratch, int64_t K, int64_t r) {
-    return (char *)scratch + (size_t)(r / 4 * (K / 64)) * Q4_TILE_PAIR;
-}
-
-static inline float hmax8(__m256 v) {
-    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
-
-void q4_quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
+static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
     char *tile = tile_at(scratch, K, r);
     int lane = (int)(r % 4);
     int rows = M - (r - lane) < 4 ? (int)(M - (r - lane)) : 4; /* in this tile */
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i eight = _mm256_set1_epi8(8);
     for (int64_t b = 0; b < K / 32; b++) {
-        const float *xb = x + b * 32;
-        __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
-        for (int i = 8; i < 32; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
-        float amax = hmax8(m);
-        float scale = amax / 127.0f;
-        __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         int32_t q[32];
-        for (int i = 0; i < 32; i += 8)  /* cvtps rounds to nearest even, as MLAS does */
-            _mm256_storeu_si256((__m256i *)(q + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv)));
+        float scale = quantize_block(x + b * 32, q);
         int64_t p = b / 2, h = b % 2;
         char *t = tile + p * rows * 128;
         int8_t *even = TILE_XQ(t, rows, lane) + h * 16, *odd = TILE_XQ(t, rows, lane) + 32 + h * 16;
@@ -62,21 +29,8 @@ void q4_quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_
         __m256i xe = _mm256_loadu_si256((const __m256i *)TILE_XQ(t, rows, lane));
         __m256i xo = _mm256_loadu_si256((const __m256i *)(TILE_XQ(t, rows, lane) + 32));
         __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(eight, xe), _mm256_maddubs_epi16(eight, xo));
-        _mm256_storeu_si256((__m256i *)TILE_C8(t, rows, lane), c);
+        _mm256_storeu_si256((__m256i *)TILE_C(t, rows, lane), c);
     }
-}
-
-/* [s_b0 x4 | s_b1 x4] (the two 128-bit lanes) from the pair's two consecutive block scales. */
-static inline __m256 pair_scales_f32(const void *sn, int64_t p, __m256i lanes) {
-    const float *s = (const float *)sn + 2 * p;
-    return _mm256_permutevar8x32_ps(_mm256_castpd_ps(_mm256_broadcast_sd((const double *)s)), lanes);
-}
-
-static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
-    int32_t two;
-    memcpy(&two, (const uint16_t *)sn + 2 * p, sizeof two);
-    __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(two)); /* [s0, s1, 0, 0] */
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), lanes);
 }
 
 /* One column `n` against m rows (m in 1..4). Weight bytes are unpacked once and used m times. */
@@ -101,7 +55,7 @@ static inline __m256 pair_scales_f16(const void *sn, int64_t p, __m256i lanes) {
                 __m256i d = _mm256_add_epi16(                                                           \
                     _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                  \
                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));          \
-                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C8(t, M, r)));            \
+                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, M, r)));            \
                 __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                             \
                 __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, M, r)));                           \
                 acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                \
@@ -141,7 +95,7 @@ Q4_COLUMN(4, f16)
                 __m256i d = _mm256_add_epi16(                                                            \
                     _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                   \
                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));           \
-                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C8(t, 4, r & 3)));      \
+                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, 4, r & 3)));      \
                 __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                              \
                 __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, 4, r & 3)));                     \
                 acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                 \
@@ -174,7 +128,7 @@ static inline void column_decode_f16(const char *tile, const uint8_t *bn, const 
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)TILE_XQ(t, 1, 0))),
                                          _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(TILE_XQ(t, 1, 0) + 32))));
-            d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C8(t, 1, 0)));
+            d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, 1, 0)));
             __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));
             __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(s8, pick[j]), _mm256_loadu_ps(TILE_SX(t, 1, 0)));
             if (j % 2)
@@ -194,8 +148,8 @@ static const ColumnFn k_columns[2][4] = {
     {column_1_f16, column_2_f16, column_3_f16, column_4_f16},
 };
 
-void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
-             int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
+static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
+                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
     int64_t nb = K / 32, pairs = p1 - p0;
     size_t scale_bytes = fp16_scales ? 2 : 4;
     int add = p0 > 0;
@@ -223,7 +177,4 @@ void q4_tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const voi
     }
 }
 
-int q4_cpu_ok(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+const Q4Impl q4_avx2 = {"avx2", 8, scratch_bytes, quantize_row, tile};

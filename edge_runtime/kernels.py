@@ -4,7 +4,9 @@ matmul on MatMulNBits' bytes), SiluMul (silu(gate) * up of a fused gate|up row) 
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
 cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are refused and bundles that need
-the ops say so when loaded).
+the ops say so when loaded). MatMulQ4 has two implementations, chosen when a session is created: AVX-512
+VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2; `EDGE_KERNELS_ISA=avx2` (or
+`avx512vnni`) pins one, for A/B runs.
 
     so = onnxruntime.SessionOptions()
     kernels.register(so)          # True if the ops are now available to sessions made from `so`
@@ -12,6 +14,7 @@ the ops say so when loaded).
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 from functools import cache
 from pathlib import Path
@@ -48,6 +51,18 @@ def unavailable_reason() -> str | None:
 
 def available() -> bool:
     return unavailable_reason() is None
+
+
+def isa() -> str | None:
+    """The MatMulQ4 implementation sessions created now run ("avx512vnni" or "avx2"), or None where the
+    ops are unavailable or EDGE_KERNELS_ISA names one this CPU lacks (such sessions then fail to load)."""
+    lib = library()
+    if lib is None or not available():
+        return None
+    query = ctypes.CDLL(str(lib)).EdgeKernelsIsa
+    query.restype = ctypes.c_char_p
+    name = query()
+    return name.decode() if name else None
 
 
 def register(so: ort.SessionOptions, *, check: bool = True) -> bool:

@@ -9,7 +9,8 @@ onnxruntime's own tools:
   fp32        MatMul
   nbits4      MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 compute): our int4 layers
   q4edge      edge-runtime's MatMulQ4 on nbits4's very codes, scales in fp16 as exports write them
-              (--kernel edge; where its library is built)
+              (--kernel edge; where its library is built), and again on its AVX2 implementation
+              (EDGE_KERNELS_ISA=avx2) where the CPU picks the AVX-512 VNNI one
   nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4: our int8 layers
   dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
               uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -134,25 +136,29 @@ def main() -> int:
         print(json.dumps(child(a.child[0], int(a.child[1]), a.threads, not a.no_spin)))
         return 0
     n_matmul = 2 * a.layers
-    # (label, format, intra-op threads, spinning workers)
     from edge_runtime import kernels
 
     wanted = a.formats.split(",") if a.formats else list(FORMATS)
     if unknown := set(wanted) - set(FORMATS):
         ap.error(f"unknown --formats {sorted(unknown)}; choose from {', '.join(FORMATS)}")
     formats = [f for f in FORMATS if f in wanted and (f != "q4edge" or kernels.available())]
-    cases = [(f, f, a.threads, True) for f in formats]
+    # (label, format, intra-op threads, spinning workers, EDGE_KERNELS_ISA or None for the default)
+    cases = [(f, f, a.threads, True, None) for f in formats]
+    if "q4edge" in formats and kernels.isa() != "avx2":  # the AVX2 implementation beside the default one
+        cases.insert(formats.index("q4edge") + 1, ("q4edge, avx2 kernel", "q4edge", a.threads, True, "avx2"))
     if not a.formats:
-        cases += [("nbits4, 1 thread", "nbits4", 1, True), ("nbits4, no spinning", "nbits4", a.threads, False)]
+        cases += [("nbits4, 1 thread", "nbits4", 1, True, None)]
+        cases += [("nbits4, no spinning", "nbits4", a.threads, False, None)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = {f: build(f, a.hidden, a.intermediate, a.layers, Path(tmp)) for f in formats}
         times: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for m in (1, a.prompt):
-                for label, f, threads, spin in cases if r % 2 == 0 else reversed(cases):
+                for label, f, threads, spin, isa in cases if r % 2 == 0 else reversed(cases):
                     cmd = [sys.executable, __file__, "--threads", str(threads), *([] if spin else ["--no-spin"])]
                     cmd += ["--child", str(paths[f]), str(m)]
-                    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                    env = {**os.environ, "EDGE_KERNELS_ISA": isa} if isa else None
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
                     times.setdefault((label, m), []).append(json.loads(out) / n_matmul)
         weight_bytes = {f: sum(p.stat().st_size for p in Path(tmp).glob(f"{f}.onnx*")) for f in formats}
     print(f"{n_matmul} MatMuls of [{a.hidden}, {a.intermediate}] / [{a.intermediate}, {a.hidden}], "
@@ -160,7 +166,7 @@ def main() -> int:
     print(f"| case | M=1 us | M=1 GB/s of weights | M={a.prompt} us | M={a.prompt} GFLOP/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     flops = 2 * a.prompt * a.hidden * a.intermediate
-    for label, f, _, _ in cases:
+    for label, f, *_ in cases:
         t1, tp = statistics.median(times[(label, 1)]), statistics.median(times[(label, a.prompt)])
         gbs = weight_bytes[f] / n_matmul / t1 / 1e9
         print(f"| {label} | {t1 * 1e6:.1f} | {gbs:.1f} | {tp * 1e6:.0f} | {flops / tp / 1e9:.0f} |")

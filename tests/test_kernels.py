@@ -21,6 +21,14 @@ from edge_runtime.errors import BundleError, ExportError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
+ISAS = ("avx2", "avx512vnni")  # MatMulQ4's implementations (csrc/q4gemm.c)
+
+
+def _pin_isa(monkeypatch, isa: str) -> None:
+    """Sessions created after this run MatMulQ4's `isa` implementation; skip where the CPU lacks it."""
+    monkeypatch.setenv("EDGE_KERNELS_ISA", isa)
+    if kernels.isa() != isa:
+        pytest.skip(f"this CPU cannot run MatMulQ4's {isa} implementation")
 
 
 def _graph(op: str, k: int, n: int, b: np.ndarray, s: np.ndarray, rank: int, *, free_k: bool = False) -> bytes:
@@ -77,11 +85,14 @@ def _int8_act_reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarr
         (4, 192, 64, 2),
         (6, 128, 20, 2),
         (9, 2048, 130, 3),
+        (7, 1088, 40, 2),
         (128, 576, 300, 3),
-    ],  # m = 6 and 9: a tile and a part; 128: eight-row pairs of tiles
+    ],  # m = 6, 7 and 9: tiles and a part; 128: eight-row pairs of tiles; K = 1088: a 1-pair chunk of K
 )
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])  # fp16: what exports write
-def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype):
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype, isa, monkeypatch):
+    _pin_isa(monkeypatch, isa)
     rng = np.random.default_rng(m * 1000 + n)
     b, s = _weights(rng, k, n)
     s = s.astype(scale_dtype).astype(np.float32)  # fp16-representable, as exported scales are
@@ -94,6 +105,28 @@ def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype
     scale = np.abs(ref).max()
     assert np.abs(ours - ref).max() / scale < 2e-6
     assert np.abs(ours - mlas).max() / scale < 2e-6
+
+
+@needs_kernels
+def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
+    """VNNI and AVX2 form the same exact int32 block sums; only float rounding order differs."""
+    if kernels.isa() != "avx512vnni":
+        pytest.skip("this CPU has only MatMulQ4's AVX2 implementation")
+    rng = np.random.default_rng(7)
+    b, s = _weights(rng, 1088, 70)
+    model = _graph("MatMulQ4", 1088, 70, b, s.astype(np.float16), 2)
+    x = rng.standard_normal((21, 1088)).astype(np.float32)
+    ys = {}
+    for isa in ISAS:
+        monkeypatch.setenv("EDGE_KERNELS_ISA", isa)
+        sess = _session(model)
+        ys[isa] = np.concatenate([sess.run(None, {"x": x})[0], sess.run(None, {"x": x[:1]})[0]])
+    diff = np.abs(ys["avx2"] - ys["avx512vnni"]).max() / np.abs(ys["avx2"]).max()
+    assert 0 < diff < 1e-6  # different code (not one implementation twice), the same sums
+    monkeypatch.setenv("EDGE_KERNELS_ISA", "sse2")
+    assert kernels.isa() is None
+    with pytest.raises(Exception, match="EDGE_KERNELS_ISA=sse2 is not an implementation this CPU runs"):
+        _session(model)
 
 
 @needs_kernels

@@ -55,6 +55,8 @@ def _version(dist: str) -> str | None:
 
 
 def environment(root: Path | str = "/") -> dict[str, Any]:
+    from edge_runtime import kernels
+
     return {
         "device": device_name(root),
         "machine": platform.machine(),
@@ -62,6 +64,7 @@ def environment(root: Path | str = "/") -> dict[str, Any]:
         "python": platform.python_version(),
         "edge_runtime": __version__,
         "onnxruntime": _version("onnxruntime"),
+        "edge_kernels": kernels.isa(),  # MatMulQ4's implementation here; None where the ops cannot run
     }
 
 

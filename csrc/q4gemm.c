@@ -1,0 +1,23 @@
+/* Which q4gemm.h implementation runs: the fastest this CPU has, or the one EDGE_KERNELS_ISA names. */
+#include <string.h>
+
+#include "q4gemm.h"
+
+extern const Q4Impl q4_avx2, q4_avx512vnni;
+
+static int has_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+static int has_avx512vnni(void) {
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+const Q4Impl *q4_impl(const char *isa) {
+    __builtin_cpu_init();
+    if (!isa || !*isa) return has_avx512vnni() ? &q4_avx512vnni : has_avx2() ? &q4_avx2 : NULL;
+    if (!strcmp(isa, q4_avx2.isa)) return has_avx2() ? &q4_avx2 : NULL;
+    if (!strcmp(isa, q4_avx512vnni.isa)) return has_avx512vnni() ? &q4_avx512vnni : NULL;
+    return NULL;
+}
