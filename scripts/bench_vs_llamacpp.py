@@ -55,6 +55,9 @@ from bench_vs_ortgenai import (
     ours_build_cmd,
     ours_dir,
     report,
+    round_probe,
+    round_share_cell,
+    round_shares,
     run_child,
     say,
     weight_bytes_per_token,
@@ -156,7 +159,9 @@ def bench_pair(a: argparse.Namespace, lc: LlamaCpp, shape: str, precision: str, 
     row: dict[str, Any] = {"shape": shape, "precision": precision, "gguf": gguf.name, "sides": {}}
     bytes_ = {"ours": weight_bytes_per_token(bundle / "model.onnx"), "llama.cpp": lc.weight_bytes(gguf)}
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama.cpp": []}
+    probes = []
     for r in range(a.rounds):
+        probes.append(round_probe(a.threads, log))
         for side in ("ours", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ours"):
             if side == "ours":
                 cmd = [sys.executable, str(WORKER), "worker", "ours", str(bundle), "--prompt-file", str(prompt_file)]
@@ -178,10 +183,13 @@ def bench_pair(a: argparse.Namespace, lc: LlamaCpp, shape: str, precision: str, 
             result["peak_rss"] = rss
             runs[side].append(result)
             say(f"  round {r + 1}/{a.rounds} {side}: prefill {result['prefill_tps']:.0f} tok/s, decode "
-                f"{result['decode_tps']:.1f} tok/s, peak RSS {rss / MB:.0f} MB")  # fmt: skip
+                f"{result['decode_tps']:.1f} tok/s, peak RSS {rss / MB:.0f} MB "
+                f"(probe {probes[-1] / 1e9:.1f} GB/s)")  # fmt: skip
     # Rounds run back to back, so a per-round ratio cancels most of this shared machine's drift.
     pairs = list(zip(runs["ours"], runs["llama.cpp"], strict=True))
     row["paired"] = {k: statistics.median(o[k] / t[k] for o, t in pairs) for k in ("prefill_tps", "decode_tps")}
+    shares = round_shares(probes, {s: [bytes_[s]["read"] * r["decode_tps"] for r in res] for s, res in runs.items()})
+    row["round_probes"] = probes
     for side, results in runs.items():
         pre = statistics.median(r["prefill_tps"] for r in results)
         row["sides"][side] = {
@@ -191,6 +199,7 @@ def bench_pair(a: argparse.Namespace, lc: LlamaCpp, shape: str, precision: str, 
             "decode_tps_all": [round(r["decode_tps"], 2) for r in results],
             "peak_rss": statistics.median(r["peak_rss"] for r in results),
             "weight_bytes_read": bytes_[side]["read"],
+            "round_bw_shares": shares[side],
         }
     return row
 
@@ -218,8 +227,8 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
     out += [
         "",
         "| shape | precision | side | prefill tok/s | TTFT ms | decode tok/s (runs) | peak RSS MB "
-        "| weights read/token MB | % of read BW |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| weights read/token MB | % of read BW | % of round's BW |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         for side, s in r["sides"].items():
@@ -228,7 +237,7 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
             out.append(
                 f"| {r['shape']} | {r['precision']} | {side} | {s['prefill_tps']:.0f} | {s['ttft_ms']:.0f} | "
                 f"{s['decode_tps']:.1f} ({runs}) | {s['peak_rss'] / MB:.0f} | {s['weight_bytes_read'] / MB:.1f} | "
-                f"{_fmt(100 * achieved / bandwidth, '.0f')}% |"
+                f"{_fmt(100 * achieved / bandwidth, '.0f')}% | {round_share_cell(s.get('round_bw_shares'))} |"
             )
     return "\n".join(out)
 

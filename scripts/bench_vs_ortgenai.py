@@ -20,7 +20,9 @@ For each shape (default: smollm2-135m and llama-3.2-1b; `--skip-1b` drops the 1B
      embedding table, and GroupQueryAttention's cos/sin caches; a tied LM head counts in full), and the
      achieved weight bandwidth as a fraction of the memory read bandwidth measured in the same run
      (best of a 2-thread numpy sum and a 2-thread ONNX Runtime fp32 GEMV over arrays far above cache
-     size, measured before and after the runs).
+     size, measured before and after the runs), and against each round's own bound ("% of round's BW":
+     a numpy-sum probe just before the round, or the round's faster decode where it read more; median
+     and per round), which cancels most of this shared machine's drift between rounds.
 
 Every figure is measured in this run; nothing is carried over. A machine busy with other work skews all
 absolute figures: the load average is printed with the tables. `--our-window match` (default) sizes our
@@ -92,11 +94,27 @@ def run_child(cmd: list[str], log: Path | None = None) -> tuple[int, float, int,
     return rc, wall, rss, stdout
 
 
-def read_bandwidth(threads: int, log: Path) -> dict[str, float]:
-    rc, _, _, out = run_child([sys.executable, str(WORKER), "bandwidth", str(threads)], log)
+def read_bandwidth(threads: int, log: Path, sums_only: bool = False) -> dict[str, float]:
+    cmd = [sys.executable, str(WORKER), "bandwidth", str(threads), *(["--sums"] if sums_only else [])]
+    rc, _, _, out = run_child(cmd, log)
     if rc != 0:
         raise SystemExit(f"the bandwidth measurement failed (exit {rc}); see {log}")
     return json.loads(out)
+
+
+def round_probe(threads: int, log: Path) -> float:
+    """The read bandwidth just before a round (numpy sums, ~2 s)."""
+    return read_bandwidth(threads, log, sums_only=True)["numpy_sum"]
+
+
+def round_shares(probes: list[float], rates: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each side's decode read rate (bytes/s, one per round) over its own round's bound: the probe taken
+    just before the round, or the round's faster decode where one beat it. This machine's bandwidth
+    drifts over minutes (28-51 GB/s between runs), so a bound measured in the same round cancels most of
+    the drift that a bound from other rounds or other precisions carries."""
+    bounds = [max([probe, *(side_rates[r] for side_rates in rates.values())]) for r, probe in enumerate(probes)]
+    return {side: [rate / bound for rate, bound in zip(side_rates, bounds, strict=True)]
+            for side, side_rates in rates.items()}  # fmt: skip
 
 
 def between_bandwidth_reads(
@@ -305,7 +323,9 @@ def bench_pair(
     row["manifest_weight_bytes"] = manifest["graph"]["weight_bytes"]
     row["export_seconds_manifest"] = manifest["provenance"].get("export_seconds")
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "theirs": []}
+    probes = []
     for r in range(args.rounds):
+        probes.append(round_probe(args.threads, log))
         order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
         for side in order:
             cmd = [sys.executable, str(WORKER), "worker", side, str(dirs[side])]
@@ -323,7 +343,11 @@ def bench_pair(
             runs[side].append(result)
             tps = [t["decode_tps"] for t in result["trials"]]
             say(f"  round {r + 1}/{args.rounds} {side}: decode {', '.join(f'{x:.1f}' for x in tps)} tok/s, "
-                f"peak RSS {rss / MB:.0f} MB")  # fmt: skip
+                f"peak RSS {rss / MB:.0f} MB (probe {probes[-1] / 1e9:.1f} GB/s)")  # fmt: skip
+    rates = {side: [bytes_[side]["read"] * median([t["decode_tps"] for t in res["trials"]]) for res in results]
+             for side, results in runs.items()}  # fmt: skip
+    shares = round_shares(probes, rates)
+    row["round_probes"] = probes
     for side, results in runs.items():
         trials = [t for res in results for t in res["trials"]]
         ttft = median([t["ttft_s"] for t in trials])
@@ -339,8 +363,16 @@ def bench_pair(
             "weight_bytes_gathered": bytes_[side]["gathered"],
             "capacity": results[0]["capacity"],
             "samples": len(trials),
+            "round_bw_shares": shares[side],
         }
     return row
+
+
+def round_share_cell(shares: list[float] | None) -> str:
+    """'median% (each round's %)' of round_shares' figures."""
+    if not shares:
+        return "n/a"
+    return f"{100 * median(shares):.0f}% ({', '.join(f'{100 * x:.0f}' for x in shares)})"
 
 
 def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) -> str:
@@ -370,8 +402,8 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
     out += [
         "",
         "| shape | precision | side | TTFT ms | prefill tok/s | decode tok/s | peak RSS MB | weights read/token MB "
-        "| achieved GB/s | % of read BW | decode time outside run | load s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| achieved GB/s | % of read BW | % of round's BW | decode time outside run | load s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         for side, label in (("ours", "edge-runtime"), ("theirs", "onnxruntime-genai")):
@@ -391,6 +423,7 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
                 f"{s['weight_bytes_read'] / MB:.1f}",
                 _fmt(None if achieved is None else achieved / 1e9, ".2f"),
                 _fmt(None if achieved is None else 100 * achieved / bandwidth, ".0f") + "%",
+                round_share_cell(s.get("round_bw_shares")),
                 "n/a" if share is None else f"{100 * share:.1f}%",
                 _fmt(s["load_s"], ".2f"),
             ]

@@ -129,3 +129,12 @@ def test_bench_report_bounds_the_bandwidth_by_the_fastest_decode(capsys: pytest.
     env = {"bandwidth_detail": {"probe": 50e9}}  # the usual case: the probe is the bound, and nothing is said
     bench.report(render, rows, env, None)
     assert seen[-1] == 50e9 and "bandwidth_note" not in env
+
+
+def test_round_shares_bound_each_round_by_its_own_probe_or_faster_decode() -> None:
+    bench = _script("bench_vs_ortgenai")
+    # round 1: the probe (40) is the bound; round 2: the machine slowed (probe 30) and theirs read 33,
+    # above it, so 33 is that round's bound; ours is measured against its own round, not the run's best.
+    shares = bench.round_shares([40e9, 30e9], {"ours": [36e9, 29.7e9], "theirs": [20e9, 33e9]})
+    assert shares["ours"] == pytest.approx([0.9, 0.9]) and shares["theirs"] == pytest.approx([0.5, 1.0])
+    assert bench.round_share_cell(shares["ours"]) == "90% (90, 90)" and bench.round_share_cell(None) == "n/a"
