@@ -22,6 +22,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def stored_bytes(path: Path) -> int:
+    """Bytes a file holds: its size less any holes (exports seek over the gaps that align the weights,
+    exporters/external_data.py; nothing maps them, so they cost neither disk nor memory)."""
+    st = path.stat()
+    blocks = getattr(st, "st_blocks", None)
+    return st.st_size if blocks is None else min(st.st_size, blocks * 512)
+
+
 @dataclass(frozen=True)
 class Bundle:
     path: Path
@@ -36,7 +44,7 @@ class Bundle:
         return self.path / self.manifest.tokenizer.file
 
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        return sum(stored_bytes(p) for p in self.path.iterdir() if p.is_file())
 
 
 def open_bundle(path: str | Path, *, verify: bool = True, memo: bool = True) -> Bundle:

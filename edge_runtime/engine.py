@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .backends.onnxruntime import OrtBackend
-from .bundle import Bundle, open_bundle
+from .bundle import Bundle, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
 from .manifest import LINEAR_UNTIL_FULL
 from .pool import StaticPool
@@ -52,7 +52,7 @@ class Engine:
             )
         self.geometry = _geometry(bundle, opts)
         kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry)
-        weight_bytes = sum((bundle.path / f).stat().st_size for f in (m.graph.file, m.graph.data_file))
+        weight_bytes = sum(stored_bytes(bundle.path / f) for f in (m.graph.file, m.graph.data_file))
         if opts.memory_budget is not None and weight_bytes + kv_bytes > opts.memory_budget:
             raise MemoryBudgetError(
                 f"bundle needs {(weight_bytes + kv_bytes) / 2**20:.1f} MiB (weights {weight_bytes / 2**20:.1f} MiB + "

@@ -40,6 +40,7 @@ from edge_runtime.ring import geometry_problem
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
+from .external_data import save_with_external_data
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
@@ -89,14 +90,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
 
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
         progress("writing graph and weights")
-        onnx.save_model(
-            built.model,
-            tmp / GRAPH_FILE,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=DATA_FILE,
-            size_threshold=1024,
-        )
+        save_with_external_data(built.model, tmp / GRAPH_FILE, DATA_FILE)
         shutil.copyfile(ckpt.tokenizer_file, tmp / TOKENIZER_FILE)
         validation = _validate(tmp / GRAPH_FILE, ckpt, built, prepared, progress)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}

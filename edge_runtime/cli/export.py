@@ -103,6 +103,7 @@ def build(
     overwrite: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory) to a validated bundle in OUT."""
+    from edge_runtime.bundle import stored_bytes
     from edge_runtime.exporters.decoder import Flavor, Precision
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
@@ -127,7 +128,7 @@ def build(
     )
     t0 = time.perf_counter()
     manifest = export(opts, progress=lambda msg: click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True))
-    size = sum(p.stat().st_size for p in out.iterdir())
+    size = sum(stored_bytes(p) for p in out.iterdir())
     ppl = manifest.quantization.get("heldout_ppl")
     click.echo(
         f"{out}: {manifest.graph.flavor}/{manifest.graph.weight_dtype}, {size / 1e6:.1f} MB, "

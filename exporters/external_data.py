@@ -1,0 +1,66 @@
+"""Save an ONNX graph with its tensors in one external data file, each large tensor at a 2 MiB offset.
+
+Why 2 MiB: ONNX Runtime memory-maps each external initializer where it lies in the file, and MatMulQ4
+streams its weights straight from that map at decode. A tensor at a 2 MiB-aligned offset sits in
+PMD-sized page-cache folios that Linux (6.x, file systems with large folios, such as ext4) maps with
+2 MiB entries: of the 1B int4 bundle's 665 MB mapped, 620 MB were then huge-page mapped against 12 MB
+with the onnx writer's packed offsets, and its decode ran 1.08x faster (median of paired fresh-process
+runs, `scripts/bench_vs_ortgenai.py`-shaped; a streaming read alone was 4-5% faster on huge pages).
+The gaps are seeked over, not written: on file systems with holes they take no disk, and nothing maps
+them, so memory is unchanged; the file's apparent size grows by under 2 MiB a large tensor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto, TensorProto
+from onnx.external_data_helper import set_external_data
+
+HUGE_PAGE = 2 << 20
+PAGE = 4096
+
+
+def _tensors(model: ModelProto):
+    """Every initializer, subgraphs' included (an If's branches may hold their own)."""
+
+    def walk(graph: onnx.GraphProto):
+        yield from graph.initializer
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from walk(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        yield from walk(g)
+
+    yield from walk(model.graph)
+
+
+def alignment(nbytes: int) -> int:
+    """File-offset alignment for a tensor of `nbytes`: 2 MiB from 2 MiB up, a page from a page up."""
+    return HUGE_PAGE if nbytes >= HUGE_PAGE else PAGE if nbytes >= PAGE else 64
+
+
+def save_with_external_data(model: ModelProto, graph_file: Path, data_name: str, size_threshold: int = 1024) -> None:
+    """Write `model` to `graph_file` and every tensor of at least `size_threshold` bytes to `data_name`
+    beside it (onnx.save_model's all_tensors_to_one_file layout, with aligned offsets). Like
+    onnx.save_model(save_as_external_data=True), it moves the tensors' bytes out of `model`."""
+    with (graph_file.parent / data_name).open("wb") as data:
+        end = 0
+        for tensor in _tensors(model):
+            if tensor.data_location == TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
+                continue
+            raw = tensor.raw_data
+            if len(raw) < size_threshold:
+                continue
+            align = alignment(len(raw))
+            offset = -(-end // align) * align
+            data.seek(offset)
+            data.write(raw)
+            end = offset + len(raw)
+            set_external_data(tensor, data_name, offset, len(raw))
+            tensor.ClearField("raw_data")
+        data.truncate(end)
+    onnx.save_model(model, graph_file)
