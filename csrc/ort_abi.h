@@ -26,8 +26,8 @@ typedef struct OrtApiBase {
 } OrtApiBase;
 
 enum { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
-enum { ONNX_UNDEFINED = 0, ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_FLOAT16 = 10 }; /* ONNXTensorElementDataType; UNDEFINED: any type */
-enum { INPUT_OUTPUT_REQUIRED = 0 };               /* OrtCustomOpInputOutputCharacteristic */
+enum { ONNX_UNDEFINED = 0, ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_INT64 = 7, ONNX_FLOAT16 = 10 }; /* ONNXTensorElementDataType; UNDEFINED: any type */
+enum { INPUT_OUTPUT_REQUIRED = 0, INPUT_OUTPUT_OPTIONAL = 1 }; /* OrtCustomOpInputOutputCharacteristic */
 enum { ORT_MEM_TYPE_DEFAULT = 0 };                /* OrtMemType */
 
 /* struct OrtCustomOp up to the version-16 members (ORT reads no further for version 16). */
@@ -71,6 +71,7 @@ struct OrtCustomOp {
     ORT_SLOT(a, 85, OrtStatus * (*)(const OrtKernelInfo *, const char *, float *))
 #define ORT_KernelInfoGetAttribute_int64(a) \
     ORT_SLOT(a, 86, OrtStatus * (*)(const OrtKernelInfo *, const char *, int64_t *))
+#define ORT_KernelContext_GetOutputCount(a) ORT_SLOT(a, 89, OrtStatus * (*)(const OrtKernelContext *, size_t *))
 #define ORT_KernelContext_GetInput(a) ORT_SLOT(a, 90, OrtStatus * (*)(const OrtKernelContext *, size_t, const OrtValue **))
 #define ORT_KernelContext_GetOutput(a) \
     ORT_SLOT(a, 91, OrtStatus * (*)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **))

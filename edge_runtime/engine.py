@@ -97,6 +97,15 @@ class Engine:
         self._decoding = False
         return np.concatenate(out) if all_logits else out[-1][-1]
 
+    @property
+    def fused_argmax(self) -> bool:
+        """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4)."""
+        return self.pool.next_token is not None
+
+    def decoded_argmax(self) -> int:
+        """numpy.argmax of the last decode step's logits, as the graph computed it (fused_argmax only)."""
+        return int(self.pool.next_token[0, 0, 0])
+
     def decode(self, token: int) -> np.ndarray:
         """Feed one token; its logits [V] (a view into the pool, overwritten by the next call)."""
         d = self.pool.decode

@@ -104,12 +104,16 @@ def generate_step(engine: Engine, prompt_ids: Sequence[int], sampler: Sampler) -
     history: deque[int] | None = None
     if sampler.params.repetition_penalty != 1.0:
         history = deque(prompt_ids, maxlen=engine.geometry.logical_capacity)
+    # Greedy decoding takes the graph's own argmax where it has one: reading the logits back, just
+    # written by the other core, was 1% of a 135M decode step.
+    fused = engine.fused_argmax and sampler.params.greedy and history is None
+    token = sampler(logits, history if history is not None else ())
     while True:
-        token = sampler(logits, history if history is not None else ())
         yield token
         if history is not None:
             history.append(token)
         logits = engine.decode(token)
+        token = engine.decoded_argmax() if fused else sampler(logits, history if history is not None else ())
 
 
 class _StopMatcher:

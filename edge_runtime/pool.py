@@ -6,6 +6,7 @@
                        cos/sin cache [capacity, R/2] (filled once at load: RingState.rotary_cache)
     new K/V rows       [1, H_kv, 1, D] per layer (host-copy flavor only)
     logits             [1, 1, V] float32
+    next_token         [1, 1, 1] int64, where the graph has that output (the LM head's fused argmax)
 
 Nothing here is reallocated per token: decode writes into these arrays in place.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .manifest import Manifest
+from .manifest import NEXT_TOKEN, Manifest
 from .ring import MASKED, MASKED_FP16, DecodeBuffers, RingGeometry
 
 
@@ -30,6 +31,7 @@ class StaticPool:
     logits: np.ndarray  # [1, 1, V] float32
     new_keys: list[np.ndarray] = field(default_factory=list)  # host-copy flavor: [1, H_kv, 1, D]
     new_values: list[np.ndarray] = field(default_factory=list)
+    next_token: np.ndarray | None = None  # [1, 1, 1] int64, where the graph outputs it
 
     @classmethod
     def allocate(cls, manifest: Manifest, geometry: RingGeometry) -> StaticPool:
@@ -67,6 +69,7 @@ class StaticPool:
             input_ids=np.zeros((1, 1), np.int64),
             keep=np.ones(1, np.int64),
             logits=np.zeros((1, 1, m.vocab_size), np.float32),
+            next_token=np.zeros((1, 1, 1), np.int64) if NEXT_TOKEN in manifest.graph.outputs else None,
         )
         if host_copy:
             pool.new_keys = [np.zeros((1, h, 1, m.head_dim), dtype) for h in m.num_kv_heads]
@@ -75,6 +78,7 @@ class StaticPool:
 
     def nbytes(self) -> int:
         arrays = [*self.keys, *self.values, *self.new_keys, *self.new_values, self.input_ids, self.keep, self.logits]
+        arrays += [] if self.next_token is None else [self.next_token]
         d = self.decode
         arrays += [
             d.cos,

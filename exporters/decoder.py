@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 
 from edge_runtime import __version__
-from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL
+from edge_runtime.kernels import MATMUL_Q4
+from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN
 from edge_runtime.models import ModelArgs, ModelWeights
 
 from . import blocks_ort
@@ -97,6 +98,7 @@ def build_decoder(
     if act != np.float32:
         logits = g.op("Cast", [logits], "/lm_head/CastFp32", to=onnx.TensorProto.FLOAT)
     g.output(logits, "logits", np.float32, [1, "kept", args.vocab_size])
+    _fused_argmax(g, logits_2d)
 
     model = g.to_model(f"edge-runtime {__version__}", doc=f"{args.model_type} decoder, flavor {flavor.value}")
     io = {
@@ -130,6 +132,18 @@ def _keep_rows(g: GraphBuilder, x: str) -> str:
     keep = g.input("num_logits_to_keep", np.int64, [1])
     neg_keep = g.op("Neg", [keep], "/model/keep/Neg")
     return g.op("Slice", [x, neg_keep, g.const([INT64_MAX]), g.const([1])], "/model/keep/Slice")
+
+
+def _fused_argmax(g: GraphBuilder, logits_2d: str) -> None:
+    """Where the LM head is a MatMulQ4, its optional argmax output becomes graph output `next_token`
+    [1, kept, 1] int64 (numpy.argmax of each kept row's logits): greedy decoding reads it instead of
+    scanning the logits, which another core just wrote (csrc/ort_ops.c)."""
+    head = next((n for n in g.nodes if n.op_type == MATMUL_Q4 and n.output[0] == logits_2d), None)
+    if head is None:
+        return
+    head.output.append("/lm_head/MatMulQ4/argmax")  # [L, 1]
+    token = g.op("Reshape", [head.output[1], g.const([1, -1, 1])], "/lm_head/argmax/unflatten")
+    g.output(token, NEXT_TOKEN, np.int64, [1, "kept", 1])
 
 
 def _lm_head(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, table: str, h: str) -> str:

@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -127,6 +128,33 @@ def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
     assert kernels.isa() is None
     with pytest.raises(Exception, match="EDGE_KERNELS_ISA=sse2 is not an implementation this CPU runs"):
         _session(model)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_q4_argmax_output_is_numpys_argmax(isa, monkeypatch):
+    """The optional second output: each row's first largest column."""
+    _pin_isa(monkeypatch, isa)
+    rng = np.random.default_rng(11)
+    k, n = 128, 4099  # 65 column tasks of 64: ties and maxima across task boundaries
+    b, s = _weights(rng, k, n)
+    b[[100, 3000, 4098]] = b[7]  # columns equal to column 7, in other tasks
+    s[[100, 3000, 4098]] = s[7]
+    graph = onnx.load_from_string(_graph("MatMulQ4", k, n, b, s.astype(np.float16), 2))
+    graph.graph.node[0].output.append("am")
+    graph.graph.output.append(helper.make_tensor_value_info("am", TensorProto.INT64, None))
+    sess = _session(graph.SerializeToString())
+    for m in (1, 5, 16):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y, am = sess.run(None, {"x": x})
+        assert am.shape == (m, 1) and am.dtype == np.int64
+        np.testing.assert_array_equal(am[:, 0], y.argmax(-1))
+    x = np.zeros((2, k), np.float32)  # every logit 0: the first column wins
+    assert sess.run(None, {"x": x})[1][:, 0].tolist() == [0, 0]
+    w7 = np.stack([(b[7] & 15), (b[7] >> 4)], axis=-1).reshape(k).astype(np.float32) - 8
+    y, am = sess.run(None, {"x": w7[None]})  # x along column 7: it and its three copies tie at the top
+    assert y[0, 7] == y[0, 100] == y[0, 3000] == y[0, 4098] == y.max() and am[0, 0] == 7
+    assert sess.run(None, {"x": np.zeros((0, k), np.float32)})[1].shape == (0, 1)
 
 
 @needs_kernels
@@ -320,6 +348,36 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     # one code (up to 1/254 of its block's max): rare steps differ by ~1e-2, the rest agree to float noise.
     assert max(errs) < 5e-2
     assert sum(e < 1e-5 for e in errs) >= 0.9 * len(errs)
+
+
+@needs_kernels
+def test_greedy_decoding_takes_the_lm_heads_fused_argmax(tiny_ckpt, tmp_path):
+    from edge_runtime.engine import load
+    from edge_runtime.generate import generate_step
+    from edge_runtime.manifest import NEXT_TOKEN
+    from edge_runtime.sampling import Sampler, SamplingParams
+
+    manifest = _export(tiny_ckpt, tmp_path / "edge", "edge")
+    assert NEXT_TOKEN in manifest.graph.outputs
+    engine = load(tmp_path / "edge")
+    assert engine.fused_argmax
+    prompt = list(range(3, 20))
+    steps = generate_step(engine, prompt, Sampler(SamplingParams(temperature=0)))
+    fused = [next(steps) for _ in range(70)]  # past the 64-row ring's wrap
+    engine.reset()
+    expected = [int(np.argmax(engine.prefill(prompt)))]
+    for _ in range(69):
+        logits = engine.decode(expected[-1])
+        assert engine.decoded_argmax() == int(np.argmax(logits))
+        expected.append(int(np.argmax(logits)))
+    assert fused == expected
+
+    def refuse() -> int:
+        raise AssertionError("a repetition penalty needs the logits, not the fused argmax")
+
+    engine.decoded_argmax = refuse
+    penalized = generate_step(engine, prompt, Sampler(SamplingParams(temperature=0, repetition_penalty=1.3)))
+    assert len([next(penalized) for _ in range(5)]) == 5
 
 
 @needs_kernels

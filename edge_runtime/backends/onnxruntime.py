@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from edge_runtime import kernels
 from edge_runtime.errors import BundleError
-from edge_runtime.manifest import Manifest
+from edge_runtime.manifest import NEXT_TOKEN, Manifest
 from edge_runtime.pool import StaticPool
 from edge_runtime.ring import StepInputs
 
@@ -93,6 +93,9 @@ class OrtBackend:
         self._bind_kv(io, self._kv)
         self._logits = _ov(p.logits)
         io.bind_ortvalue_output("logits", self._logits)
+        if p.next_token is not None:
+            self._next_token = _ov(p.next_token)
+            io.bind_ortvalue_output(NEXT_TOKEN, self._next_token)
         if self.host_copy:
             self._new = [(_ov(k), _ov(v)) for k, v in zip(p.new_keys, p.new_values, strict=True)]
             for i, (k, v) in enumerate(self._new):
