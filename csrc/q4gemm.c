@@ -1,13 +1,19 @@
 /* Which q4gemm.h implementation runs: the fastest this CPU has, or the one EDGE_KERNELS_ISA names. */
+#include <cpuid.h>
 #include <string.h>
 
 #include "q4gemm.h"
 
 extern const Q4Impl q4_avx2, q4_avx512vnni;
 
-static int has_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+/* F16C through cpuid: clang's __builtin_cpu_supports does not know the name (clang 14). AVX2's check
+ * covers the OS's saving of the YMM state, which F16C needs too. */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
+
+static int has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c(); }
 
 static int has_avx512vnni(void) {
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
