@@ -1,6 +1,7 @@
 /* AVX-512 VNNI kernel for q4gemm.h (Zen 4, Intel Ice Lake and later), on 256-bit vectors.
  *
- * Why it beats the AVX2 kernel (1.4x at decode, kernel_bench.py): vpdpbusd forms 4-byte dot products
+ * Why it beats the AVX2 kernel (kernel_bench.py, 2 threads: 1.3-1.5x at M=128, 1.06-1.08x at M=1 where the
+ * weights stream from memory; 1.3x at M=1 single-threaded in cache): vpdpbusd forms 4-byte dot products
  * straight into int32, and the int32 sums are reduced to one per block *before* the float work, so the
  * convert, scale product and FMA run once per 8 blocks instead of once per 2:
  *
@@ -10,7 +11,8 @@
  *     acc += float(u) * (weight scales * activation scales)      one convert, multiply and FMA
  *
  * The unpacked weights are shared by up to eight prompt rows (twelve or sixteen ran no faster). The
- * activation layout is this kernel's own (below); the int32 block sums are exact, so results differ from the AVX2 kernel's only in float rounding order (tests/test_kernels.py). */
+ * activation layout is this kernel's own (below); the int32 block sums are exact, so results differ from
+ * the AVX2 kernel's only in float rounding order (tests/test_kernels.py). */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
                              apply_to = function)
