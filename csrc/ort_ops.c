@@ -421,6 +421,9 @@ __attribute__((visibility("default"))) const char *EdgeKernelsIsa(void) {
     return impl ? impl->isa : NULL;
 }
 
+/* Nonzero when this CPU runs the implementation named `isa` (kernels.py lists them in errors). */
+__attribute__((visibility("default"))) int EdgeKernelsIsaRuns(const char *isa) { return isa && *isa && q4_impl(isa) != NULL; }
+
 /* Called by SessionOptions.register_custom_ops_library for each SessionOptions. */
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *options,
                                                                      const OrtApiBase *base) {

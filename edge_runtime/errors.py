@@ -39,6 +39,10 @@ class ValidationError(ExportError):
     """An exported graph that disagrees with the float64 reference beyond its precision's tolerance."""
 
 
+class KernelPinError(EdgeRuntimeError):
+    """EDGE_KERNELS_ISA names a MatMulQ4 implementation this CPU does not run."""
+
+
 class BundleError(EdgeRuntimeError):
     """A bundle directory that is missing files, fails its checksums or has an invalid manifest."""
 

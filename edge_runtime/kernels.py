@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 from functools import cache
 from pathlib import Path
 
 import onnxruntime as ort
+
+from edge_runtime.errors import KernelPinError
 
 DOMAIN = "ai.edge_runtime"
 MATMUL_Q4 = "MatMulQ4"
@@ -27,6 +30,8 @@ SILU_MUL = "SiluMul"
 LINEAR_ATTENTION = "LinearAttention"
 OPS = (MATMUL_Q4, SILU_MUL, LINEAR_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
+ISA_VARIABLE = "EDGE_KERNELS_ISA"
+ISAS = ("avx2", "avx512vnni")
 
 
 @cache
@@ -43,7 +48,7 @@ def unavailable_reason() -> str | None:
     if lib is None:
         return "edge-runtime's kernel library was not built on this machine (x86-64 with a C compiler needed)"
     try:
-        register(ort.SessionOptions(), check=False)
+        ort.SessionOptions().register_custom_ops_library(str(lib))
     except Exception as e:  # onnxruntime raises its own Fail type; the library's status message says why
         return f"{lib.name} cannot be used here: {e}"
     return None
@@ -65,12 +70,31 @@ def isa() -> str | None:
     return name.decode() if name else None
 
 
+def check_pin() -> None:
+    """Raise KernelPinError where EDGE_KERNELS_ISA names an implementation this CPU does not run, so the
+    mistake is one line at the start, not an ONNX Runtime exception from inside a session."""
+    pinned = os.environ.get(ISA_VARIABLE)
+    if pinned and available() and isa() is None:
+        raise KernelPinError(
+            f"{ISA_VARIABLE}={pinned} is not a MatMulQ4 implementation this CPU runs (it runs: "
+            f"{', '.join(_runnable())}); unset {ISA_VARIABLE} to pick the fastest"
+        )
+
+
+def _runnable() -> list[str]:
+    query = ctypes.CDLL(str(library())).EdgeKernelsIsaRuns
+    query.argtypes, query.restype = [ctypes.c_char_p], ctypes.c_int
+    return [name for name in ISAS if query(name.encode())]
+
+
 def register(so: ort.SessionOptions, *, check: bool = True) -> bool:
-    """Make the edge ops available to sessions created from `so`; False (nothing done) where unavailable."""
+    """Make the edge ops available to sessions created from `so`; False (nothing done) where unavailable.
+    Raises KernelPinError where EDGE_KERNELS_ISA names an implementation this CPU lacks."""
     if check and not available():
         return False
     lib = library()
     if lib is None:
         return False
+    check_pin()
     so.register_custom_ops_library(str(lib))
     return True

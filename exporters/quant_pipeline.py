@@ -47,6 +47,7 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
         reason = kernels.unavailable_reason()
         if reason is not None:  # the export validates the graph here, so the op must run here
             raise ExportError(f"--kernel edge cannot be used: {reason}; export with --kernel mlas")
+        kernels.check_pin()
     if trt and quant.enabled and quant.table_bits == 4 and not quant.fp_embeddings:
         raise ExportError("--table-bits 4 needs --flavor ort: the trt flavor stores the table as INT8 per row")
 

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_runtime import kernels
-from edge_runtime.errors import BundleError, ExportError
+from edge_runtime.errors import BundleError, ExportError, KernelPinError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
@@ -126,8 +126,24 @@ def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
     assert 0 < diff < 1e-6  # different code (not one implementation twice), the same sums
     monkeypatch.setenv("EDGE_KERNELS_ISA", "sse2")
     assert kernels.isa() is None
-    with pytest.raises(Exception, match="EDGE_KERNELS_ISA=sse2 is not an implementation this CPU runs"):
+    refused = r"EDGE_KERNELS_ISA=sse2 is not a MatMulQ4 .*\(it runs: [a-z0-9, ]+\); unset"
+    with pytest.raises(KernelPinError, match=refused):
         _session(model)
+
+
+@needs_kernels
+def test_a_bad_isa_pin_is_one_line_from_the_cli_and_writes_nothing(tiny_ckpt, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from edge_runtime.cli.export import main as export_cli
+
+    monkeypatch.setenv("EDGE_KERNELS_ISA", "avx9000")
+    out = tmp_path / "edge"
+    args = [str(tiny_ckpt), "-o", str(out), "--quant", "int4", "--kernel", "edge"]
+    r = CliRunner().invoke(export_cli, ["build", *args])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.strip().splitlines()[-1].startswith("Error: EDGE_KERNELS_ISA=avx9000 is not a MatMulQ4")
+    assert not out.exists() and not list(tmp_path.glob(".edge*"))
 
 
 @needs_kernels
