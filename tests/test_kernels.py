@@ -149,7 +149,7 @@ def test_a_bad_isa_pin_is_one_line_from_the_cli_and_writes_nothing(tiny_ckpt, tm
 @needs_kernels
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_q4_argmax_output_is_numpys_argmax(isa, monkeypatch):
-    """The optional second output: each row's first largest column."""
+    """The optional second output: each row's first largest column (a NaN counting as largest)."""
     _pin_isa(monkeypatch, isa)
     rng = np.random.default_rng(11)
     k, n = 128, 4099  # 65 column tasks of 64: ties and maxima across task boundaries
@@ -171,6 +171,12 @@ def test_matmul_q4_argmax_output_is_numpys_argmax(isa, monkeypatch):
     y, am = sess.run(None, {"x": w7[None]})  # x along column 7: it and its three copies tie at the top
     assert y[0, 7] == y[0, 100] == y[0, 3000] == y[0, 4098] == y.max() and am[0, 0] == 7
     assert sess.run(None, {"x": np.zeros((0, k), np.float32)})[1].shape == (0, 1)
+    s[[50, 2000]] = np.nan  # NaN columns: numpy.argmax answers the first NaN, and so must the op
+    graph = onnx.load_from_string(_graph("MatMulQ4", k, n, b, s.astype(np.float16), 2))
+    graph.graph.node[0].output.append("am")
+    graph.graph.output.append(helper.make_tensor_value_info("am", TensorProto.INT64, None))
+    y, am = _session(graph.SerializeToString()).run(None, {"x": rng.standard_normal((3, k)).astype(np.float32)})
+    assert np.isnan(y[:, 50]).all() and am[:, 0].tolist() == y.argmax(-1).tolist() == [50, 50, 50]
 
 
 @needs_kernels
