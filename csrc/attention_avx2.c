@@ -5,13 +5,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "vexp.h"
-
-static inline float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
+#include "simd.h"
 
 /* y = RoPE(x) at cache row `pos` (x, y [d]; may not alias). */
 static void rope(const AttnArgs *a, const float *x, int64_t pos, float *y) {

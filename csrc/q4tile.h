@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "q4gemm.h"
+#include "simd.h"
 
 /* Quantized activations live in tiles of four consecutive rows (r0 % 4 == 0), interleaved per pair of
  * blocks so the kernel reaches all four rows from one pointer at fixed offsets (fewer address ops than
@@ -28,12 +29,6 @@ static inline char *tile_at(const void *scratch, int64_t K, int64_t r) {
     return (char *)scratch + (size_t)(r / 4 * (K / 64)) * Q4_TILE_PAIR;
 }
 
-static inline float hmax8(__m256 v) {
-    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
-}
-
 /* One block of 32 activations to int8 codes `q` (round to nearest even, as MLAS does); returns its scale
  * (block max / 127). */
 static inline float quantize_block(const float *xb, int32_t q[32]) {
@@ -45,12 +40,6 @@ static inline float quantize_block(const float *xb, int32_t q[32]) {
     for (int i = 0; i < 32; i += 8)
         _mm256_storeu_si256((__m256i *)(q + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv)));
     return amax / 127.0f;
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
 /* [s_b0 x4 | s_b1 x4] (the two 128-bit lanes) from the pair's two consecutive block scales. */

@@ -5,7 +5,7 @@
 
 #include <immintrin.h>
 
-#include "vexp.h"
+#include "simd.h"
 
 static inline float silu1(float g) {
     /* scalar tail through the same vector path, so every element is computed alike */

@@ -1,8 +1,21 @@
-/* Vectorized exp shared by the AVX2 kernels (SiluMul's sigmoid, LinearAttention's softmax). */
-#ifndef EDGE_VEXP_H
-#define EDGE_VEXP_H
+/* AVX2 helpers shared by the kernels: horizontal sum and max of 8 floats, and a vectorized exp
+ * (SiluMul's sigmoid, LinearAttention's softmax). */
+#ifndef EDGE_SIMD_H
+#define EDGE_SIMD_H
 
 #include <immintrin.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
+}
 
 /* exp(x) for x in [-88, 88], Cephes' expf polynomial (relative error ~2e-7 over the range). */
 static inline __m256 exp256(__m256 x) {
