@@ -111,7 +111,7 @@ static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m25
 /* Columns [n0, n1) against the ROWS rows of ROWS / 4 full tiles `stride` bytes apart, or (ROWS < 4) against
  * one partial tile of ROWS rows, over the pairs [0, pairs) of the quads t0 starts at; b and s point at
  * column 0's first pair and its scales, columns nb blocks apart. The column loop is inside the function so
- * its set-up is paid once a call, not once a column (+9% at decode with K = 2048). */
+ * its set-up is paid once a call, not once a column (+5% at decode with K = 2048, single-threaded). */
 #define QUAD_COLUMN(ROWS, FMT)                                                                               \
     QUAD_STEP(ROWS, FMT)                                                                                     \
     static void column_##ROWS##_##FMT(const char *t0, size_t stride, const uint8_t *b, const char *s,        \
@@ -125,7 +125,8 @@ static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m25
             for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                     \
             int64_t p = 0;                                                                                   \
             for (; p + 4 <= pairs; p += 4) {                                                                 \
-                if (ROWS == 1) { /* decode streams the weights: 1 KB ahead, +3-5% (as the AVX2 kernel) */   \
+                if (ROWS == 1) { /* 1 KB ahead, as the AVX2 kernel (+3-5% there); here 1-4 KB or none:  \
+                                  * within noise in paired runs at 1B shapes */                             \
                     _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);                           \
                     _mm_prefetch((const char *)(bn + p * 32 + 1088), _MM_HINT_T0);                           \
                 }                                                                                            \

@@ -4,8 +4,9 @@ Why 2 MiB: ONNX Runtime memory-maps each external initializer where it lies in t
 streams its weights straight from that map at decode. A tensor at a 2 MiB-aligned offset sits in
 PMD-sized page-cache folios that Linux (6.x, file systems with large folios, such as ext4) maps with
 2 MiB entries: of the 1B int4 bundle's 665 MB mapped, 620 MB were then huge-page mapped against 12 MB
-with the onnx writer's packed offsets, and its decode ran 1.08x faster (median of paired fresh-process
-runs, `scripts/bench_vs_ortgenai.py`-shaped; a streaming read alone was 4-5% faster on huge pages).
+with the onnx writer's packed offsets, and its decode ran 1.08x faster (median of six paired
+fresh-process runs of 40 decode steps, a throwaway script; a streaming read alone was 4-5% faster on
+huge pages).
 The gaps are seeked over, not written: on file systems with holes they take no disk, and nothing maps
 them, so memory is unchanged; the file's apparent size grows by under 2 MiB a large tensor.
 """

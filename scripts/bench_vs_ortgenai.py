@@ -103,7 +103,7 @@ def read_bandwidth(threads: int, log: Path, sums_only: bool = False) -> dict[str
 
 
 def round_probe(threads: int, log: Path) -> float:
-    """The read bandwidth just before a round (numpy sums, ~2 s)."""
+    """The read bandwidth just before a round (numpy sums in a fresh process)."""
     return read_bandwidth(threads, log, sums_only=True)["numpy_sum"]
 
 

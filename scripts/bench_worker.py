@@ -157,8 +157,8 @@ def measure_read_bandwidth(
     threads: int, mb_per_thread: int = 512, reps: int = 5, gemv: bool = True
 ) -> dict[str, float]:
     """Best-of-`reps` read bandwidth (bytes/s) with `threads` threads: numpy sums and (with `gemv`) an ORT
-    fp32 GEMV. The sums alone take ~2 s, read as fast as a C loop of AVX2 loads here (35.8 against
-    33-35 GB/s), and serve as the per-round probe."""
+    fp32 GEMV. The sums alone (a few seconds with start-up) read as fast as a C loop of AVX2 loads here
+    (35.8 against 33-35 GB/s) and serve as the per-round probe."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
