@@ -11,6 +11,9 @@
  * largest): each task scans the columns it just wrote, so greedy decoding never reads the logits back
  * from the other core's cache (55-69 us a 135M step from Python, 1% of the step).
  *
+ * MatMulQ8, over q8gemm.h: the same, with B N x K bytes (codes + 128) and scales float [N], one per
+ * output channel (edge-runtime's INT8 weights); the same attributes and optional argmax output.
+ *
  * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
  *
  * LinearAttention, over attention.h: GroupQueryAttention's packed-qkv form (inputs qkv, past_key,
@@ -24,14 +27,16 @@
 #include "attention.h"
 #include "ort_abi.h"
 #include "q4gemm.h"
+#include "q8gemm.h"
 #include "silu_mul.h"
 
 static const OrtApi *g_api;
 
 typedef struct {
     int64_t K, N;
-    const Q4Impl *impl;
-} Q4Kernel;
+    int bits; /* 4: MatMulQ4, 8: MatMulQ8 */
+    const QImpl *impl;
+} QKernel;
 
 static OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_api)(code, msg); }
 
@@ -44,6 +49,7 @@ static OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_ap
 /* ---- op description ---------------------------------------------------------------------------- */
 
 static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
+static const char *q8_name(const OrtCustomOp *op) { (void)op; return "MatMulQ8"; }
 static size_t q4_inputs(const OrtCustomOp *op) { (void)op; return 3; }
 static int q4_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
@@ -63,29 +69,42 @@ static int op_required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; ret
 static int op_mem_default(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ORT_MEM_TYPE_DEFAULT; }
 static int op_one(const OrtCustomOp *op) { (void)op; return 1; }
 
-static OrtStatus *q4_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
-    (void)op;
-    (void)api;
+static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
+    const char *op = bits == 4 ? "MatMulQ4" : "MatMulQ8";
+    char msg[200];
     int64_t K = 0, N = 0;
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "K", &K));
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "N", &N));
-    if (K <= 0 || K % 64 != 0 || N <= 0) return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: K must be a positive multiple of 64 and N positive");
-    /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
-    const char *isa = getenv("EDGE_KERNELS_ISA");
-    const Q4Impl *impl = q4_impl(isa);
-    if (!impl) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "MatMulQ4: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
-                 "(avx2 or avx512vnni; unset it to pick the fastest)", isa ? isa : "");
+    if (K <= 0 || K % 64 != 0 || N <= 0) {
+        snprintf(msg, sizeof msg, "%s: K must be a positive multiple of 64 and N positive", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
-    Q4Kernel *k = malloc(sizeof *k);
-    if (!k) return fail(ORT_FAIL, "MatMulQ4: out of memory");
+    /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
+    const char *isa = getenv("EDGE_KERNELS_ISA");
+    const QImpl *impl = bits == 4 ? q4_impl(isa) : q8_impl(isa);
+    if (!impl) {
+        snprintf(msg, sizeof msg, "%s: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
+                 "(avx2 or avx512vnni; unset it to pick the fastest)", op, isa ? isa : "");
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    QKernel *k = malloc(sizeof *k);
+    if (!k) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory");
     k->K = K;
     k->N = N;
+    k->bits = bits;
     k->impl = impl;
     *out = k;
     return NULL;
+}
+
+static OrtStatus *q4_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    return q_create(info, 4, out);
+}
+
+static OrtStatus *q8_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    return q_create(info, 8, out);
 }
 
 static void kernel_destroy(void *k) { free(k); }
@@ -98,7 +117,7 @@ typedef struct {
     const uint8_t *b;
     const void *scales;
     int fp16_scales;
-    const Q4Impl *impl;
+    const QImpl *impl;
     void *scratch;
     int64_t M, K, N, cols_per_task;
     float *best;      /* with the argmax output: [tasks][M] each task's largest value of each row, */
@@ -175,8 +194,10 @@ static OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims,
     return s;
 }
 
-static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
-    const Q4Kernel *k = kernel;
+static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
+    const QKernel *k = kernel;
+    const char *op = k->bits == 4 ? "MatMulQ4" : "MatMulQ8";
+    char msg[200];
     const OrtValue *a_v, *b_v, *s_v;
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 0, &a_v));
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 1, &b_v));
@@ -187,11 +208,22 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(element_count(b_v, &b_count, NULL, NULL, NULL));
     int s_type = 0;
     TRY(element_count(s_v, &s_count, NULL, NULL, &s_type));
-    if (s_type != ONNX_FLOAT16 && s_type != ONNX_FLOAT)
-        return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: scales must be float16 or float");
-    if (rank < 1 || dims[rank - 1] != k->K) return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: A's last dimension is not K");
-    if ((int64_t)b_count != k->N * k->K / 2 || (int64_t)s_count != k->N * k->K / 32)
-        return fail(ORT_INVALID_ARGUMENT, "MatMulQ4: B or scales do not hold N x K/32 blocks");
+    /* MatMulQ4: B [N, K/32, 16], scales float16 or float [N, K/32]; MatMulQ8: B N x K bytes, scales float [N] */
+    int scales_ok = s_type == ONNX_FLOAT || (k->bits == 4 && s_type == ONNX_FLOAT16);
+    int64_t b_want = k->bits == 4 ? k->N * k->K / 2 : k->N * k->K, s_want = k->bits == 4 ? k->N * k->K / 32 : k->N;
+    if (!scales_ok) {
+        snprintf(msg, sizeof msg, "%s: scales must be %s", op, k->bits == 4 ? "float16 or float" : "float");
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    if (rank < 1 || dims[rank - 1] != k->K) {
+        snprintf(msg, sizeof msg, "%s: A's last dimension is not K", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    if ((int64_t)b_count != b_want || (int64_t)s_count != s_want) {
+        snprintf(msg, sizeof msg, "%s: B or scales do not hold %s", op,
+                 k->bits == 4 ? "N x K/32 blocks" : "N x K bytes and N scales");
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
     int64_t M = (int64_t)a_count / k->K;
     dims[rank - 1] = k->N;
     OrtValue *y_v;
@@ -216,7 +248,7 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     w.fp16_scales = s_type == ONNX_FLOAT16;
     w.impl = k->impl;
     w.scratch = grown(&t_scratch, k->impl->scratch_bytes(k->K, M));
-    if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4: out of memory for the quantized activations");
+    if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for the quantized activations");
     if (M == 1)
         quantize_task(&w, 0);
     else
@@ -228,7 +260,7 @@ static OrtStatus *q4_compute(void *kernel, OrtKernelContext *ctx) {
     size_t tasks = (size_t)((k->N + per - 1) / per);
     if (argmax) {
         char *best = grown(&t_best, tasks * (size_t)M * (sizeof(float) + sizeof(int64_t)));
-        if (!best) return fail(ORT_FAIL, "MatMulQ4: out of memory for the argmax");
+        if (!best) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for the argmax");
         w.best_at = (int64_t *)best;
         w.best = (float *)(best + tasks * (size_t)M * sizeof(int64_t));
     }
@@ -409,7 +441,8 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     }
 
 static const OrtCustomOp g_ops[] = {
-    EDGE_OP(q4_create, q4_compute, q4_name, q4_inputs, q4_input_type, q4_outputs, q4_output_type, q4_output_kind),
+    EDGE_OP(q4_create, q_compute, q4_name, q4_inputs, q4_input_type, q4_outputs, q4_output_type, q4_output_kind),
+    EDGE_OP(q8_create, q_compute, q8_name, q4_inputs, q4_input_type, q4_outputs, q4_output_type, q4_output_kind),
     EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type, one_io, float_type, op_required),
     EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type, attn_outputs, float_type, op_required),
 };
@@ -417,7 +450,7 @@ static const OrtCustomOp g_ops[] = {
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where
  * EDGE_KERNELS_ISA names one this CPU lacks or the CPU runs none (kernels.isa(), for reports). */
 __attribute__((visibility("default"))) const char *EdgeKernelsIsa(void) {
-    const Q4Impl *impl = q4_impl(getenv("EDGE_KERNELS_ISA"));
+    const QImpl *impl = q4_impl(getenv("EDGE_KERNELS_ISA")); /* MatMulQ8 has the same set */
     return impl ? impl->isa : NULL;
 }
 

@@ -177,4 +177,4 @@ static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const
     }
 }
 
-const Q4Impl q4_avx2 = {"avx2", 8, scratch_bytes, quantize_row, tile};
+const QImpl q4_avx2 = {"avx2", 8, scratch_bytes, quantize_row, tile};

@@ -22,21 +22,11 @@
 
 #include "q4tile.h"
 
-/* Activations per tile of 4 rows (or fewer for the last) and quad of 4 pairs of blocks: each row's quad
- * is QUAD_ROW bytes, rows one after another:
+/* Activations in quad.h's layout; per row and quad:
  *   xq int8  [4][64]  per pair the AVX2 layout's [b0 even | b1 even | b0 odd | b1 odd]
  *   zp int32 [8]      minus 8 * each block's code sum (the zero point's share), in u's block order
- *   sx float [8]      each block's scale, in u's block order: pairs 0..3's first blocks, then their seconds
- * A pair of the last, partial quad beyond K is zero. */
-#define QUAD_ROW 320
-
-static inline int64_t quads_of(int64_t K) { return (K / 64 + 3) / 4; }
-
-static inline char *quad_tile(const void *scratch, int64_t K, int64_t r) {
-    return (char *)scratch + (size_t)(r / 4 * quads_of(K)) * 4 * QUAD_ROW;
-}
-
-static size_t scratch_bytes(int64_t K, int64_t M) { return (size_t)((M + 3) / 4 * quads_of(K)) * 4 * QUAD_ROW; }
+ *   sx float [8]      each block's scale, in u's block order: pairs 0..3's first blocks, then their seconds */
+static size_t scratch_bytes(int64_t K, int64_t M) { return quad_scratch_bytes(K, M); }
 
 static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
     char *tile = quad_tile(scratch, K, r);
@@ -176,7 +166,7 @@ static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const
     }
 }
 
-const Q4Impl q4_avx512vnni = {"avx512vnni", 8, scratch_bytes, quantize_row, tile};
+const QImpl q4_avx512vnni = {"avx512vnni", 8, scratch_bytes, quantize_row, tile};
 
 #if defined(__clang__)
 #pragma clang attribute pop

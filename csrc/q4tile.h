@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "q4gemm.h"
-#include "simd.h"
+#include "quad.h" /* quantize_block */
 
 /* Quantized activations live in tiles of four consecutive rows (r0 % 4 == 0), interleaved per pair of
  * blocks so the kernel reaches all four rows from one pointer at fixed offsets (fewer address ops than
@@ -27,19 +27,6 @@
 
 static inline char *tile_at(const void *scratch, int64_t K, int64_t r) {
     return (char *)scratch + (size_t)(r / 4 * (K / 64)) * Q4_TILE_PAIR;
-}
-
-/* One block of 32 activations to int8 codes `q` (round to nearest even, as MLAS does); returns its scale
- * (block max / 127). */
-static inline float quantize_block(const float *xb, int32_t q[32]) {
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
-    for (int i = 8; i < 32; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
-    float amax = hmax8(m);
-    __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    for (int i = 0; i < 32; i += 8)
-        _mm256_storeu_si256((__m256i *)(q + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv)));
-    return amax / 127.0f;
 }
 
 /* [s_b0 x4 | s_b1 x4] (the two 128-bit lanes) from the pair's two consecutive block scales. */

@@ -40,7 +40,7 @@ class ValidationError(ExportError):
 
 
 class KernelPinError(EdgeRuntimeError):
-    """EDGE_KERNELS_ISA names a MatMulQ4 implementation this CPU does not run."""
+    """EDGE_KERNELS_ISA names a MatMulQ4/MatMulQ8 implementation this CPU does not run."""
 
 
 class BundleError(EdgeRuntimeError):

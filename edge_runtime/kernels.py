@@ -1,12 +1,13 @@
 """edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime` ops MatMulQ4 (INT4 x int8
-matmul on MatMulNBits' bytes), SiluMul (silu(gate) * up of a fused gate|up row) and LinearAttention
-(GroupQueryAttention's packed-qkv decode/prefill over the ring while it is a linear cache).
+matmul on MatMulNBits' bytes), MatMulQ8 (INT8 per-channel x int8), SiluMul (silu(gate) * up of a fused
+gate|up row) and LinearAttention (GroupQueryAttention's packed-qkv decode/prefill over the ring while it is
+a linear cache).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
 cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are refused and bundles that need
-the ops say so when loaded). MatMulQ4 has two implementations, chosen when a session is created: AVX-512
-VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2; `EDGE_KERNELS_ISA=avx2` (or
-`avx512vnni`) pins one, for A/B runs.
+the ops say so when loaded). MatMulQ4 and MatMulQ8 have two implementations each, chosen when a session is
+created: AVX-512 VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2;
+`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`) pins one for both ops, for A/B runs.
 
     so = onnxruntime.SessionOptions()
     kernels.register(so)          # True if the ops are now available to sessions made from `so`
@@ -26,9 +27,10 @@ from edge_runtime.errors import KernelPinError
 
 DOMAIN = "ai.edge_runtime"
 MATMUL_Q4 = "MatMulQ4"
+MATMUL_Q8 = "MatMulQ8"
 SILU_MUL = "SiluMul"
 LINEAR_ATTENTION = "LinearAttention"
-OPS = (MATMUL_Q4, SILU_MUL, LINEAR_ATTENTION)
+OPS = (MATMUL_Q4, MATMUL_Q8, SILU_MUL, LINEAR_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
 ISA_VARIABLE = "EDGE_KERNELS_ISA"
 ISAS = ("avx2", "avx512vnni")
@@ -59,7 +61,7 @@ def available() -> bool:
 
 
 def isa() -> str | None:
-    """The MatMulQ4 implementation sessions created now run ("avx512vnni" or "avx2"), or None where the
+    """The MatMulQ4/MatMulQ8 implementation sessions created now run ("avx512vnni" or "avx2"), or None where the
     ops are unavailable or EDGE_KERNELS_ISA names one this CPU lacks (such sessions then fail to load)."""
     lib = library()
     if lib is None or not available():

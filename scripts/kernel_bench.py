@@ -11,7 +11,10 @@ onnxruntime's own tools:
   q4edge      edge-runtime's MatMulQ4 on nbits4's very codes, scales in fp16 as exports write them
               (--kernel edge; where its library is built), and again on its AVX2 implementation
               (EDGE_KERNELS_ISA=avx2) where the CPU picks the AVX-512 VNNI one
-  nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4: our int8 layers
+  nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4 (our int8 layers with --kernel mlas, which
+              repeat the per-channel scale over blocks of 64 or 128)
+  q8edge      edge-runtime's MatMulQ8 on per-channel int8 codes (our int8 layers with --kernel edge), and
+              again on its AVX2 implementation where the CPU picks the AVX-512 VNNI one
   dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
               uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
 and two session-option variants of nbits4 (one intra-op thread; workers that sleep instead of spin;
@@ -35,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("fp32", "nbits4", "q4edge", "nbits8", "dyn8")
+FORMATS = ("fp32", "nbits4", "q4edge", "nbits8", "q8edge", "dyn8")
+EDGE_FORMATS = ("q4edge", "q8edge")
 
 
 def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
@@ -82,6 +86,27 @@ def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
                     node.attribute.extend(helper.make_attribute(k, v) for k, v in keep.items())
             quantized.opset_import.append(helper.make_opsetid(kernels.DOMAIN, 1))
         onnx.save(quantized, path)
+    elif fmt == "q8edge":  # the exporter's own INT8 rounding, one scale per output channel
+        from edge_runtime import kernels
+        from edge_runtime.exporters.quant import quantize_rtn
+
+        for node in model.graph.node:
+            w = next(i for i in model.graph.initializer if i.name == node.input[1])
+            k, n = w.dims
+            qm = quantize_rtn(numpy_helper.to_array(w).T, 8)  # [n, k]
+            b = (qm.codes.astype(np.int16) + 128).astype(np.uint8)
+            model.graph.initializer.remove(w)
+            model.graph.initializer.extend(
+                [
+                    numpy_helper.from_array(b, f"{w.name}_q8"),
+                    numpy_helper.from_array(qm.scales[:, 0].astype(np.float32), f"{w.name}_s"),
+                ]
+            )
+            node.op_type, node.domain = kernels.MATMUL_Q8, kernels.DOMAIN
+            node.input[1:] = [f"{w.name}_q8", f"{w.name}_s"]
+            node.attribute.extend([helper.make_attribute("K", k), helper.make_attribute("N", n)])
+        model.opset_import.append(helper.make_opsetid(kernels.DOMAIN, 1))
+        onnx.save(model, path)
     else:
         import logging
 
@@ -141,11 +166,13 @@ def main() -> int:
     wanted = a.formats.split(",") if a.formats else list(FORMATS)
     if unknown := set(wanted) - set(FORMATS):
         ap.error(f"unknown --formats {sorted(unknown)}; choose from {', '.join(FORMATS)}")
-    formats = [f for f in FORMATS if f in wanted and (f != "q4edge" or kernels.available())]
+    formats = [f for f in FORMATS if f in wanted and (f not in EDGE_FORMATS or kernels.available())]
     # (label, format, intra-op threads, spinning workers, EDGE_KERNELS_ISA or None for the default)
     cases = [(f, f, a.threads, True, None) for f in formats]
-    if "q4edge" in formats and kernels.isa() != "avx2":  # the AVX2 implementation beside the default one
-        cases.insert(formats.index("q4edge") + 1, ("q4edge, avx2 kernel", "q4edge", a.threads, True, "avx2"))
+    for f in EDGE_FORMATS:  # the AVX2 implementation beside the default one
+        if f in formats and kernels.isa() != "avx2":
+            at = next(i for i, c in enumerate(cases) if c[1] == f)
+            cases.insert(at + 1, (f"{f}, avx2 kernel", f, a.threads, True, "avx2"))
     if not a.formats:
         cases += [("nbits4, 1 thread", "nbits4", 1, True, None)]
         cases += [("nbits4, no spinning", "nbits4", a.threads, False, None)]

@@ -1,10 +1,10 @@
-/* Which q4gemm.h implementation runs: the fastest this CPU has, or the one EDGE_KERNELS_ISA names. */
+/* Which implementation of each op runs (qgemm.h): the fastest this CPU has, or the one EDGE_KERNELS_ISA names. */
 #include <cpuid.h>
 #include <string.h>
 
-#include "q4gemm.h"
+#include "qgemm.h"
 
-extern const Q4Impl q4_avx2, q4_avx512vnni;
+extern const QImpl q4_avx2, q4_avx512vnni, q8_avx2, q8_avx512vnni;
 
 /* F16C through cpuid: clang's __builtin_cpu_supports does not know the name (clang 14). AVX2's check
  * covers the OS's saving of the YMM state, which F16C needs too. */
@@ -20,10 +20,14 @@ static int has_avx512vnni(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-const Q4Impl *q4_impl(const char *isa) {
+/* avx2 or avx512vnni of one op. */
+static const QImpl *pick(const char *isa, const QImpl *avx2, const QImpl *vnni) {
     __builtin_cpu_init();
-    if (!isa || !*isa) return has_avx512vnni() ? &q4_avx512vnni : has_avx2() ? &q4_avx2 : NULL;
-    if (!strcmp(isa, q4_avx2.isa)) return has_avx2() ? &q4_avx2 : NULL;
-    if (!strcmp(isa, q4_avx512vnni.isa)) return has_avx512vnni() ? &q4_avx512vnni : NULL;
+    if (!isa || !*isa) return has_avx512vnni() ? vnni : has_avx2() ? avx2 : NULL;
+    if (!strcmp(isa, avx2->isa)) return has_avx2() ? avx2 : NULL;
+    if (!strcmp(isa, vnni->isa)) return has_avx512vnni() ? vnni : NULL;
     return NULL;
 }
+
+const QImpl *q4_impl(const char *isa) { return pick(isa, &q4_avx2, &q4_avx512vnni); }
+const QImpl *q8_impl(const char *isa) { return pick(isa, &q8_avx2, &q8_avx512vnni); }

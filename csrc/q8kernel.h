@@ -1,0 +1,144 @@
+/* MatMulQ8's kernel body (q8gemm.h), written once for both implementations, in two modes: `d` for decode
+ * (M < 4) and `p` for prompts (M >= 4), which may store the activations differently. The including file
+ * defines, for its instruction set and each mode m:
+ *   Q8W                                          one quad's weights (8 blocks of 32 bytes), prepared
+ *   void q8_load_m(const uint8_t *bq, int blocks, Q8W *w)   blocks (1..8) of one column's quad; zero beyond
+ *   __m256i q8_block_m(const char *row, const Q8W *w, int j)  block j of one row's quad against them:
+ *                                                8 int32 partial sums (4 products each), exact
+ *   Q8_X_BIAS_m                                  what the activation codes are stored plus (0 or 128)
+ *   Q8_ZP_m                                      1 where the sums still hold B's zero point's share, which
+ *                                                the layout's zp then removes (decode mode only)
+ * and gets the static functions below, for `const QImpl q8_...`.
+ *
+ *   per column n, per quad of 256 k (8 blocks):
+ *     B[n, quad] ─► q8_load (shared by up to 8 rows) ─► q8_block(row, j) ─► d_j: 8 partial int32 sums
+ *     1-3 rows:  d_0..d_7 ─► sum tree ─► u [8 blocks] ─► acc_row += float(u) * sx_row[8 blocks]
+ *     4-8 rows:  acc_row += float(d_j) * sx_row[j]: no shuffles, and a partial last quad costs only its
+ *                blocks (+18-54% at M = 128 single-threaded, K = 1536 and 576); one row's chain of 8 FMAs
+ *                a quad would stall decode, which the tree's one FMA a quad does not
+ *   y[row][n] = scales[n] * hsum(acc_row)                       the weight scale applied once a column
+ *
+ * Activations, in quad.h's layout: per row and quad
+ *   xq int8  [256]  the codes + Q8_X_BIAS_m, in k order (block b of the quad at b * 32)
+ *   zp int32 [8]    -128 * each block's code sum (B holds codes + 128)
+ *   sx float [8]    each block's scale                                                                 */
+#ifndef EDGE_Q8KERNEL_H
+#define EDGE_Q8KERNEL_H
+
+#include "q8gemm.h"
+#include "quad.h"
+
+/* d_0..d_7 (8 int32 partial sums of one block each) ─► [sum d_0, ..., sum d_7]. Unpacks, not vphaddd: 1.2-1.5x
+ * faster at M = 3 (vphaddd also lost as the M >= 4 reduction: 55 against 74 GMAC/s). */
+static inline __m256i q8_sum_blocks(const __m256i d[8]) {
+    __m256i t[4];
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of d[2i], d[2i+1] */
+        t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(d[2 * i], d[2 * i + 1]), _mm256_unpackhi_epi32(d[2 * i], d[2 * i + 1]));
+    __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
+    __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+static size_t scratch_bytes(int64_t K, int64_t M) { return quad_scratch_bytes(K, M); }
+
+static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
+    const int bias = M < 4 ? Q8_X_BIAS_d : Q8_X_BIAS_p;
+    int64_t quads = quads_of(K);
+    if ((K / 64) % 4) memset(quad_row(scratch, K, M, r, quads - 1), 0, QUAD_ROW);
+    for (int64_t b = 0; b < K / 32; b++) {
+        int32_t q[32];
+        float scale = quantize_block(x + b * 32, q);
+        char *row = quad_row(scratch, K, M, r, b / 8);
+        uint8_t *xq = (uint8_t *)row + (b % 8) * 32;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            xq[j] = (uint8_t)(q[j] + bias);
+            sum += q[j];
+        }
+        ((int32_t *)(row + 256))[b % 8] = -128 * sum;
+        ((float *)(row + 288))[b % 8] = scale;
+    }
+}
+
+/* One row's quad against the weights, into acc: through the sum tree (all 8 blocks) or per block (only
+ * the `blocks` inside K). */
+#define Q8_ROW_FNS(MODE)                                                                                       \
+    static inline __attribute__((always_inline)) __m256 q8_tree_##MODE(const char *row, const Q8W *w, __m256 acc) { \
+        __m256i d[8];                                                                                          \
+        for (int j = 0; j < 8; j++) d[j] = q8_block_##MODE(row, w, j); /* zero weights beyond K: no sum */     \
+        __m256i u = q8_sum_blocks(d);                                                                          \
+        if (Q8_ZP_##MODE) u = _mm256_add_epi32(u, _mm256_loadu_si256((const __m256i *)(row + 256)));         \
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_loadu_ps((const float *)(row + 288)), acc);       \
+    }                                                                                                          \
+    static inline __attribute__((always_inline)) __m256 q8_lanes_##MODE(const char *row, const Q8W *w, int blocks, \
+                                                                        __m256 acc) {                          \
+        const float *sx = (const float *)(row + 288);                                                          \
+        for (int j = 0; j < 8 && j < blocks; j++)                                                              \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_##MODE(row, w, j)), _mm256_set1_ps(sx[j]), acc); \
+        return acc;                                                                                            \
+    }
+Q8_ROW_FNS(d)
+Q8_ROW_FNS(p)
+
+/* One quad (`blocks` of its 8 inside K) of one column against ROWS rows: the weights are loaded once. */
+#define Q8_STEP(ROWS, MODE)                                                                                  \
+    static inline __attribute__((always_inline)) void step_##ROWS##_##MODE(                                  \
+        const char *tq, size_t stride, const uint8_t *bq, int blocks, __m256 *acc) {                         \
+        Q8W w;                                                                                               \
+        q8_load_##MODE(bq, blocks, &w);                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++) {                                            \
+            const char *row = tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW;                            \
+            acc[r] = ROWS >= 4 ? q8_lanes_##MODE(row, &w, blocks, acc[r]) : q8_tree_##MODE(row, &w, acc[r]);  \
+        }                                                                                                    \
+    }
+
+/* Columns [n0, n1) against the ROWS rows of ROWS / 4 full tiles `stride` bytes apart, or (ROWS < 4) one
+ * partial tile of ROWS rows, over the pairs [0, pairs) of the quads t0 starts at; b points at column 0's
+ * first pair, columns K bytes apart. */
+#define Q8_COLUMN(ROWS, MODE)                                                                                \
+    Q8_STEP(ROWS, MODE)                                                                                      \
+    static void column_##ROWS##_##MODE(const char *t0, size_t stride, const uint8_t *b, const float *s, int64_t K,     \
+                              int64_t n0, int64_t n1, int64_t pairs, float *y, int64_t N, int add) {         \
+        const int64_t quad_bytes = (ROWS < 4 ? ROWS : 4) * QUAD_ROW;                                         \
+        for (int64_t n = n0; n < n1; n++) {                                                                  \
+            const uint8_t *bn = b + n * K;                                                                   \
+            __m256 acc[ROWS];                                                                                \
+            for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                     \
+            int64_t p = 0;                                                                                   \
+            for (; p + 4 <= pairs; p += 4)                                                                   \
+                step_##ROWS##_##MODE(t0 + p / 4 * quad_bytes, stride, bn + p * 64, 8, acc);                  \
+            if (p < pairs)                                                                                   \
+                step_##ROWS##_##MODE(t0 + p / 4 * quad_bytes, stride, bn + p * 64, (int)(pairs - p) * 2, acc); \
+            for (int r = 0; r < ROWS; r++) y[r * N + n] = (add ? y[r * N + n] : 0.0f) + s[n] * hsum8(acc[r]); \
+        }                                                                                                    \
+    }
+Q8_COLUMN(1, d)
+Q8_COLUMN(2, d)
+Q8_COLUMN(3, d)
+Q8_COLUMN(1, p)
+Q8_COLUMN(2, p)
+Q8_COLUMN(3, p)
+Q8_COLUMN(4, p)
+Q8_COLUMN(8, p)
+
+typedef void (*Q8ColumnFn)(const char *, size_t, const uint8_t *, const float *, int64_t, int64_t, int64_t,
+                           int64_t, float *, int64_t, int);
+
+/* p0 is a multiple of 4 (ort_ops.c's K chunks are 16 pairs). M < 4 (decode mode) is one call with r0 = 0. */
+static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
+                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
+    static const Q8ColumnFn full_tiles[2] = {column_4_p, column_8_p};
+    static const Q8ColumnFn part_tile[2][3] = {{column_1_p, column_2_p, column_3_p}, {column_1_d, column_2_d, column_3_d}};
+    (void)fp16_scales; /* float only: ort_ops.c checks */
+    size_t stride = (size_t)quads_of(K) * 4 * QUAD_ROW;
+    int add = p0 > 0, full = m / 4, rest = m % 4, decode = r0 == 0 && m < 4;
+    for (int part = 0; part < 2; part++) {
+        int rows = part ? rest : full * 4;
+        if (!rows) continue;
+        const char *t = quad_tile(scratch, K, r0 + part * full * 4) + (p0 / 4) * (rows < 4 ? rows : 4) * QUAD_ROW;
+        Q8ColumnFn column = part ? part_tile[decode][rest - 1] : full_tiles[full - 1];
+        column(t, stride, B + p0 * 64, scales, K, n0, n1, p1 - p0, y + (int64_t)part * full * 4 * N, N, add);
+    }
+}
+
+#endif

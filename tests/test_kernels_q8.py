@@ -1,0 +1,136 @@
+"""MatMulQ8 (csrc/q8gemm.h): INT8 per-channel weights x int8 activations in blocks of 32, against a float64
+reference, MatMulNBits' 8-bit path at block 32 (the same arithmetic), and between its implementations."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edge_runtime import kernels
+
+from .test_kernels import ISAS, _pin_isa, _session, needs_kernels
+
+
+def _graph(op: str, k: int, n: int, b: np.ndarray, s: np.ndarray, rank: int, *, argmax: bool = False) -> bytes:
+    if op == kernels.MATMUL_Q8:
+        domain, attrs = kernels.DOMAIN, {"K": k, "N": n}
+    else:  # the per-channel scale repeated over blocks of 32: exactly the same weights
+        domain, attrs = "com.microsoft", {"K": k, "N": n, "bits": 8, "block_size": 32, "accuracy_level": 4}
+        b, s = b.reshape(n, k // 32, 32), np.repeat(s[:, None], k // 32, axis=1)
+    lead = ["T"] if rank == 2 else [1, "T"]
+    outputs = ["y", "am"] if argmax else ["y"]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "B", "S"], outputs, domain=domain, **attrs)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])]
+        + ([helper.make_tensor_value_info("am", TensorProto.INT64, None)] if argmax else []),
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S")],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def _weights(rng, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    b = rng.integers(0, 256, (n, k), dtype=np.uint8)  # codes -128..127 + 128: both extremes occur
+    s = (rng.random(n, dtype=np.float32) * 0.02 + 1e-4).astype(np.float32)
+    return b, s
+
+
+def _reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """float64: dequantized weights times x rounded to int8 per block of 32 (scale = block max / 127)."""
+    n, k = b.shape
+    w = (b.astype(np.float64) - 128) * s.astype(np.float64)[:, None]
+    xb = x.reshape(-1, k // 32, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    xq = np.rint(xb * inv).astype(np.float64) * (amax / np.float32(127)).astype(np.float64)
+    return (xq.reshape(-1, k) @ w.T).reshape(*x.shape[:-1], n)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("m", "k", "n", "rank"),
+    [
+        (1, 576, 960, 3),  # 2 full quads and a quad of 2 blocks
+        (1, 64, 5, 2),
+        (3, 128, 37, 3),
+        (4, 256, 64, 2),
+        (6, 192, 20, 2),
+        (9, 2048, 130, 3),
+        (7, 1088, 40, 2),  # K in chunks of 16 pairs with a 1-pair chunk
+        (128, 576, 300, 3),  # eight-row pairs of tiles
+    ],
+)
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_q8_is_int8_activations_times_per_channel_weights(m, k, n, rank, isa, monkeypatch):
+    _pin_isa(monkeypatch, isa)
+    rng = np.random.default_rng(m * 1000 + n)
+    b, s = _weights(rng, k, n)
+    x = rng.standard_normal((m, k) if rank == 2 else (1, m, k)).astype(np.float32)
+    x[..., :32] *= 40  # one block with outliers, as sink tokens have: its own scale must absorb them
+    ours = _session(_graph(kernels.MATMUL_Q8, k, n, b, s, rank)).run(None, {"x": x})[0]
+    mlas = _session(_graph("MatMulNBits", k, n, b, s, rank)).run(None, {"x": x})[0]
+    ref = _reference(x, b, s)
+    assert ours.shape == ref.shape == mlas.shape
+    scale = np.abs(ref).max()
+    assert np.abs(ours - ref).max() / scale < 2e-6
+    assert np.abs(ours - mlas).max() / scale < 2e-6
+
+
+@needs_kernels
+def test_matmul_q8_implementations_agree(monkeypatch):
+    """VNNI's unsigned codes with the zero point removed and AVX2's signed products are the same int32 sums."""
+    if kernels.isa() != "avx512vnni":
+        pytest.skip("this CPU has only the AVX2 implementations")
+    rng = np.random.default_rng(7)
+    b, s = _weights(rng, 1088, 70)
+    x = rng.standard_normal((21, 1088)).astype(np.float32)
+    ys = {}
+    for isa in ISAS:
+        monkeypatch.setenv("EDGE_KERNELS_ISA", isa)
+        sess = _session(_graph(kernels.MATMUL_Q8, 1088, 70, b, s, 2))
+        ys[isa] = np.concatenate([sess.run(None, {"x": x})[0], sess.run(None, {"x": x[:1]})[0]])
+    diff = np.abs(ys["avx2"] - ys["avx512vnni"]).max() / np.abs(ys["avx2"]).max()
+    assert diff < 1e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_q8_argmax_output_is_numpys_argmax(isa, monkeypatch):
+    _pin_isa(monkeypatch, isa)
+    rng = np.random.default_rng(11)
+    k, n = 128, 4099
+    b, s = _weights(rng, k, n)
+    b[[100, 3000, 4098]], s[[100, 3000, 4098]] = b[7], s[7]  # copies of column 7 in other column tasks
+    sess = _session(_graph(kernels.MATMUL_Q8, k, n, b, s, 2, argmax=True))
+    for m in (1, 5, 16):
+        y, am = sess.run(None, {"x": rng.standard_normal((m, k)).astype(np.float32)})
+        assert am.shape == (m, 1) and am.dtype == np.int64
+        np.testing.assert_array_equal(am[:, 0], y.argmax(-1))
+    y, am = sess.run(None, {"x": (b[7].astype(np.float32) - 128)[None]})  # column 7 and its copies tie
+    assert y[0, 7] == y[0, 100] == y[0, 3000] == y[0, 4098] == y.max() and am[0, 0] == 7
+
+
+@needs_kernels
+def test_matmul_q8_zero_rows_single_thread_and_bad_shapes():
+    rng = np.random.default_rng(2)
+    b, s = _weights(rng, 128, 40)
+    sess = _session(_graph(kernels.MATMUL_Q8, 128, 40, b, s, 3), threads=1)
+    assert sess.run(None, {"x": np.zeros((1, 0, 128), np.float32)})[0].shape == (1, 0, 40)
+    assert not sess.run(None, {"x": np.zeros((1, 2, 128), np.float32)})[0].any()  # scale-0 blocks
+    with pytest.raises(Exception, match="MatMulQ8: K must be a positive multiple of 64"):
+        odd_k = _graph(kernels.MATMUL_Q8, 96, 8, *_weights(rng, 96, 8), 2)
+        _session(odd_k).run(None, {"x": np.ones((1, 96), np.float32)})
+    with pytest.raises(Exception, match="MatMulQ8: B or scales do not hold N x K bytes and N scales"):
+        _session(_graph(kernels.MATMUL_Q8, 128, 8, b[:4], s[:4], 2)).run(None, {"x": np.ones((1, 128), np.float32)})
+    blockwise = onnx.load_from_string(_graph(kernels.MATMUL_Q8, 128, 8, b[:8], s[:8], 2))
+    blockwise.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones((8, 4), np.float32), "S"))
+    with pytest.raises(Exception, match="N x K bytes and N scales"):  # MatMulNBits' block scales are refused
+        _session(blockwise.SerializeToString()).run(None, {"x": np.ones((1, 128), np.float32)})
+    halves = _graph(kernels.MATMUL_Q8, 128, 8, b[:8], s[:8].astype(np.float16), 2)
+    with pytest.raises(Exception, match="MatMulQ8: scales must be float"):
+        _session(halves).run(None, {"x": np.ones((1, 128), np.float32)})
+
