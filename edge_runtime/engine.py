@@ -99,7 +99,7 @@ class Engine:
 
     @property
     def fused_argmax(self) -> bool:
-        """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4)."""
+        """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4/Q8)."""
         return self.pool.next_token is not None
 
     def decoded_argmax(self) -> int:

@@ -23,7 +23,7 @@ MANIFEST_FILE = "manifest.json"
 KV_HEADS_FIRST = "[1, num_kv_heads, capacity, head_dim]"  # `trt`, and `ort` bundles before 0.2
 # `ort` graphs since 0.3 attend with GroupQueryAttention until the ring is full, then the whole buffer.
 LINEAR_UNTIL_FULL = "seqlens_k_until_full_then_capacity"
-# Graph output of bundles whose LM head is a MatMulQ4: numpy.argmax of each kept row's logits, [1, kept, 1]
+# Graph output of bundles whose LM head is a MatMulQ4 or MatMulQ8: numpy.argmax of each kept row's logits, [1, kept, 1]
 # int64 (the greedy token, computed where the logits were written; older bundles lack it).
 NEXT_TOKEN = "next_token"
 

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from edge_runtime import __version__
-from edge_runtime.kernels import MATMUL_Q4
+from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN
 from edge_runtime.models import ModelArgs, ModelWeights
 
@@ -28,7 +28,7 @@ from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .graph import GraphBuilder
 from .quant import MatMulKernel
-from .quant_graph import quantized_format, runs_matmul_q4
+from .quant_graph import edge_matmul, quantized_format
 from .quant_model import QuantizedModel
 
 
@@ -90,7 +90,7 @@ def build_decoder(
     table = wf.table(g, "/model/embed_tokens", weights.embed)  # [V, H]
     if flavor is Flavor.ORT:
         edge_ops = quantized is not None and quantized.config.kernel is MatMulKernel.EDGE
-        stacked = edge_ops and _all_matmul_q4(args, weights, quantized)
+        stacked = edge_ops and _all_edge_matmul(args, weights, quantized)
         logits_2d = _ort_body(g, args, weights, wf, table, edge_ops=edge_ops, stacked=stacked)
     else:
         logits_2d = _portable_body(g, args, weights, wf, table)
@@ -135,13 +135,13 @@ def _keep_rows(g: GraphBuilder, x: str) -> str:
 
 
 def _fused_argmax(g: GraphBuilder, logits_2d: str) -> None:
-    """Where the LM head is a MatMulQ4, its optional argmax output becomes graph output `next_token`
+    """Where the LM head is a MatMulQ4 or MatMulQ8, its optional argmax output becomes graph output `next_token`
     [1, kept, 1] int64 (numpy.argmax of each kept row's logits): greedy decoding reads it instead of
     scanning the logits, which another core just wrote (csrc/ort_ops.c)."""
-    head = next((n for n in g.nodes if n.op_type == MATMUL_Q4 and n.output[0] == logits_2d), None)
+    head = next((n for n in g.nodes if n.op_type in (MATMUL_Q4, MATMUL_Q8) and n.output[0] == logits_2d), None)
     if head is None:
         return
-    head.output.append("/lm_head/MatMulQ4/argmax")  # [L, 1]
+    head.output.append(f"{head.name}/argmax")  # [L, 1]
     token = g.op("Reshape", [head.output[1], g.const([1, -1, 1])], "/lm_head/argmax/unflatten")
     g.output(token, NEXT_TOKEN, np.int64, [1, "kept", 1])
 
@@ -157,15 +157,16 @@ def _lm_head(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weight
 #                                                           ─► keep last rows ─► LM head
 # Each residual add is fused into the following RMSNorm (SkipSimplifiedLayerNormalization).
 # ------------------------------------------------------------------------------------------------
-def _all_matmul_q4(args: ModelArgs, weights: ModelWeights, quantized: QuantizedModel) -> bool:
-    """Every layer product runs MatMulQ4. MatMulNBits reading outer-scope weights inside an If branch
+def _all_edge_matmul(args: ModelArgs, weights: ModelWeights, quantized: QuantizedModel) -> bool:
+    """Every layer product runs MatMulQ4 or MatMulQ8. MatMulNBits reading outer-scope weights inside an If branch
     ran ~15% slower (a chain of 1B-shaped matrices), and a decoder-wide If over 8-bit MatMulNBits
     layers decoded 2.6% slower than per-layer Ifs (135M int8, scripts/ab_decode.py, 8 rounds)."""
     c = quantized.config
     widths = [args.hidden_size]
     for lw in weights.layers:
         widths += [lw.num_heads(args.head_dim) * args.head_dim, lw.gate.shape[0]]  # o_proj's and down_proj's K
-    return all(runs_matmul_q4(c.method.linear_bits or 0, c.block, k) for k in widths)
+    bits = c.method.linear_bits or 0
+    return all(edge_matmul(bits, bits == 8, c.block, k) for k in widths)  # INT8 layers are per channel
 
 
 def _ort_body(
@@ -179,7 +180,7 @@ def _ort_body(
     stacked: bool,
 ) -> str:
     """`edge_ops`: the graph may use edge-runtime's own ops (--kernel edge); `stacked`: one If around
-    every layer (where every layer product is a MatMulQ4)."""
+    every layer (where every layer product is a MatMulQ4 or MatMulQ8)."""
     half = args.rotary_dim // 2
     ids = g.input("input_ids", np.int64, [1, "tokens"])
     cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))
@@ -233,8 +234,8 @@ def _ort_body(
 #                       └ else: layers 0..L-1 with GroupQueryAttention ───┘
 #
 #  An If costs ~20 us of ONNX Runtime per run on the 135M shape; one per step instead of one per
-#  layer. Both branches read the same outer-scope weights (one copy), which MatMulQ4 reads as they
-#  are; graphs with MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_matmul_q4).
+#  layer. Both branches read the same outer-scope weights (one copy), which MatMulQ4/Q8 read as they
+#  are; graphs with MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_edge_matmul).
 # ------------------------------------------------------------------------------------------------
 def _stacked_layers(
     g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, step: blocks_ort.OrtStep, x: str

@@ -118,7 +118,7 @@ def _session(model: str | bytes, built: BuiltGraph) -> ort.InferenceSession:
         # ORT fuses DequantizeLinear -> MatMul into MatMulNBits with int8 activations by default;
         # TensorRT dequantizes and multiplies in fp16/fp32, which accuracy level 0 reproduces.
         so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-    kernels.register(so)  # graphs exported with --kernel edge hold MatMulQ4 nodes
+    kernels.register(so)  # graphs exported with --kernel edge hold MatMulQ4/MatMulQ8 nodes
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 

@@ -41,8 +41,9 @@ class MatMulKernel(enum.Enum):
     """Whose kernels an ort-flavor quantized graph runs on."""
 
     MLAS = "mlas"  # ONNX Runtime's own (MatMulNBits, QuickGelu, ...): every platform
-    # edge-runtime's ops where they apply (csrc/, x86-64 AVX2): MatMulQ4 for INT4 block-32 products with
-    # K % 64 == 0 (same weight bytes; the rest stay MatMulNBits), SiluMul and LinearAttention; faster at decode
+    # edge-runtime's ops where they apply (csrc/, x86-64 AVX2): MatMulQ4 for INT4 block-32 products and MatMulQ8
+    # for INT8 ones with K % 64 == 0 (same weight bytes; the rest stay MatMulNBits), SiluMul and
+    # LinearAttention; faster at decode
     EDGE = "edge"
 
 
@@ -96,7 +97,7 @@ class QuantConfig:
         if not isinstance(self.kernel, MatMulKernel):
             raise ExportError(f"matmul kernel {self.kernel!r} must be a MatMulKernel")
         if self.kernel is MatMulKernel.EDGE and self.accuracy_level != 4:
-            raise ExportError("the edge MatMulQ4 kernel computes with int8 activations (accuracy_level 4) only")
+            raise ExportError("the edge MatMulQ4/Q8 kernels compute with int8 activations (accuracy_level 4) only")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise ExportError(f"MatMulNBits accuracy_level {self.accuracy_level} must be one of {ACCURACY_LEVELS}")
 

@@ -7,9 +7,10 @@ Both write the same `QuantizedMatrix` codes and scales (DESIGN.md §4, §6):
     ids ─► com.microsoft::GatherBlockQuantized(the same B, scales [V, k_blocks, 1]) ─► [1, T, k_blocks, blk]
         ─► Reshape [1, T, H]                        (the tied table is stored once, read by both ops)
 
-  ort flavor with --kernel edge: INT4 block-32 products whose K is a multiple of 64 run edge-runtime's
-  own op on the same B, with the scales in fp16 (csrc/, x86-64 AVX2; numerically MatMulNBits at accuracy_level 4):
-    x ─► ai.edge_runtime::MatMulQ4(B [N, K/32, 16], scales float16 [N, K/32]) ─► y
+  ort flavor with --kernel edge: products whose K is a multiple of 64 run edge-runtime's own ops on the
+  same B (csrc/, x86-64 AVX2 or AVX-512 VNNI; activations int8 in blocks of 32, as accuracy_level 4):
+    INT4 block 32:    x ─► ai.edge_runtime::MatMulQ4(B [N, K/32, 16], scales float16 [N, K/32]) ─► y
+    INT8 per channel: x ─► ai.edge_runtime::MatMulQ8(B [N, K/blk, blk], scales float [N])      ─► y
 
   trt flavor (TensorRT 10.3: standard domain, opset 21; scales in the activation dtype):
     INT4 codes [K, N] ─► DequantizeLinear(scales [K/blk, N], axis 0, block_size blk) ─► MatMul
@@ -26,7 +27,7 @@ from onnx import TensorProto, helper
 
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import DOMAIN as EDGE_DOMAIN
-from edge_runtime.kernels import MATMUL_Q4
+from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
 
 from .blocks import FloatWeights, WeightFormat, concat_biases
 from .graph import GraphBuilder
@@ -37,9 +38,14 @@ MS_DOMAIN = "com.microsoft"
 NBITS_BLOCKS = (128, 64, 32, 16)  # MatMulNBits: a power of two >= 16
 
 
-def runs_matmul_q4(bits: int, block: int, k: int) -> bool:
-    """Whether --kernel edge computes this product with MatMulQ4 (else MatMulNBits)."""
-    return bits == 4 and block == 32 and k % 64 == 0
+def edge_matmul(bits: int, per_channel: bool, block: int, k: int) -> str | None:
+    """The op --kernel edge computes this product with: MatMulQ4 (INT4 blocks of 32), MatMulQ8 (INT8 per
+    output channel, what --quant int8 and the INT8 tables write), or None for MatMulNBits."""
+    if k % 64:
+        return None
+    if bits == 4 and block == 32 and not per_channel:
+        return MATMUL_Q4
+    return MATMUL_Q8 if bits == 8 and per_channel else None
 
 
 def nbits_block(qm: QuantizedMatrix, name: str) -> int:
@@ -94,7 +100,7 @@ class NBitsWeights:
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         qm = self.model.require(w, prefix)
         b, scales, blk = pack_nbits(qm, prefix)
-        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), (*qm.shape, qm.bits), scales, blk)
+        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), (*qm.shape, qm.bits), scales, blk, qm)
         return _bias(g, prefix, y, bias)
 
     def matmul_concat(
@@ -108,7 +114,7 @@ class NBitsWeights:
         b = np.concatenate([p[0] for p in packed])
         scales = np.concatenate([p[1] for p in packed])
         nkb = (b.shape[0], qms[0].shape[1], qms[0].bits)
-        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), nkb, scales, packed[0][2])
+        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), nkb, scales, packed[0][2], qms[0])
         return _bias(g, prefix, y, concat_biases(ws, biases))
 
     def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
@@ -141,19 +147,32 @@ class NBitsWeights:
         if table not in self._tables:
             return self.floats.matmul_table(g, prefix, x2d, table)
         qm, scales, blk = self._tables[table]
-        return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk)
+        return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk, qm)
 
     def _nbits(
-        self, g: GraphBuilder, prefix: str, x: str, b: str, nkb: tuple[int, int, int], scales: np.ndarray, blk: int
+        self,
+        g: GraphBuilder,
+        prefix: str,
+        x: str,
+        b: str,
+        nkb: tuple[int, int, int],
+        scales: np.ndarray,
+        blk: int,
+        qm: QuantizedMatrix,
     ) -> str:
-        """`nkb`: (N, K, bits) of the packed matrix `b`."""
+        """`nkb`: (N, K, bits) of the packed matrix `b`; `qm`: (one of) the matrices it packs, for its form."""
         n, k, bits = nkb
-        if self.kernel is MatMulKernel.EDGE and runs_matmul_q4(bits, blk, k):
+        op = edge_matmul(bits, qm.per_channel, blk, k) if self.kernel is MatMulKernel.EDGE else None
+        if op == MATMUL_Q4:
             g.domains[EDGE_DOMAIN] = 1
             # fp16 scales are exact (block_scales makes them fp16-representable) and cut a decode step's
             # bytes from 5 to 4.5 bits a weight; MatMulNBits' float path would need them in float32
             s = g.weight(f"{prefix}/scales_f16", scales.astype(np.float16))
             return g.op(MATMUL_Q4, [x, b, s], f"{prefix}/{MATMUL_Q4}", domain=EDGE_DOMAIN, K=k, N=n)
+        if op == MATMUL_Q8:
+            g.domains[EDGE_DOMAIN] = 1
+            s = g.weight(f"{prefix}/scales_channel", np.ascontiguousarray(scales[:, 0]))  # [N]: one per row
+            return g.op(MATMUL_Q8, [x, b, s], f"{prefix}/{MATMUL_Q8}", domain=EDGE_DOMAIN, K=k, N=n)
         g.domains[MS_DOMAIN] = 1
         return g.op(
             "MatMulNBits",

@@ -222,7 +222,7 @@ def ours_dir(work: Path, precision: str, kernel: str) -> Path:
 def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int, kernel: str = "mlas") -> list[str]:
     cli = Path(sys.executable).with_name("edge-export")
     cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
-    if precision != "fp32":  # int8 with --kernel edge: MatMulNBits products, SiluMul and LinearAttention
+    if precision != "fp32":  # int8 with --kernel edge: MatMulQ8 products, SiluMul and LinearAttention
         cmd += ["--quant", precision, "--kernel", kernel]
     if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
         cmd += ["--block", str(block), "--table-bits", "4"]

@@ -1,4 +1,4 @@
-"""The quantized-matmul floor of a decode step: every MatMulNBits (and edge-runtime MatMulQ4) node of
+"""The quantized-matmul floor of a decode step: every MatMulNBits (and edge-runtime MatMulQ4/Q8) node of
 each graph, fed one right-sized token, nothing else; timed side by side in one process (issue 7, "show
 the arithmetic").
 
@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from edge_runtime import kernels
 
-FLOOR_OPS = ("MatMulNBits", kernels.MATMUL_Q4)
+FLOOR_OPS = ("MatMulNBits", kernels.MATMUL_Q4, kernels.MATMUL_Q8)
 
 
 def _floor_nodes(graph: onnx.GraphProto, seen: set[str]) -> list[onnx.NodeProto]:

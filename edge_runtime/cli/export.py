@@ -79,9 +79,9 @@ def main() -> None:
     default="mlas",
     show_default=True,
     help="Kernels of quantized bundles: ONNX Runtime's own (every platform) or edge-runtime's ops where they "
-    "apply (MatMulQ4 for INT4 block-32 products, SiluMul, LinearAttention; x86-64 AVX2, MatMulQ4 on AVX-512 VNNI "
-    "where the CPU has it; faster decode and prefill; the bundle then runs only where edge-runtime's kernel "
-    "library is built).",
+    "apply (MatMulQ4 for INT4 block-32 products, MatMulQ8 for INT8 ones, SiluMul, LinearAttention; x86-64 AVX2, "
+    "the matmuls on AVX-512 VNNI where the CPU has it; faster decode; the bundle then runs only where "
+    "edge-runtime's kernel library is built).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
