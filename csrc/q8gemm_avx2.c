@@ -5,33 +5,28 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* One block of weights: |c| and c. Both modes alike: signed activation codes, exact signed products. */
 typedef struct {
-    __m256i mag[8], sgn[8]; /* |c| and c per block */
-} Q8W;
+    __m256i mag, sgn;
+} Q8Blk;
 
-/* Both modes alike: signed activation codes, exact signed products. */
 #define Q8_X_BIAS_d 0
 #define Q8_ZP_d 0
 #define Q8_X_BIAS_p 0
 #define Q8_ZP_p 0
-#define q8_load_d q8_load
-#define q8_load_p q8_load
-#define q8_block_d q8_block
-#define q8_block_p q8_block
+#define q8_blk_load_d q8_blk_load_p
+#define q8_blk_dot_d q8_blk_dot_p
 
-static inline void q8_load(const uint8_t *bq, int blocks, Q8W *w) {
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    for (int j = 0; j < 8; j++) {
-        __m256i c = j < blocks ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bq + j * 32)), bias)
-                               : _mm256_setzero_si256();
-        w->mag[j] = _mm256_abs_epi8(c);
-        w->sgn[j] = c;
-    }
+static inline Q8Blk q8_blk_zero(void) { return (Q8Blk){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+
+static inline Q8Blk q8_blk_load_p(const uint8_t *bq, int j) {
+    __m256i c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bq + j * 32)), _mm256_set1_epi8((char)0x80));
+    return (Q8Blk){_mm256_abs_epi8(c), c};
 }
 
-static inline __m256i q8_block(const char *row, const Q8W *w, int j) {
-    __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(row + j * 32)), w->sgn[j]);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w->mag[j], x), _mm256_set1_epi16(1));
+static inline __m256i q8_blk_dot_p(const char *row, Q8Blk w, int j) {
+    __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(row + j * 32)), w.sgn);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.mag, x), _mm256_set1_epi16(1));
 }
 
 #include "q8kernel.h"

@@ -18,38 +18,34 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* One block of weights: decode: B's bytes (c); prompt: signed codes (c) and -128 * their sums (corr). */
 typedef struct {
-    __m256i c[8], corr[8]; /* decode: B's bytes; prompt: signed codes and -128 * their sums (4 per lane) */
-} Q8W;
+    __m256i c, corr;
+} Q8Blk;
 
 #define Q8_X_BIAS_d 0
 #define Q8_ZP_d 1
 #define Q8_X_BIAS_p 128
 #define Q8_ZP_p 0
 
-static inline void q8_load_d(const uint8_t *bq, int blocks, Q8W *w) {
-    for (int j = 0; j < 8; j++)
-        w->c[j] = j < blocks ? _mm256_loadu_si256((const __m256i *)(bq + j * 32)) : _mm256_setzero_si256();
+static inline Q8Blk q8_blk_zero(void) { return (Q8Blk){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+
+static inline Q8Blk q8_blk_load_d(const uint8_t *bq, int j) {
+    return (Q8Blk){_mm256_loadu_si256((const __m256i *)(bq + j * 32)), _mm256_setzero_si256()};
 }
 
-static inline __m256i q8_block_d(const char *row, const Q8W *w, int j) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w->c[j], _mm256_loadu_si256((const __m256i *)(row + j * 32)));
+static inline __m256i q8_blk_dot_d(const char *row, Q8Blk w, int j) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.c, _mm256_loadu_si256((const __m256i *)(row + j * 32)));
 }
 
-static inline void q8_load_p(const uint8_t *bq, int blocks, Q8W *w) {
+static inline Q8Blk q8_blk_load_p(const uint8_t *bq, int j) {
     const __m256i k80 = _mm256_set1_epi8((char)0x80);
-    for (int j = 0; j < 8; j++) {
-        if (j < blocks) {
-            w->c[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bq + j * 32)), k80);
-            w->corr[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), k80, w->c[j]));
-        } else {
-            w->c[j] = w->corr[j] = _mm256_setzero_si256();
-        }
-    }
+    __m256i c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bq + j * 32)), k80);
+    return (Q8Blk){c, _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), k80, c))};
 }
 
-static inline __m256i q8_block_p(const char *row, const Q8W *w, int j) {
-    return _mm256_dpbusd_epi32(w->corr[j], _mm256_loadu_si256((const __m256i *)(row + j * 32)), w->c[j]);
+static inline __m256i q8_blk_dot_p(const char *row, Q8Blk w, int j) {
+    return _mm256_dpbusd_epi32(w.corr, _mm256_loadu_si256((const __m256i *)(row + j * 32)), w.c);
 }
 
 #include "q8kernel.h"

@@ -1,10 +1,11 @@
 /* MatMulQ8's kernel body (q8gemm.h), written once for both implementations, in two modes: `d` for decode
  * (M < 4) and `p` for prompts (M >= 4), which may store the activations differently. The including file
  * defines, for its instruction set and each mode m:
- *   Q8W                                          one quad's weights (8 blocks of 32 bytes), prepared
- *   void q8_load_m(const uint8_t *bq, int blocks, Q8W *w)   blocks (1..8) of one column's quad; zero beyond
- *   __m256i q8_block_m(const char *row, const Q8W *w, int j)  block j of one row's quad against them:
- *                                                8 int32 partial sums (4 products each), exact
+ *   Q8Blk                                        one block of one column's weights (32 bytes), prepared
+ *   Q8Blk q8_blk_zero(void)                      a block that contributes nothing (beyond K)
+ *   Q8Blk q8_blk_load_m(const uint8_t *bq, int j)           block j of a column's quad at bq
+ *   __m256i q8_blk_dot_m(const char *row, Q8Blk w, int j)   block j of one row's quad against it: 8 int32
+ *                                                partial sums (4 products each), exact
  *   Q8_X_BIAS_m                                  what the activation codes are stored plus (0 or 128)
  *   Q8_ZP_m                                      1 where the sums still hold B's zero point's share, which
  *                                                the layout's zp then removes (decode mode only)
@@ -62,6 +63,21 @@ static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, in
 
 /* One row's quad against the weights, into acc: through the sum tree (all 8 blocks) or per block (only
  * the `blocks` inside K). */
+/* A quad's weights, from the including file's per-block functions. */
+typedef struct {
+    Q8Blk blk[8];
+} Q8W;
+
+#define Q8_QUAD_FNS(MODE)                                                                                      \
+    static inline __attribute__((always_inline)) void q8_load_##MODE(const uint8_t *bq, int blocks, Q8W *w) {  \
+        for (int j = 0; j < 8; j++) w->blk[j] = j < blocks ? q8_blk_load_##MODE(bq, j) : q8_blk_zero();        \
+    }                                                                                                          \
+    static inline __attribute__((always_inline)) __m256i q8_block_##MODE(const char *row, const Q8W *w, int j) { \
+        return q8_blk_dot_##MODE(row, w->blk[j], j);                                                           \
+    }
+Q8_QUAD_FNS(d)
+Q8_QUAD_FNS(p)
+
 #define Q8_ROW_FNS(MODE)                                                                                       \
     static inline __attribute__((always_inline)) __m256 q8_tree_##MODE(const char *row, const Q8W *w, __m256 acc) { \
         __m256i d[8];                                                                                          \
@@ -121,13 +137,44 @@ Q8_COLUMN(3, p)
 Q8_COLUMN(4, p)
 Q8_COLUMN(8, p)
 
+/* Eight rows against two columns at a time, block by block: each row's activation load and scale
+ * broadcast then serve two columns' vpdpbusd (loads, not arithmetic, bound the one-column loop). */
+static void column_8x2_p(const char *t0, size_t stride, const uint8_t *b, const float *s, int64_t K, int64_t n0,
+                         int64_t n1, int64_t pairs, float *y, int64_t N, int add) {
+    const int64_t quad_bytes = 4 * QUAD_ROW;
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+        const uint8_t *b0 = b + n * K, *b1 = b0 + K;
+        __m256 a0[8], a1[8];
+        for (int r = 0; r < 8; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+        for (int64_t p = 0; p < pairs; p += 4) {
+            int blocks = pairs - p >= 4 ? 8 : (int)(pairs - p) * 2;
+            const char *tq = t0 + p / 4 * quad_bytes;
+            for (int j = 0; j < blocks; j++) {
+                Q8Blk w0 = q8_blk_load_p(b0 + p * 64, j), w1 = q8_blk_load_p(b1 + p * 64, j);
+                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+                    const char *row = tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW;
+                    __m256 sx = _mm256_set1_ps(((const float *)(row + 288))[j]);
+                    a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_blk_dot_p(row, w0, j)), sx, a0[r]);
+                    a1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_blk_dot_p(row, w1, j)), sx, a1[r]);
+                }
+            }
+        }
+        for (int r = 0; r < 8; r++) {
+            y[r * N + n] = (add ? y[r * N + n] : 0.0f) + s[n] * hsum8(a0[r]);
+            y[r * N + n + 1] = (add ? y[r * N + n + 1] : 0.0f) + s[n + 1] * hsum8(a1[r]);
+        }
+    }
+    if (n < n1) column_8_p(t0, stride, b, s, K, n, n1, pairs, y, N, add);
+}
+
 typedef void (*Q8ColumnFn)(const char *, size_t, const uint8_t *, const float *, int64_t, int64_t, int64_t,
                            int64_t, float *, int64_t, int);
 
 /* p0 is a multiple of 4 (ort_ops.c's K chunks are 16 pairs). M < 4 (decode mode) is one call with r0 = 0. */
 static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
                  int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
-    static const Q8ColumnFn full_tiles[2] = {column_4_p, column_8_p};
+    static const Q8ColumnFn full_tiles[2] = {column_4_p, column_8x2_p};
     static const Q8ColumnFn part_tile[2][3] = {{column_1_p, column_2_p, column_3_p}, {column_1_d, column_2_d, column_3_d}};
     (void)fp16_scales; /* float only: ort_ops.c checks */
     size_t stride = (size_t)quads_of(K) * 4 * QUAD_ROW;

@@ -62,6 +62,7 @@ def _reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         (9, 2048, 130, 3),
         (7, 1088, 40, 2),  # K in chunks of 16 pairs with a 1-pair chunk
         (128, 576, 300, 3),  # eight-row pairs of tiles
+        (16, 256, 37, 2),  # a task of 5 columns: two column pairs and a last single column
     ],
 )
 @pytest.mark.parametrize("isa", ISAS)
