@@ -75,6 +75,7 @@ struct OrtCustomOp {
 #define ORT_KernelContext_GetInput(a) ORT_SLOT(a, 90, OrtStatus * (*)(const OrtKernelContext *, size_t, const OrtValue **))
 #define ORT_KernelContext_GetOutput(a) \
     ORT_SLOT(a, 91, OrtStatus * (*)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **))
+#define ORT_ReleaseStatus(a) ORT_SLOT(a, 93, void (*)(OrtStatus *))
 #define ORT_ReleaseTensorTypeAndShapeInfo(a) ORT_SLOT(a, 99, void (*)(OrtTensorTypeAndShapeInfo *))
 #define ORT_KernelContext_ParallelFor(a) \
     ORT_SLOT(a, 274, OrtStatus * (*)(const OrtKernelContext *, void (*)(void *, size_t), size_t, size_t, void *))

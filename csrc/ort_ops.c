@@ -14,6 +14,10 @@
  * MatMulQ8, over q8gemm.h: the same, with B N x K bytes (codes + 128) and scales float [N], one per
  * output channel (edge-runtime's INT8 weights); the same attributes and optional argmax output.
  *
+ * Both take an optional attribute silu_mul (0 or 1): with 1, A is [..., 2K] = gate | up and the product
+ * is over silu(gate) * up, formed row by row as the rows are quantized (SiluMul folded into the MLP's
+ * down projection: one node and one pass over the activations less per layer).
+ *
  * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
  *
  * LinearAttention, over attention.h: GroupQueryAttention's packed-qkv form (inputs qkv, past_key,
@@ -34,7 +38,8 @@ static const OrtApi *g_api;
 
 typedef struct {
     int64_t K, N;
-    int bits; /* 4: MatMulQ4, 8: MatMulQ8 */
+    int bits;     /* 4: MatMulQ4, 8: MatMulQ8 */
+    int silu_mul; /* A is gate | up [..., 2K]; the product is over silu(gate) * up */
     const QImpl *impl;
 } QKernel;
 
@@ -79,6 +84,16 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         snprintf(msg, sizeof msg, "%s: K must be a positive multiple of 64 and N positive", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
+    int64_t silu_mul = 0;
+    OrtStatus *absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "silu_mul", &silu_mul);
+    if (absent) { /* optional: absent means 0 */
+        ORT_ReleaseStatus(g_api)(absent);
+        silu_mul = 0;
+    }
+    if (silu_mul != 0 && silu_mul != 1) {
+        snprintf(msg, sizeof msg, "%s: silu_mul must be 0 or 1", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
     /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
     const char *isa = getenv("EDGE_KERNELS_ISA");
     const QImpl *impl = bits == 4 ? q4_impl(isa) : q8_impl(isa);
@@ -92,6 +107,7 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
     k->K = K;
     k->N = N;
     k->bits = bits;
+    k->silu_mul = (int)silu_mul;
     k->impl = impl;
     *out = k;
     return NULL;
@@ -111,6 +127,26 @@ static void kernel_destroy(void *k) { free(k); }
 
 /* ---- compute ------------------------------------------------------------------------------------ */
 
+/* Per-thread buffers that only grow: no allocation per token. */
+typedef struct {
+    void *data;
+    size_t capacity;
+} Grown;
+
+static void *grown(Grown *g, size_t bytes) {
+    if (bytes > g->capacity) {
+        free(g->data);
+        size_t cap = (bytes + 63) / 64 * 64;
+        g->data = aligned_alloc(64, cap);
+        g->capacity = g->data ? cap : 0;
+    }
+    return g->data;
+}
+
+static _Thread_local Grown t_scratch; /* the quantized activations */
+static _Thread_local Grown t_best;    /* the argmax output's per-task partials */
+static _Thread_local Grown t_act;     /* silu(gate) * up of the row being quantized */
+
 typedef struct {
     const float *a;
     float *y;
@@ -119,17 +155,29 @@ typedef struct {
     int fp16_scales;
     const QImpl *impl;
     void *scratch;
+    int silu_mul;
     int64_t M, K, N, cols_per_task;
     float *best;      /* with the argmax output: [tasks][M] each task's largest value of each row, */
     int64_t *best_at; /* and its column */
+    int out_of_memory;
 } Work;
 
 /* `v` beats the best so far `b` (numpy.argmax's order: a NaN beats everything, then the first wins). */
 static inline int beats(float v, float b) { return v > b || (v != v && b == b); }
 
 static void quantize_task(void *data, size_t r) {
-    const Work *w = data;
-    w->impl->quantize_row(w->a + (int64_t)r * w->K, w->K, w->M, w->scratch, (int64_t)r);
+    Work *w = data;
+    const float *row = w->a + (int64_t)r * w->K * (w->silu_mul ? 2 : 1);
+    if (w->silu_mul) {
+        float *act = grown(&t_act, (size_t)w->K * sizeof(float));
+        if (!act) {
+            __atomic_store_n(&w->out_of_memory, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        silu_mul_row(row, w->K, act);
+        row = act;
+    }
+    w->impl->quantize_row(row, w->K, w->M, w->scratch, (int64_t)r);
 }
 
 /* One chunk of columns against every row, eight rows at a time: the chunk's weights stay in cache
@@ -160,24 +208,6 @@ static void column_task(void *data, size_t i) {
         }
 }
 
-/* Per-thread buffers that only grow: no allocation per token. */
-typedef struct {
-    void *data;
-    size_t capacity;
-} Grown;
-
-static void *grown(Grown *g, size_t bytes) {
-    if (bytes > g->capacity) {
-        free(g->data);
-        size_t cap = (bytes + 63) / 64 * 64;
-        g->data = aligned_alloc(64, cap);
-        g->capacity = g->data ? cap : 0;
-    }
-    return g->data;
-}
-
-static _Thread_local Grown t_scratch; /* the quantized activations */
-static _Thread_local Grown t_best;    /* the argmax output's per-task partials */
 
 /* Element count of `v`; also its dims (when `dims`) and element type (when `type`). */
 static OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims, size_t *rank, int *type) {
@@ -215,8 +245,9 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         snprintf(msg, sizeof msg, "%s: scales must be %s", op, k->bits == 4 ? "float16 or float" : "float");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
-    if (rank < 1 || dims[rank - 1] != k->K) {
-        snprintf(msg, sizeof msg, "%s: A's last dimension is not K", op);
+    int64_t width = k->silu_mul ? 2 * k->K : k->K;
+    if (rank < 1 || dims[rank - 1] != width) {
+        snprintf(msg, sizeof msg, "%s: A's last dimension is not %s", op, k->silu_mul ? "2K (silu_mul)" : "K");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     if ((int64_t)b_count != b_want || (int64_t)s_count != s_want) {
@@ -224,7 +255,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
                  k->bits == 4 ? "N x K/32 blocks" : "N x K bytes and N scales");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
-    int64_t M = (int64_t)a_count / k->K;
+    int64_t M = (int64_t)a_count / width;
     dims[rank - 1] = k->N;
     OrtValue *y_v;
     TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 0, dims, rank, &y_v));
@@ -244,7 +275,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)b_v, (void **)&w.b));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)s_v, (void **)&w.scales));
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
-    w.M = M, w.K = k->K, w.N = k->N;
+    w.M = M, w.K = k->K, w.N = k->N, w.silu_mul = k->silu_mul;
     w.fp16_scales = s_type == ONNX_FLOAT16;
     w.impl = k->impl;
     w.scratch = grown(&t_scratch, k->impl->scratch_bytes(k->K, M));
@@ -253,6 +284,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         quantize_task(&w, 0);
     else
         TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, quantize_task, (size_t)M, 0, &w));
+    if (w.out_of_memory) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for silu(gate) * up");
     /* Chunks: 32 columns at least (a multiple of 4), at most ~64 tasks, so two to eight threads balance. */
     int64_t per = (k->N + 63) / 64;
     per = per < 32 ? 32 : (per + 3) / 4 * 4;

@@ -292,14 +292,29 @@ def attention(
 #   h ─► gate_up_proj ─► Split ─► gate ─► QuickGelu(α=1) = SiLU ─┐
 #                             └─► up ──────────────────────────► * ─► down_proj ─► y
 #   silu_mul (edge-runtime's ops): h ─► gate_up_proj ─► ai.edge_runtime::SiluMul ─► down_proj ─► y
+#     and where down_proj is a MatMulQ4/Q8, SiluMul folds into it:  gate_up ─► down_proj(silu_mul=1) ─► y
 # ------------------------------------------------------------------------------------------------
+def _fold_silu_mul(g: GraphBuilder, act: str) -> None:
+    """Where SiluMul's one consumer is a MatMulQ4/Q8, that op reads gate | up itself (its silu_mul
+    attribute): one node and one pass over the activations less a layer."""
+    (silu,) = [n for n in g.nodes if act in n.output]
+    users = [n for n in g.nodes if act in n.input]
+    if len(users) != 1 or users[0].op_type not in (kernels.MATMUL_Q4, kernels.MATMUL_Q8) or users[0].input[0] != act:
+        return
+    users[0].input[0] = silu.input[0]
+    users[0].attribute.append(helper.make_attribute("silu_mul", 1))
+    g.nodes.remove(silu)
+
+
 def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat, *, silu_mul: bool = False) -> str:
     if silu_mul:
         parts = [lw.gate, lw.up]
         gate_up = wf.matmul_concat(g, f"{prefix}/gate_up_proj", h, parts, [lw.gate_bias, lw.up_bias])
         g.domains[kernels.DOMAIN] = 1
         act = g.op(kernels.SILU_MUL, [gate_up], f"{prefix}/act/{kernels.SILU_MUL}", domain=kernels.DOMAIN)
-        return wf.matmul(g, f"{prefix}/down_proj", act, lw.down, lw.down_bias)
+        y = wf.matmul(g, f"{prefix}/down_proj", act, lw.down, lw.down_bias)
+        _fold_silu_mul(g, act)
+        return y
     gate, up = fused_matmuls(g, f"{prefix}/gate_up_proj", h, wf, [(lw.gate, lw.gate_bias), (lw.up, lw.up_bias)])
     g.domains[MS] = 1
     act = g.op("QuickGelu", [gate], f"{prefix}/act/QuickGelu", domain=MS, alpha=1.0)

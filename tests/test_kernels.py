@@ -343,7 +343,9 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     for branch in if_node.attribute:  # each branch: every layer, reading the one copy of the weights
         ops = [n.op_type for n in branch.g.node]
         assert ops.count("MatMulQ4") == 2 * 4 and "MatMulNBits" not in ops  # qkv, o, gate_up, down
-        assert ops.count(kernels.SILU_MUL) == 2 and "QuickGelu" not in ops and "If" not in ops
+        assert kernels.SILU_MUL not in ops and "QuickGelu" not in ops and "If" not in ops  # folded into down:
+        folded = [n for n in branch.g.node if any(a.name == "silu_mul" and a.i == 1 for a in n.attribute)]
+        assert [n.name.split("/")[-2] for n in folded] == ["down_proj"] * 2
         assert not branch.g.initializer
     branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
     assert branches["else_branch"].count(kernels.LINEAR_ATTENTION) == 2  # the ring is still a linear cache

@@ -177,3 +177,38 @@ def test_int8_edge_export_runs_matmul_q8_for_every_product_and_validates(tmp_pat
     # to the float model (the exporter's validation: 0.049 against MLAS's 0.055 on this checkpoint)
     assert max(errs) < edge.validation.tolerance
     assert edge.validation.max_rel_err <= manifests["mlas"].validation.max_rel_err
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+@pytest.mark.parametrize("m", [1, 3, 13])
+def test_silu_mul_attribute_is_silu_mul_then_the_product(op, m):
+    """silu_mul=1: A is gate | up and the product is over silu(gate) * up, bit for bit the SiluMul node
+    followed by the op (the same row function, then the same quantization)."""
+    rng = np.random.default_rng(m)
+    k, n = 192, 70
+    if op == kernels.MATMUL_Q4:
+        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
+    else:
+        b, s = _weights(rng, k, n)
+
+    def model(fused: bool) -> bytes:
+        nodes = [] if fused else [helper.make_node(kernels.SILU_MUL, ["x"], ["act"], domain=kernels.DOMAIN)]
+        attrs = {"K": k, "N": n, **({"silu_mul": 1} if fused else {})}
+        nodes.append(helper.make_node(op, ["x" if fused else "act", "B", "S"], ["y"], domain=kernels.DOMAIN, **attrs))
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", "W"])],  # so the op checks W
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])],
+            [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S")],
+        )
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+        return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+    x = rng.standard_normal((1, m, 2 * k)).astype(np.float32)
+    fused = _session(model(True)).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(fused, _session(model(False)).run(None, {"x": x})[0])
+    with pytest.raises(Exception, match=r"last dimension is not 2K \(silu_mul\)"):
+        _session(model(True)).run(None, {"x": x[..., :k]})
