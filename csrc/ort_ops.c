@@ -17,6 +17,10 @@
  * Both take an optional attribute silu_mul (0 or 1): with 1, A is [..., 2K] = gate | up and the product
  * is over silu(gate) * up, formed row by row as the rows are quantized (SiluMul folded into the MLP's
  * down projection: one node and one pass over the activations less per layer).
+ * And rms_norm (0 or 1) with epsilon: the product is over (Skip)SimplifiedLayerNormalization of A, the
+ * norm folded in the same way (rms_norm.h):
+ *   inputs  A [..., K], B, scales, skip [..., K] (optional: s = A + skip, else s = A), gamma [K]
+ *   outputs Y, argmax (optional), sum [..., K] (optional: s, the residual stream's next value)
  *
  * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
  *
@@ -32,6 +36,7 @@
 #include "ort_abi.h"
 #include "q4gemm.h"
 #include "q8gemm.h"
+#include "rms_norm.h"
 #include "silu_mul.h"
 
 static const OrtApi *g_api;
@@ -40,6 +45,8 @@ typedef struct {
     int64_t K, N;
     int bits;     /* 4: MatMulQ4, 8: MatMulQ8 */
     int silu_mul; /* A is gate | up [..., 2K]; the product is over silu(gate) * up */
+    int rms_norm; /* the product is over RMSNorm(A (+ skip)) * gamma */
+    float eps;
     const QImpl *impl;
 } QKernel;
 
@@ -55,15 +62,19 @@ static OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_ap
 
 static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
 static const char *q8_name(const OrtCustomOp *op) { (void)op; return "MatMulQ8"; }
-static size_t q4_inputs(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t q4_inputs(const OrtCustomOp *op) { (void)op; return 5; } /* A, B, scales, skip, gamma */
 static int q4_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
-    return i == 0 ? ONNX_FLOAT : i == 1 ? ONNX_UINT8 : ONNX_UNDEFINED; /* scales: float16 or float */
+    return i == 1 ? ONNX_UINT8 : i == 2 ? ONNX_UNDEFINED : ONNX_FLOAT; /* scales: float16 or float */
+}
+static int q4_input_kind(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
 static const char *silu_name(const OrtCustomOp *op) { (void)op; return "SiluMul"; }
 static size_t one_io(const OrtCustomOp *op) { (void)op; return 1; }
-static size_t q4_outputs(const OrtCustomOp *op) { (void)op; return 2; }
-static int q4_output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? ONNX_FLOAT : ONNX_INT64; }
+static size_t q4_outputs(const OrtCustomOp *op) { (void)op; return 3; } /* Y, argmax, sum */
+static int q4_output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_INT64 : ONNX_FLOAT; }
 static int q4_output_kind(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
@@ -90,8 +101,19 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         ORT_ReleaseStatus(g_api)(absent);
         silu_mul = 0;
     }
-    if (silu_mul != 0 && silu_mul != 1) {
-        snprintf(msg, sizeof msg, "%s: silu_mul must be 0 or 1", op);
+    int64_t rms_norm = 0;
+    if ((absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "rms_norm", &rms_norm))) {
+        ORT_ReleaseStatus(g_api)(absent);
+        rms_norm = 0;
+    }
+    float eps = 0.0f;
+    if (rms_norm && (absent = ORT_KernelInfoGetAttribute_float(g_api)(info, "epsilon", &eps))) {
+        ORT_ReleaseStatus(g_api)(absent);
+        snprintf(msg, sizeof msg, "%s: rms_norm needs its epsilon attribute", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    if ((silu_mul != 0 && silu_mul != 1) || (rms_norm != 0 && rms_norm != 1) || (silu_mul && rms_norm)) {
+        snprintf(msg, sizeof msg, "%s: silu_mul and rms_norm are 0 or 1, and not both 1", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
@@ -108,6 +130,8 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
     k->N = N;
     k->bits = bits;
     k->silu_mul = (int)silu_mul;
+    k->rms_norm = (int)rms_norm;
+    k->eps = eps;
     k->impl = impl;
     *out = k;
     return NULL;
@@ -155,7 +179,10 @@ typedef struct {
     int fp16_scales;
     const QImpl *impl;
     void *scratch;
-    int silu_mul;
+    int silu_mul, rms_norm;
+    float eps;
+    const float *skip, *gamma; /* rms_norm: skip may be NULL */
+    float *sum;                /* rms_norm: the optional sum output, or NULL */
     int64_t M, K, N, cols_per_task;
     float *best;      /* with the argmax output: [tasks][M] each task's largest value of each row, */
     int64_t *best_at; /* and its column */
@@ -168,13 +195,17 @@ static inline int beats(float v, float b) { return v > b || (v != v && b == b); 
 static void quantize_task(void *data, size_t r) {
     Work *w = data;
     const float *row = w->a + (int64_t)r * w->K * (w->silu_mul ? 2 : 1);
-    if (w->silu_mul) {
+    if (w->silu_mul || w->rms_norm) {
         float *act = grown(&t_act, (size_t)w->K * sizeof(float));
         if (!act) {
             __atomic_store_n(&w->out_of_memory, 1, __ATOMIC_RELAXED);
             return;
         }
-        silu_mul_row(row, w->K, act);
+        if (w->silu_mul)
+            silu_mul_row(row, w->K, act);
+        else
+            rms_norm_row(row, w->skip ? w->skip + (int64_t)r * w->K : NULL, w->gamma, w->K, w->eps,
+                         w->sum ? w->sum + (int64_t)r * w->K : NULL, act);
         row = act;
     }
     w->impl->quantize_row(row, w->K, w->M, w->scratch, (int64_t)r);
@@ -256,17 +287,40 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     int64_t M = (int64_t)a_count / width;
+    int64_t a_dims[8];
+    memcpy(a_dims, dims, sizeof a_dims);
+    const float *skip = NULL, *gamma = NULL;
+    if (k->rms_norm) { /* skip (input 3) optional, gamma (input 4) required */
+        const OrtValue *skip_v = NULL, *gamma_v = NULL;
+        size_t skip_count = 0, gamma_count = 0;
+        TRY(ORT_KernelContext_GetInput(g_api)(ctx, 3, &skip_v));
+        TRY(ORT_KernelContext_GetInput(g_api)(ctx, 4, &gamma_v));
+        if (gamma_v) TRY(element_count(gamma_v, &gamma_count, NULL, NULL, NULL));
+        if (skip_v) TRY(element_count(skip_v, &skip_count, NULL, NULL, NULL));
+        if (!gamma_v || (int64_t)gamma_count != k->K || (skip_v && skip_count != a_count)) {
+            snprintf(msg, sizeof msg, "%s: rms_norm needs gamma [K] (input 4) and a skip (input 3) shaped as A", op);
+            return fail(ORT_INVALID_ARGUMENT, msg);
+        }
+        TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)gamma_v, (void **)&gamma));
+        if (skip_v) TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)skip_v, (void **)&skip));
+    }
     dims[rank - 1] = k->N;
     OrtValue *y_v;
     TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 0, dims, rank, &y_v));
     size_t outputs = 1;
     TRY(ORT_KernelContext_GetOutputCount(g_api)(ctx, &outputs));
     int64_t *argmax = NULL;
-    if (outputs > 1) {
+    float *sum = NULL;
+    if (outputs > 1) { /* an output the node leaves out ("") comes back NULL */
         dims[rank - 1] = 1;
-        OrtValue *arg_v;
+        OrtValue *arg_v = NULL;
         TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 1, dims, rank, &arg_v));
-        TRY(ORT_GetTensorMutableData(g_api)(arg_v, (void **)&argmax));
+        if (arg_v) TRY(ORT_GetTensorMutableData(g_api)(arg_v, (void **)&argmax));
+    }
+    if (outputs > 2 && k->rms_norm) {
+        OrtValue *sum_v = NULL;
+        TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 2, a_dims, rank, &sum_v));
+        if (sum_v) TRY(ORT_GetTensorMutableData(g_api)(sum_v, (void **)&sum));
     }
     if (M == 0) return NULL;
 
@@ -276,6 +330,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)s_v, (void **)&w.scales));
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
     w.M = M, w.K = k->K, w.N = k->N, w.silu_mul = k->silu_mul;
+    w.rms_norm = k->rms_norm, w.eps = k->eps, w.skip = skip, w.gamma = gamma, w.sum = sum;
     w.fp16_scales = s_type == ONNX_FLOAT16;
     w.impl = k->impl;
     w.scratch = grown(&t_scratch, k->impl->scratch_bytes(k->K, M));
@@ -284,7 +339,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         quantize_task(&w, 0);
     else
         TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, quantize_task, (size_t)M, 0, &w));
-    if (w.out_of_memory) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for silu(gate) * up");
+    if (w.out_of_memory) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for the prologue's row");
     /* Chunks: 32 columns at least (a multiple of 4), at most ~64 tasks, so two to eight threads balance. */
     int64_t per = (k->N + 63) / 64;
     per = per < 32 ? 32 : (per + 3) / 4 * 4;
@@ -461,22 +516,25 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     return NULL;
 }
 
-#define EDGE_OP(create, compute, name, n_inputs, input_type, n_outputs, output_type, output_kind)    \
+#define EDGE_OP(create, compute, name, n_inputs, input_type, input_kind, n_outputs, output_type, output_kind) \
     {                                                                                                 \
         .version = EDGE_CUSTOM_OP_VERSION, .GetName = name, .GetExecutionProviderType = op_ep,        \
         .GetInputType = input_type, .GetInputTypeCount = n_inputs, .GetOutputType = output_type,      \
         .GetOutputTypeCount = n_outputs, .KernelDestroy = kernel_destroy,                             \
-        .GetInputCharacteristic = op_required, .GetOutputCharacteristic = output_kind,                \
+        .GetInputCharacteristic = input_kind, .GetOutputCharacteristic = output_kind,                 \
         .GetInputMemoryType = op_mem_default, .GetVariadicInputMinArity = op_one,                     \
         .GetVariadicInputHomogeneity = op_one, .GetVariadicOutputMinArity = op_one,                   \
         .GetVariadicOutputHomogeneity = op_one, .CreateKernelV2 = create, .KernelComputeV2 = compute, \
     }
 
 static const OrtCustomOp g_ops[] = {
-    EDGE_OP(q4_create, q_compute, q4_name, q4_inputs, q4_input_type, q4_outputs, q4_output_type, q4_output_kind),
-    EDGE_OP(q8_create, q_compute, q8_name, q4_inputs, q4_input_type, q4_outputs, q4_output_type, q4_output_kind),
-    EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type, one_io, float_type, op_required),
-    EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type, attn_outputs, float_type, op_required),
+    EDGE_OP(q4_create, q_compute, q4_name, q4_inputs, q4_input_type, q4_input_kind, q4_outputs, q4_output_type,
+            q4_output_kind),
+    EDGE_OP(q8_create, q_compute, q8_name, q4_inputs, q4_input_type, q4_input_kind, q4_outputs, q4_output_type,
+            q4_output_kind),
+    EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type, op_required, one_io, float_type, op_required),
+    EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type, op_required, attn_outputs, float_type,
+            op_required),
 };
 
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where

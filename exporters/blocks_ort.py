@@ -90,6 +90,33 @@ def fused_rope(
     )
 
 
+def fold_norms(g: GraphBuilder) -> None:
+    """Where a (Skip)SimplifiedLayerNormalization's normed output has one consumer, a MatMulQ4/Q8 taking it
+    as A, that op computes the norm itself (its rms_norm prologue) and also outputs the sum x + delta:
+
+      x, delta ─► SkipSimplifiedLayerNorm ─► h ─► MatMulQ4 ─► y       x, delta ─► MatMulQ4(rms_norm) ─► y
+                                          └─► x + delta ─► ...   =>                                └─► x + delta
+    One node and one pass over the row less, twice a layer."""
+    norms = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
+    for norm in [n for n in g.nodes if n.op_type in norms]:
+        users = [n for n in g.nodes if norm.output[0] in n.input]
+        mm = users[0] if len(users) == 1 else None
+        if mm is None or mm.op_type not in (kernels.MATMUL_Q4, kernels.MATMUL_Q8) or mm.input[0] != norm.output[0]:
+            continue
+        if any(a.name == "silu_mul" for a in mm.attribute) or len(mm.input) > 3 or len(mm.output) > 1:
+            continue
+        if any(out in n.input for out in norm.output[1:3] for n in g.nodes):  # mean / inv std: never read
+            continue
+        skip = norm.op_type == "SkipSimplifiedLayerNormalization"
+        x, delta, gamma = (norm.input[0], norm.input[1], norm.input[2]) if skip else (norm.input[0], "", norm.input[1])
+        mm.input[:] = [x, mm.input[1], mm.input[2], delta, gamma]
+        if skip:
+            mm.output.extend(["", norm.output[3]])
+        eps = next(a.f for a in norm.attribute if a.name == "epsilon")
+        mm.attribute.extend([helper.make_attribute("rms_norm", 1), helper.make_attribute("epsilon", eps)])
+        g.nodes.remove(norm)
+
+
 def skip_norm(
     g: GraphBuilder, prefix: str, x: str, delta: str | None, weight: np.ndarray, eps: float
 ) -> tuple[str, str]:

@@ -346,6 +346,10 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
         assert kernels.SILU_MUL not in ops and "QuickGelu" not in ops and "If" not in ops  # folded into down:
         folded = [n for n in branch.g.node if any(a.name == "silu_mul" and a.i == 1 for a in n.attribute)]
         assert [n.name.split("/")[-2] for n in folded] == ["down_proj"] * 2
+        normed = [n.name.split("/")[-2] for n in branch.g.node if any(a.name == "rms_norm" for a in n.attribute)]
+        assert normed == ["qkv_proj", "gate_up_proj"] * 2  # the layers' norms folded into their products
+        final = f"/ring_full/{branch.name[:4]}/model/norm/SkipLayerNorm"  # the last norm feeds the LM head
+        assert [n.name for n in branch.g.node if "LayerNorm" in n.name] == [final]
         assert not branch.g.initializer
     branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
     assert branches["else_branch"].count(kernels.LINEAR_ATTENTION) == 2  # the ring is still a linear cache

@@ -212,3 +212,85 @@ def test_silu_mul_attribute_is_silu_mul_then_the_product(op, m):
     np.testing.assert_array_equal(fused, _session(model(False)).run(None, {"x": x})[0])
     with pytest.raises(Exception, match=r"last dimension is not 2K \(silu_mul\)"):
         _session(model(True)).run(None, {"x": x[..., :k]})
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+@pytest.mark.parametrize("with_skip", [True, False])
+@pytest.mark.parametrize("m", [1, 9])
+def test_rms_norm_attribute_is_the_norm_then_the_product(op, with_skip, m):
+    """rms_norm=1: the product is over (Skip)SimplifiedLayerNormalization of A, and output 2 is A + skip.
+    Against the norm node followed by the op: the sum bit for bit; the product to float noise, except
+    where the norms' different summation order moves an activation across an int8 rounding boundary."""
+    rng = np.random.default_rng(m)
+    k, n, eps = 256, 96, 1e-5
+    if op == kernels.MATMUL_Q4:
+        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
+    else:
+        b, s = _weights(rng, k, n)
+    gamma = (rng.random(k) + 0.5).astype(np.float32)
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S"), numpy_helper.from_array(gamma, "G")]
+    feeds = ["x", "d"] if with_skip else ["x"]
+    info = [helper.make_tensor_value_info(f, TensorProto.FLOAT, [1, "T", k]) for f in feeds]
+
+    def model(fused: bool) -> bytes:
+        if fused:
+            ins = ["x", "B", "S", "d" if with_skip else "", "G"]
+            outs = ["y", "", "sum"] if with_skip else ["y"]
+            nodes = [helper.make_node(op, ins, outs, domain=kernels.DOMAIN, K=k, N=n, rms_norm=1, epsilon=eps)]
+        elif with_skip:
+            nodes = [
+                helper.make_node("SkipSimplifiedLayerNormalization", ["x", "d", "G"], ["h", "", "", "sum"],
+                                 domain="com.microsoft", epsilon=eps),
+                helper.make_node(op, ["h", "B", "S"], ["y"], domain=kernels.DOMAIN, K=k, N=n),
+            ]  # fmt: skip
+        else:
+            nodes = [
+                helper.make_node("SimplifiedLayerNormalization", ["x", "G"], ["h"], axis=-1, epsilon=eps),
+                helper.make_node(op, ["h", "B", "S"], ["y"], domain=kernels.DOMAIN, K=k, N=n),
+            ]
+        outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "sum")[: 1 + with_skip]]
+        opsets = [
+            helper.make_opsetid("", 21),
+            helper.make_opsetid(kernels.DOMAIN, 1),
+            helper.make_opsetid("com.microsoft", 1),
+        ]
+        graph = helper.make_graph(nodes, "g", info, outputs, inits)
+        return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+    x = {f: (rng.standard_normal((1, m, k)) * 3).astype(np.float32) for f in feeds}
+    fused, plain = _session(model(True)).run(None, x), _session(model(False)).run(None, x)
+    if with_skip:
+        np.testing.assert_array_equal(fused[1], x["x"] + x["d"])
+        np.testing.assert_array_equal(plain[1], fused[1])
+    err = np.abs(fused[0] - plain[0]).max(axis=-1) / np.abs(plain[0]).max()
+    assert err.max() < 2e-2 and np.median(err) < 1e-5
+
+
+@needs_kernels
+def test_rms_norm_attribute_needs_gamma_and_epsilon():
+    rng = np.random.default_rng(3)
+    b, s = _weights(rng, 128, 8)
+
+    def run(attrs: dict, inputs: list[str]) -> None:
+        node = helper.make_node(kernels.MATMUL_Q8, inputs, ["y"], domain=kernels.DOMAIN, K=128, N=8, **attrs)
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S"),
+             numpy_helper.from_array(np.ones(64, np.float32), "G64")],
+        )  # fmt: skip
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+        _session(helper.make_model(graph, opset_imports=opsets).SerializeToString()).run(
+            None, {"x": np.ones((1, 128), np.float32)}
+        )
+
+    with pytest.raises(Exception, match="rms_norm needs its epsilon attribute"):
+        run({"rms_norm": 1}, ["x", "B", "S"])
+    with pytest.raises(Exception, match=r"rms_norm needs gamma \[K\]"):
+        run({"rms_norm": 1, "epsilon": 1e-5}, ["x", "B", "S"])
+    with pytest.raises(Exception, match=r"rms_norm needs gamma \[K\]"):
+        run({"rms_norm": 1, "epsilon": 1e-5}, ["x", "B", "S", "", "G64"])
+    with pytest.raises(Exception, match="not both 1"):
+        run({"rms_norm": 1, "epsilon": 1e-5, "silu_mul": 1}, ["x", "B", "S"])
