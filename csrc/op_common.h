@@ -1,0 +1,62 @@
+/* What edge-runtime's ONNX Runtime ops share (ort_ops.c registers them; matmul_op.c holds MatMulQ4/Q8):
+ * the API table, status helpers, per-thread growing buffers and the op description boilerplate. */
+#ifndef EDGE_OP_COMMON_H
+#define EDGE_OP_COMMON_H
+
+#include <stdlib.h>
+
+#include "ort_abi.h"
+
+extern const OrtApi *g_api; /* set by RegisterCustomOps before any op runs */
+
+static inline OrtStatus *fail(int code, const char *msg) { return ORT_CreateStatus(g_api)(code, msg); }
+
+#define TRY(call)                       \
+    do {                                \
+        OrtStatus *status_ = (call);    \
+        if (status_) return status_;    \
+    } while (0)
+
+/* Element count of `v`; also its dims (when `dims`, at most 8) and element type (when `type`). In ort_ops.c. */
+OrtStatus *element_count(const OrtValue *v, size_t *count, int64_t *dims, size_t *rank, int *type);
+
+/* Per-thread buffers that only grow: no allocation per token. */
+typedef struct {
+    void *data;
+    size_t capacity;
+} Grown;
+
+static inline void *grown(Grown *g, size_t bytes) {
+    if (bytes > g->capacity) {
+        free(g->data);
+        size_t cap = (bytes + 63) / 64 * 64;
+        g->data = aligned_alloc(64, cap);
+        g->capacity = g->data ? cap : 0;
+    }
+    return g->data;
+}
+
+/* ---- op description ---------------------------------------------------------------------------- */
+
+static inline int float_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_FLOAT; }
+static inline const char *op_ep(const OrtCustomOp *op) { (void)op; return NULL; } /* CPU */
+static inline int op_required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
+static inline int op_mem_default(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ORT_MEM_TYPE_DEFAULT; }
+static inline int op_one(const OrtCustomOp *op) { (void)op; return 1; }
+static inline void kernel_destroy(void *k) { free(k); }
+
+#define EDGE_OP(create, compute, name, n_inputs, input_type, input_kind, n_outputs, output_type, output_kind) \
+    {                                                                                                 \
+        .version = EDGE_CUSTOM_OP_VERSION, .GetName = name, .GetExecutionProviderType = op_ep,        \
+        .GetInputType = input_type, .GetInputTypeCount = n_inputs, .GetOutputType = output_type,      \
+        .GetOutputTypeCount = n_outputs, .KernelDestroy = kernel_destroy,                             \
+        .GetInputCharacteristic = input_kind, .GetOutputCharacteristic = output_kind,                 \
+        .GetInputMemoryType = op_mem_default, .GetVariadicInputMinArity = op_one,                     \
+        .GetVariadicInputHomogeneity = op_one, .GetVariadicOutputMinArity = op_one,                   \
+        .GetVariadicOutputHomogeneity = op_one, .CreateKernelV2 = create, .KernelComputeV2 = compute, \
+    }
+
+/* In matmul_op.c. */
+extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op;
+
+#endif
