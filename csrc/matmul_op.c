@@ -42,18 +42,18 @@ typedef struct {
 
 static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
 static const char *q8_name(const OrtCustomOp *op) { (void)op; return "MatMulQ8"; }
-static size_t q4_inputs(const OrtCustomOp *op) { (void)op; return 5; } /* A, B, scales, skip, gamma */
-static int q4_input_type(const OrtCustomOp *op, size_t i) {
+static size_t q_inputs(const OrtCustomOp *op) { (void)op; return 5; } /* A, B, scales, skip, gamma */
+static int q_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 1 ? ONNX_UINT8 : i == 2 ? ONNX_UNDEFINED : ONNX_FLOAT; /* scales: float16 or float */
 }
-static int q4_input_kind(const OrtCustomOp *op, size_t i) {
+static int q_input_kind(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
-static size_t q4_outputs(const OrtCustomOp *op) { (void)op; return 3; } /* Y, argmax, sum */
-static int q4_output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_INT64 : ONNX_FLOAT; }
-static int q4_output_kind(const OrtCustomOp *op, size_t i) {
+static size_t q_outputs(const OrtCustomOp *op) { (void)op; return 3; } /* Y, argmax, sum */
+static int q_output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_INT64 : ONNX_FLOAT; }
+static int q_output_kind(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
@@ -194,7 +194,6 @@ static void column_task(void *data, size_t i) {
         }
 }
 
-
 static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     const QKernel *k = kernel;
     const char *op = k->bits == 4 ? "MatMulQ4" : "MatMulQ8";
@@ -257,7 +256,11 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 1, dims, rank, &arg_v));
         if (arg_v) TRY(ORT_GetTensorMutableData(g_api)(arg_v, (void **)&argmax));
     }
-    if (outputs > 2 && k->rms_norm) {
+    if (outputs > 2 && !k->rms_norm) { /* the sum output exists only with the norm */
+        snprintf(msg, sizeof msg, "%s: a third output (the sum) needs rms_norm=1", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    if (outputs > 2) {
         OrtValue *sum_v = NULL;
         TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 2, a_dims, rank, &sum_v));
         if (sum_v) TRY(ORT_GetTensorMutableData(g_api)(sum_v, (void **)&sum));
@@ -301,7 +304,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     return NULL;
 }
 
-const OrtCustomOp edge_matmul_q4_op = EDGE_OP(q4_create, q_compute, q4_name, q4_inputs, q4_input_type, q4_input_kind,
-                                              q4_outputs, q4_output_type, q4_output_kind);
-const OrtCustomOp edge_matmul_q8_op = EDGE_OP(q8_create, q_compute, q8_name, q4_inputs, q4_input_type, q4_input_kind,
-                                              q4_outputs, q4_output_type, q4_output_kind);
+const OrtCustomOp edge_matmul_q4_op = EDGE_OP(q4_create, q_compute, q4_name, q_inputs, q_input_type, q_input_kind,
+                                              q_outputs, q_output_type, q_output_kind);
+const OrtCustomOp edge_matmul_q8_op = EDGE_OP(q8_create, q_compute, q8_name, q_inputs, q_input_type, q_input_kind,
+                                              q_outputs, q_output_type, q_output_kind);

@@ -13,12 +13,7 @@
  * The unpacked weights are shared by up to eight prompt rows (twelve or sixteen ran no faster). The
  * activation layout is this kernel's own (below); the int32 block sums are exact, so results differ from
  * the AVX2 kernel's only in float rounding order (tests/test_kernels.py). */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
-                             apply_to = function)
-#elif defined(__GNUC__)
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
-#endif
+#include "vnni_begin.h" /* first: everything below is compiled for AVX-512 VNNI */
 
 #include "q4tile.h"
 
@@ -168,6 +163,4 @@ static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const
 
 const QImpl q4_avx512vnni = {"avx512vnni", 8, scratch_bytes, quantize_row, tile};
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "vnni_end.h"

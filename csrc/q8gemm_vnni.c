@@ -8,12 +8,7 @@
  *               decode mode's per-row zp would cost a broadcast load per row and block with per-block
  *               accumulation: 64 against 74 GMAC/s at M = 128 single-threaded. At decode the shared
  *               correction is not shared, and cost 1.3x the time in cache (M = 1). */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
-                             apply_to = function)
-#elif defined(__GNUC__)
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
-#endif
+#include "vnni_begin.h" /* first: everything below is compiled for AVX-512 VNNI */
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -52,6 +47,4 @@ static inline __m256i q8_blk_dot_p(const char *row, Q8Blk w, int j) {
 
 const QImpl q8_avx512vnni = {"avx512vnni", 8, scratch_bytes, quantize_row, tile};
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "vnni_end.h"

@@ -61,8 +61,6 @@ static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, in
     }
 }
 
-/* One row's quad against the weights, into acc: through the sum tree (all 8 blocks) or per block (only
- * the `blocks` inside K). */
 /* A quad's weights, from the including file's per-block functions. */
 typedef struct {
     Q8Blk blk[8];
@@ -78,6 +76,8 @@ typedef struct {
 Q8_QUAD_FNS(d)
 Q8_QUAD_FNS(p)
 
+/* One row's quad against the weights, into acc: through the sum tree (all 8 blocks) or per block (only
+ * the `blocks` inside K). */
 #define Q8_ROW_FNS(MODE)                                                                                       \
     static inline __attribute__((always_inline)) __m256 q8_tree_##MODE(const char *row, const Q8W *w, __m256 acc) { \
         __m256i d[8];                                                                                          \
@@ -171,12 +171,12 @@ static void column_8x2_p(const char *t0, size_t stride, const uint8_t *b, const 
 typedef void (*Q8ColumnFn)(const char *, size_t, const uint8_t *, const float *, int64_t, int64_t, int64_t,
                            int64_t, float *, int64_t, int);
 
-/* p0 is a multiple of 4 (ort_ops.c's K chunks are 16 pairs). M < 4 (decode mode) is one call with r0 = 0. */
+/* p0 is a multiple of 4 (matmul_op.c's K chunks are 16 pairs). M < 4 (decode mode) is one call with r0 = 0. */
 static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
                  int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
     static const Q8ColumnFn full_tiles[2] = {column_4_p, column_8x2_p};
     static const Q8ColumnFn part_tile[2][3] = {{column_1_p, column_2_p, column_3_p}, {column_1_d, column_2_d, column_3_d}};
-    (void)fp16_scales; /* float only: ort_ops.c checks */
+    (void)fp16_scales; /* float only: matmul_op.c checks */
     size_t stride = (size_t)quads_of(K) * 4 * QUAD_ROW;
     int add = p0 > 0, full = m / 4, rest = m % 4, decode = r0 == 0 && m < 4;
     for (int part = 0; part < 2; part++) {

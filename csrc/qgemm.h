@@ -1,6 +1,6 @@
 /* The contract every quantized matrix-product implementation meets (q4gemm.h's MatMulQ4, q8gemm.h's
  * MatMulQ8): activations are quantized per row and block of 32 to int8 into the implementation's own
- * scratch layout, then tiles of rows meet slices of columns. ort_ops.c drives both the same way. */
+ * scratch layout, then tiles of rows meet slices of columns. matmul_op.c drives both the same way. */
 #ifndef EDGE_QGEMM_H
 #define EDGE_QGEMM_H
 

@@ -1,4 +1,4 @@
-/* RMSNorm of one row for MatMulQ4/Q8's rms_norm prologue (ort_ops.c): what ONNX Runtime's
+/* RMSNorm of one row for MatMulQ4/Q8's rms_norm prologue (matmul_op.c): what ONNX Runtime's
  * (Skip)SimplifiedLayerNormalization computes, in fp32 with 8-lane partial sums. */
 #ifndef EDGE_RMS_NORM_H
 #define EDGE_RMS_NORM_H
