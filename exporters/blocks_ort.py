@@ -21,6 +21,7 @@ R = rotary dim.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,9 +91,10 @@ def fused_rope(
     )
 
 
-def fold_norms(g: GraphBuilder) -> None:
+def fold_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
     """Where a (Skip)SimplifiedLayerNormalization's normed output has one consumer, a MatMulQ4/Q8 taking it
-    as A, that op computes the norm itself (its rms_norm prologue) and also outputs the sum x + delta:
+    as A, and is not one of the graph's `outputs`, that op computes the norm itself (its rms_norm prologue,
+    over the last axis) and also outputs the sum x + delta:
 
       x, delta ─► SkipSimplifiedLayerNorm ─► h ─► MatMulQ4 ─► y       x, delta ─► MatMulQ4(rms_norm) ─► y
                                           └─► x + delta ─► ...   =>                                └─► x + delta
@@ -100,14 +102,17 @@ def fold_norms(g: GraphBuilder) -> None:
     norms = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
     for norm in [n for n in g.nodes if n.op_type in norms]:
         users = [n for n in g.nodes if norm.output[0] in n.input]
-        mm = users[0] if len(users) == 1 else None
+        mm = users[0] if len(users) == 1 and norm.output[0] not in outputs else None
         if mm is None or mm.op_type not in (kernels.MATMUL_Q4, kernels.MATMUL_Q8) or mm.input[0] != norm.output[0]:
             continue
         if any(a.name == "silu_mul" for a in mm.attribute) or len(mm.input) > 3 or len(mm.output) > 1:
             continue
-        if any(out in n.input for out in norm.output[1:3] for n in g.nodes):  # mean / inv std: never read
-            continue
         skip = norm.op_type == "SkipSimplifiedLayerNormalization"
+        extra = norm.output[1:3]  # mean / inv std: must be read nowhere
+        if any(o in outputs or any(o in n.input for n in g.nodes) for o in extra if o):
+            continue
+        if len(norm.input) != (3 if skip else 2) or any(a.name == "axis" and a.i != -1 for a in norm.attribute):
+            continue  # a bias input, or a norm over another axis: not what the prologue computes
         x, delta, gamma = (norm.input[0], norm.input[1], norm.input[2]) if skip else (norm.input[0], "", norm.input[1])
         mm.input[:] = [x, mm.input[1], mm.input[2], delta, gamma]
         if skip:

@@ -258,7 +258,7 @@ def _stacked_layers(
             h, xb = blocks_ort.skip_norm(b, f"{p}/post_attention_layernorm", xb, a, lw.mlp_norm, eps)
             delta = blocks_ort.mlp(b, f"{p}/mlp", h, lw, wf, silu_mul=True)
         h, _ = blocks_ort.skip_norm(b, "/model/norm", xb, delta, weights.final_norm, eps)
-        blocks_ort.fold_norms(b)
+        blocks_ort.fold_norms(b, outputs={h, *kv})
         bodies[side] = b.to_graph([(t, g.dtype) for t in (h, *kv)])
     outs = g.op_multi(
         "If",

@@ -76,20 +76,24 @@ def _int8_act_reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarr
     return (xq.reshape(-1, k) @ w.T).reshape(*x.shape[:-1], n)
 
 
+# (M, K, N, rank of A) for the matmul ops' parity tests (MatMulQ4 here, MatMulQ8 in test_kernels_q8.py):
+# M = 6, 7 and 9: tiles and a part; 128: eight-row pairs of tiles; K = 1088: K in chunks of 16 pairs with a
+# 1-pair chunk; K = 576, 192: a partial last quad; M = 16, N = 37: a task of 5 columns (pairs and a single)
+MATMUL_CASES = [
+    (1, 576, 960, 3),
+    (1, 64, 5, 2),
+    (3, 128, 37, 3),
+    (4, 192, 64, 2),
+    (6, 128, 20, 2),
+    (9, 2048, 130, 3),
+    (7, 1088, 40, 2),
+    (128, 576, 300, 3),
+    (16, 256, 37, 2),
+]
+
+
 @needs_kernels
-@pytest.mark.parametrize(
-    ("m", "k", "n", "rank"),
-    [
-        (1, 576, 960, 3),
-        (1, 64, 5, 2),
-        (3, 128, 37, 3),
-        (4, 192, 64, 2),
-        (6, 128, 20, 2),
-        (9, 2048, 130, 3),
-        (7, 1088, 40, 2),
-        (128, 576, 300, 3),
-    ],  # m = 6, 7 and 9: tiles and a part; 128: eight-row pairs of tiles; K = 1088: a 1-pair chunk of K
-)
+@pytest.mark.parametrize(("m", "k", "n", "rank"), MATMUL_CASES)
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])  # fp16: what exports write
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype, isa, monkeypatch):

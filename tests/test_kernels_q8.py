@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge_runtime import kernels
 
-from .test_kernels import ISAS, _pin_isa, _session, needs_kernels
+from .test_kernels import ISAS, MATMUL_CASES, _pin_isa, _session, needs_kernels
 
 
 def _graph(op: str, k: int, n: int, b: np.ndarray, s: np.ndarray, rank: int, *, argmax: bool = False) -> bytes:
@@ -51,20 +51,7 @@ def _reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 @needs_kernels
-@pytest.mark.parametrize(
-    ("m", "k", "n", "rank"),
-    [
-        (1, 576, 960, 3),  # 2 full quads and a quad of 2 blocks
-        (1, 64, 5, 2),
-        (3, 128, 37, 3),
-        (4, 256, 64, 2),
-        (6, 192, 20, 2),
-        (9, 2048, 130, 3),
-        (7, 1088, 40, 2),  # K in chunks of 16 pairs with a 1-pair chunk
-        (128, 576, 300, 3),  # eight-row pairs of tiles
-        (16, 256, 37, 2),  # a task of 5 columns: two column pairs and a last single column
-    ],
-)
+@pytest.mark.parametrize(("m", "k", "n", "rank"), MATMUL_CASES)
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_q8_is_int8_activations_times_per_channel_weights(m, k, n, rank, isa, monkeypatch):
     _pin_isa(monkeypatch, isa)
@@ -294,3 +281,47 @@ def test_rms_norm_attribute_needs_gamma_and_epsilon():
         run({"rms_norm": 1, "epsilon": 1e-5}, ["x", "B", "S", "", "G64"])
     with pytest.raises(Exception, match="not both 1"):
         run({"rms_norm": 1, "epsilon": 1e-5, "silu_mul": 1}, ["x", "B", "S"])
+
+
+@needs_kernels
+def test_a_sum_output_without_rms_norm_is_refused():
+    rng = np.random.default_rng(4)
+    b, s = _weights(rng, 128, 8)
+    node = helper.make_node(kernels.MATMUL_Q8, ["x", "B", "S"], ["y", "", "sum"], domain=kernels.DOMAIN, K=128, N=8)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "sum")],
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+    with pytest.raises(Exception, match=r"MatMulQ8: a third output \(the sum\) needs rms_norm=1"):
+        _session(helper.make_model(graph, opset_imports=opsets).SerializeToString()).run(
+            None, {"x": np.ones((1, 128), np.float32)}
+        )
+
+
+def test_fold_norms_leaves_norms_it_cannot_fold():
+    """Only a norm whose output feeds exactly one MatMulQ4/Q8 as A, and is no graph output, is folded."""
+    from types import SimpleNamespace
+
+    from edge_runtime.exporters.blocks_ort import fold_norms
+
+    def graph(extra_reader: bool = False, axis: int = -1) -> SimpleNamespace:
+        norm = helper.make_node(
+            "SkipSimplifiedLayerNormalization", ["x", "d", "g"], ["h", "m", "v", "s"], domain="com.microsoft",
+            epsilon=1e-5,
+        )  # fmt: skip
+        if axis != -1:
+            norm = helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["h"], axis=axis, epsilon=1e-5)
+        mm = helper.make_node(kernels.MATMUL_Q4, ["h", "B", "S"], ["y"], domain=kernels.DOMAIN, K=64, N=8)
+        nodes = [norm, mm] + ([helper.make_node("Relu", ["h"], ["r"])] if extra_reader else [])
+        return SimpleNamespace(nodes=nodes)
+
+    g = graph()
+    fold_norms(g, outputs={"y"})
+    (mm,) = g.nodes
+    assert list(mm.input) == ["x", "B", "S", "d", "g"] and list(mm.output) == ["y", "", "s"]
+    assert {a.name: (a.i or a.f) for a in mm.attribute}["rms_norm"] == 1
+    for g, outputs in ((graph(extra_reader=True), {"y"}), (graph(), {"y", "h"}), (graph(axis=1), {"y"})):
+        fold_norms(g, outputs=outputs)
+        assert len(g.nodes) >= 2 and g.nodes[1].input[0] == "h"  # left as it was
