@@ -137,7 +137,7 @@ def _keep_rows(g: GraphBuilder, x: str) -> str:
 def _fused_argmax(g: GraphBuilder, logits_2d: str) -> None:
     """Where the LM head is a MatMulQ4 or MatMulQ8, its optional argmax output becomes graph output `next_token`
     [1, kept, 1] int64 (numpy.argmax of each kept row's logits): greedy decoding reads it instead of
-    scanning the logits, which another core just wrote (csrc/ort_ops.c)."""
+    scanning the logits, which another core just wrote (csrc/matmul_op.c)."""
     head = next((n for n in g.nodes if n.op_type in (MATMUL_Q4, MATMUL_Q8) and n.output[0] == logits_2d), None)
     if head is None:
         return

@@ -22,7 +22,7 @@ from edge_runtime.errors import BundleError, ExportError, KernelPinError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
-ISAS = ("avx2", "avx512vnni")  # MatMulQ4's implementations (csrc/q4gemm.c)
+ISAS = ("avx2", "avx512vnni")  # MatMulQ4's and MatMulQ8's implementations (csrc/qgemm.c)
 
 
 def _pin_isa(monkeypatch, isa: str) -> None:
