@@ -1,0 +1,296 @@
+"""GGUF -> Hugging Face checkpoint directory, torch-free, so the normal export pipeline can read it.
+
+convert_gguf(Path("model.gguf"), Path("hf_dir"))            # bf16 model.safetensors + config + tokenizer
+with checkpoint_dir(Path("model.gguf"), scratch=out.parent) as d:   # what `edge-export x.gguf` does
+    export(ExportOptions(checkpoint=d, out=out))
+
+Undone on the way: llama.cpp's name scheme (blk.N.attn_q -> model.layers.N.self_attn.q_proj), its
+Q/K row permutation for the llama architecture (convert_hf_to_gguf.py `LlamaModel.permute`, which
+interleaves each head's two rotary halves for llama.cpp's rope kernel), and its quantization
+(dequantized to float32, then stored as the caller asks). Every check runs before the first byte is
+written, and the directory is filled in place: callers that need atomicity convert into a temporary
+directory and rename it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.errors import CheckpointError, UnsupportedArchitectureError
+
+from .gguf_reader import GGUFFile
+from .gguf_tokenizer import build_tokenizer
+
+Progress = Callable[[str], None]
+
+# GGUF architecture -> (HF model_type, HF class, whether llama.cpp permuted Q/K rows). Qwen2 goes
+# through llama.cpp's plain TextModel path (NeoX rope), so its rows are stored as Hugging Face has them.
+ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
+    "llama": ("llama", "LlamaForCausalLM", True),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
+}
+
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+_ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.json's rope_scaling
+
+_ST_DTYPES = {"bf16": ("BF16", 2), "f32": ("F32", 4)}
+
+
+def is_gguf(path: Path) -> bool:
+    """A .gguf name, or any file that starts with the GGUF magic."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # a directory, or nothing there
+        return False
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL:
+        return _GLOBAL[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER:
+        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}"
+    return None
+
+
+def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's `permute(w, n_head)`: per head, rows [r0 r1 ... | i0 i1 ...] (HF, rotary
+    halves) were stored as [r0 i0 r1 i1 ...]; same as transformers' `_reverse_permute_weights`."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), round to nearest even (finite inputs)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+def _f32(value: Any) -> float:
+    """A FLOAT32 metadata value as the decimal it was written from (9.999999747e-06 -> 1e-05)."""
+    return float(str(np.float32(value)))
+
+
+def _int(gg: GGUFFile, key: str, default: int | None = None) -> int:
+    value = gg.meta(key, default) if default is not None else gg.require(key)
+    if isinstance(value, list):  # per-layer values (e.g. OpenELM's head counts)
+        raise CheckpointError(f"'{gg.path.name}': '{key}' varies per layer ({value[:4]}...); not supported")
+    return int(value)
+
+
+def _rope_scaling(gg: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any] | None:
+    kind = gg.meta(f"{arch}.rope.scaling.type", "none")
+    if gg.has_tensor(_ROPE_FREQS):
+        return _llama3_rope(gg, head_dim, theta)
+    if kind in ("none", None):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(gg.require(f"{arch}.rope.scaling.factor"))}
+    raise CheckpointError(f"'{gg.path.name}': RoPE scaling {kind!r} is not supported (supported: linear, llama3)")
+
+
+def _llama3_rope(gg: GGUFFile, head_dim: int, theta: float) -> dict[str, Any]:
+    """llama.cpp stores Llama 3.1+'s frequency scaling as per-frequency divisors; find the llama3
+    parameters that reproduce them (Meta's releases all use low 1, high 4, original 8192)."""
+    freqs = gg.tensor(_ROPE_FREQS).astype(np.float64)
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    factor = float(freqs.max())
+    for low, high, orig in ((1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)):
+        wavelen = 2 * np.pi / inv
+        smooth = np.clip((orig / wavelen - low) / (high - low), 0.0, 1.0)
+        expect = 1.0 / ((1 - smooth) / factor + smooth)
+        if freqs.shape == expect.shape and np.allclose(freqs, expect, rtol=1e-3):
+            return {
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low,
+                "high_freq_factor": high,
+                "original_max_position_embeddings": orig,
+            }
+    raise CheckpointError(f"'{gg.path.name}': its rope_freqs.weight matches no llama3 RoPE scaling")
+
+
+def build_config(gg: GGUFFile) -> dict[str, Any]:
+    """config.json for the file; raises naming what is unsupported."""
+    arch = gg.architecture
+    if arch not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"'{gg.path.name}' is a GGUF of architecture {arch!r}; edge-export reads {', '.join(ARCHITECTURES)}"
+        )
+    model_type, hf_class, _ = ARCHITECTURES[arch]
+    hidden = _int(gg, f"{arch}.embedding_length")
+    heads = _int(gg, f"{arch}.attention.head_count")
+    head_dim = _int(gg, f"{arch}.attention.key_length", hidden // heads)
+    rope_dim = _int(gg, f"{arch}.rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise CheckpointError(f"'{gg.path.name}': rotary dimension {rope_dim} != head dim {head_dim} (partial RoPE)")
+    theta = _f32(gg.meta(f"{arch}.rope.freq_base", 10000.0))
+    vocab = gg.shape("token_embd.weight")[0] if gg.has_tensor("token_embd.weight") else None
+    if vocab is None:
+        raise CheckpointError(f"'{gg.path.name}' has no token_embd.weight tensor")
+    config: dict[str, Any] = {
+        "architectures": [hf_class],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": _int(gg, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _int(gg, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(gg, f"{arch}.attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": _f32(gg.meta(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": theta,
+        "max_position_embeddings": _int(gg, f"{arch}.context_length", 2048),
+        "vocab_size": vocab,
+        "tie_word_embeddings": not gg.has_tensor("output.weight"),
+    }
+    if model_type == "llama":
+        config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
+        config["mlp_bias"] = False
+    else:
+        config["use_sliding_window"] = False
+    rope = _rope_scaling(gg, arch, head_dim, theta)
+    if rope is not None:
+        config["rope_scaling"] = rope
+    for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
+        value = gg.meta(f"tokenizer.ggml.{key}")
+        if isinstance(value, int):
+            config[key.replace("padding", "pad")] = value
+    return config
+
+
+def _tensor_plan(gg: GGUFFile, config: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(gguf name, hf name, shape) for every tensor; refuses tensors we would have to drop."""
+    plan, unknown = [], []
+    for name in gg.tensor_names:
+        target = hf_name(name)
+        if target is None:
+            if name != _ROPE_FREQS:
+                unknown.append(name)
+            continue
+        plan.append((name, target, gg.shape(name)))
+    if unknown:
+        raise CheckpointError(
+            f"'{gg.path.name}' holds {len(unknown)} tensors no {config['model_type']} layer uses "
+            f"(e.g. {', '.join(unknown[:3])}); is it a variant edge-export does not read?"
+        )
+    return plan
+
+
+def _safetensors_header(plan: list[tuple[str, str, tuple[int, ...]]], dtype: str) -> bytes:
+    st_dtype, itemsize = _ST_DTYPES[dtype]
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "source": "gguf (edge-runtime gguf_convert)"}}
+    offset = 0
+    for _, target, shape in plan:
+        size = int(np.prod(shape, dtype=np.int64)) * itemsize
+        header[target] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)  # data 8-byte aligned, as the reference writer does
+
+
+def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progress = lambda _m: None) -> dict[str, Any]:
+    """Write a Hugging Face checkpoint for `src` into directory `out` (created); returns config.json's dict."""
+    if dtype not in _ST_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_ST_DTYPES)}")
+    t0 = time.perf_counter()
+    gg = GGUFFile(src)
+    split = gg.meta("split.count", 1)
+    if isinstance(split, int) and split > 1:
+        raise CheckpointError(
+            f"'{src.name}' is part 1 of a {split}-part split GGUF; merge it first (gguf-split --merge)"
+        )
+    config = build_config(gg)
+    gg.check_types()
+    plan = _tensor_plan(gg, config)
+    tokenizer, tokenizer_config = build_tokenizer(gg)
+    counts = ", ".join(f"{n} {t}" for t, n in gg.type_counts().most_common())
+    progress(f"reading {src.name}: {gg.architecture}, {config['num_hidden_layers']} layers, {counts}")
+
+    permuted = ARCHITECTURES[gg.architecture][2]
+    q_heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    out.mkdir(parents=True, exist_ok=True)
+    header = _safetensors_header(plan, dtype)
+    with (out / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for i, (name, _, shape) in enumerate(plan):
+            w = gg.tensor(name)
+            if permuted and ".attn_q." in name:
+                w = reverse_permute(w, q_heads)
+            elif permuted and ".attn_k." in name:
+                w = reverse_permute(w, kv_heads)
+            if w.shape != shape:  # cannot happen for a well-formed file; guards the header we wrote
+                raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to {w.shape}, expected {shape}")
+            f.write((f32_to_bf16_bits(w) if dtype == "bf16" else np.ascontiguousarray(w, np.float32)).tobytes())
+            if (i + 1) % 64 == 0:
+                progress(f"dequantized {i + 1}/{len(plan)} tensors")
+    config["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype]
+    _write_json(out / "config.json", config)
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(
+        out / "tokenizer_config.json", {**tokenizer_config, "model_max_length": config["max_position_embeddings"]}
+    )
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    _write_json(out / "generation_config.json", generation)
+    progress(f"converted {src.name} to a {dtype} checkpoint in {time.perf_counter() - t0:.1f}s")
+    return config
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def checkpoint_dir(path: Path, *, scratch: Path | None = None, progress: Progress = lambda _m: None) -> Iterator[Path]:
+    """`path` itself when it is not a GGUF; else a float32 conversion of it in a temporary directory
+    under `scratch` (the output's filesystem, where the user expects the space), removed on exit.
+
+    float32, not bf16: dequantized Q4/Q8 values need more than bf16's 8 mantissa bits and an F16
+    GGUF loses 3 bits in bf16, so only float32 hands the exporter exactly the weights in the file.
+    """
+    if not is_gguf(path):
+        yield path
+        return
+    if scratch is not None and not scratch.is_dir():
+        scratch = None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-", dir=scratch))
+    try:
+        convert_gguf(path, tmp, dtype="f32", progress=progress)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
