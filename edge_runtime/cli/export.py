@@ -1,6 +1,6 @@
 """`edge-export`: build a validated bundle from a Hugging Face checkpoint, or inspect one.
 
-edge-export CHECKPOINT_DIR -o OUT_DIR [--flavor ort|trt] [--dtype fp32|fp16] [--sinks N] [--window N]
+edge-export CHECKPOINT_DIR|MODEL.gguf -o OUT_DIR [--flavor ort|trt] [--dtype fp32|fp16] [--sinks N] [--window N]
             [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO] [--calib FILE]
             [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge]
 edge-export inspect BUNDLE_DIR
@@ -8,6 +8,7 @@ edge-export inspect BUNDLE_DIR
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -102,12 +103,13 @@ def build(
     kernel: str,
     overwrite: bool,
 ) -> None:
-    """Export CHECKPOINT (a Hugging Face directory) to a validated bundle in OUT."""
+    """Export CHECKPOINT (a Hugging Face directory or a .gguf file) to a validated bundle in OUT."""
     from edge_runtime.bundle import stored_bytes
     from edge_runtime.exporters.decoder import Flavor, Precision
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
+    _check_output(checkpoint, out, overwrite=overwrite)
     opts = ExportOptions(
         checkpoint=checkpoint,
         out=out,
@@ -127,7 +129,15 @@ def build(
         calibration=calib,
     )
     t0 = time.perf_counter()
-    manifest = export(opts, progress=lambda msg: click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True))
+
+    def progress(msg: str) -> None:
+        click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True)
+
+    from edge_runtime.exporters.gguf_convert import checkpoint_dir
+
+    # A .gguf file is converted into a temporary HF directory beside OUT, removed afterwards.
+    with checkpoint_dir(checkpoint, scratch=out.parent, progress=progress) as source:
+        manifest = export(dataclasses.replace(opts, checkpoint=source), progress=progress)
     size = sum(stored_bytes(p) for p in out.iterdir())
     ppl = manifest.quantization.get("heldout_ppl")
     click.echo(
@@ -135,6 +145,19 @@ def build(
         f"validation max rel err {manifest.validation.max_rel_err:.2e} (tolerance {manifest.validation.tolerance:g})"
         + (f", held-out ppl {ppl['original']:.3f} -> {ppl['exported']:.3f}" if ppl else "")
     )
+
+
+def _check_output(checkpoint: Path, out: Path, *, overwrite: bool) -> None:
+    """Refuse a bad -o before minutes of work, not after (the writer checks again at the rename): the
+    checkpoint itself or a folder holding it, or anything --overwrite may not replace."""
+    from edge_runtime.errors import ExportError
+    from edge_runtime.exporters.bundle_writer import check_target
+
+    src, dst = checkpoint.resolve(), out.resolve()
+    if src == dst or src.is_relative_to(dst):
+        what = "is the checkpoint" if src == dst else "holds the checkpoint"
+        raise ExportError(f"output '{out}' {what} '{checkpoint}'; choose another -o")
+    check_target(out, overwrite=overwrite)
 
 
 @main.command("inspect")

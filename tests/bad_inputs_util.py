@@ -1,0 +1,54 @@
+"""What the bad-input tests share: a tiny checkpoint and bundle, the one-line-error check, snapshots."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import Result
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def one_line_error(r: Result, *needles: str, code: int = 1) -> str:
+    """Assert exit `code`, exactly one stderr line (`Error: ...`) holding every needle, no traceback."""
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("Error: "), lines
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` (directories as None, files as their bytes): the state to compare."""
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = None
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = Path(p).read_bytes()
+    return out
+
+
+def copy_bundle(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def cli(module: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    """Start `python -m edge_runtime.cli.<module> ARGS` as a real process (for signals and exit codes)."""
+    code = f"import sys; from edge_runtime.cli.{module} import main; sys.exit(main())"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        **kw,
+    )
