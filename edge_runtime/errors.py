@@ -81,3 +81,31 @@ class SensorPermissionError(SensorUnavailableError):
 
 class SensorReadError(TelemetryError):
     """A sensor read that failed after the meter was opened (device vanished, garbled value, command failed)."""
+
+
+class ChatTemplateError(EdgeRuntimeError):
+    """A conversation the bundle's chat template cannot render (or a bundle without one, or a broken template)."""
+
+
+class SessionError(EdgeRuntimeError):
+    """A conversation session asked to do what its ring cannot (session.py)."""
+
+
+class RollbackError(SessionError):
+    """`truncate` past what the ring's slack rows keep: the dropped tokens' window was already evicted."""
+
+
+class RingOverflowError(SessionError):
+    """One turn longer than the ring's window, with the session set to refuse rather than chunk it."""
+
+
+class SnapshotError(SessionError):
+    """A session snapshot that cannot be restored."""
+
+
+class SnapshotMismatchError(SnapshotError):
+    """A snapshot of another bundle, or of another cache geometry of the same bundle."""
+
+
+class CorruptSnapshotError(SnapshotError):
+    """A snapshot file that is truncated, not a snapshot, or fails its checksum."""

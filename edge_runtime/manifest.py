@@ -77,7 +77,11 @@ class TokenizerSpec:
     bos_token_id: int | None
     eos_token_ids: list[int]
     pad_token_id: int | None
-    adds_bos: bool  # the tokenizer's post-processor prepends BOS itself
+    adds_bos: bool  # the tokenizer's post-processor prepends BOS itself (informational: encode() applies it)
+    # The checkpoint's Jinja chat template, a file in the bundle (None: no template; chat is refused).
+    chat_template: str | None = None
+    # bos_token, eos_token, ... as strings: what `transformers` hands a chat template beside the messages.
+    special_tokens: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

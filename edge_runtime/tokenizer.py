@@ -29,13 +29,12 @@ class Tokenizer:
         """The tokenizer shipped in a loaded engine's bundle."""
         return cls(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
 
-    def encode(self, text: str) -> list[int]:
-        """Prompt ids, BOS first (added here when the tokenizer does not add it itself)."""
-        ids = self._tok.encode(text).ids
-        bos = self.spec.bos_token_id
-        if bos is not None and not self.spec.adds_bos and (not ids or ids[0] != bos):
-            ids = [bos, *ids]
-        return ids
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Ids as `transformers`' `tokenizer(text)` gives them: BOS/EOS exactly where the bundle's post-processor
+        puts them (the exporter wrote it the way `transformers` applies tokenizer_config.json). Text rendered by a
+        chat template carries its own special tokens: encode it with `add_special_tokens=False`, as
+        `apply_chat_template` does."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

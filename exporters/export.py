@@ -6,9 +6,7 @@ manifest = export(ExportOptions(checkpoint=Path("models/checkpoints/shakespeare-
 
 from __future__ import annotations
 
-import json
 import platform
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,11 +17,10 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
 from edge_runtime import __version__, kernels
 from edge_runtime.bundle import sha256_file
-from edge_runtime.errors import CheckpointError, ExportError, ValidationError
+from edge_runtime.errors import ExportError, ValidationError
 from edge_runtime.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -31,7 +28,6 @@ from edge_runtime.manifest import (
     GraphSpec,
     Manifest,
     ModelSpec,
-    TokenizerSpec,
     ValidationCase,
     ValidationRecord,
 )
@@ -44,9 +40,10 @@ from .external_data import save_with_external_data
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
+from .tokenizer_export import bundle_tokenizer, read_json
 from .validate import TOLERANCE, tolerance_for, validation_grid
 
-GRAPH_FILE, DATA_FILE, TOKENIZER_FILE = "model.onnx", "model.onnx.data", "tokenizer.json"
+GRAPH_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 DEFAULT_SINKS = 4
 DEFAULT_WINDOW_CAP = 2044  # S + W = 2048 unless the model's trained context is shorter
 DEFAULT_SLACK = 63  # a 64-token prefill chunk fits past capacity
@@ -73,7 +70,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     t_start = time.perf_counter()
     progress(f"loading {opts.checkpoint}")
     ckpt = load_checkpoint(opts.checkpoint)
-    tokenizer = _tokenizer_spec(ckpt)
+    tokenizer = bundle_tokenizer(ckpt)
     cache = _cache_spec(ckpt, opts)
     prepared = prepare_weights(
         ckpt,
@@ -91,7 +88,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
         progress("writing graph and weights")
         save_with_external_data(built.model, tmp / GRAPH_FILE, DATA_FILE)
-        shutil.copyfile(ckpt.tokenizer_file, tmp / TOKENIZER_FILE)
+        tokenizer.write(tmp)
         validation = _validate(tmp / GRAPH_FILE, ckpt, built, prepared, progress)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         manifest = Manifest(
@@ -99,7 +96,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             model=_model_spec(ckpt, prepared),
             graph=_graph_spec(built, tmp, tied=prepared.weights.lm_head is prepared.weights.embed),
             cache=cache,
-            tokenizer=tokenizer,
+            tokenizer=tokenizer.spec,
             generation=_generation_defaults(ckpt.path),
             quantization=prepared.record,
             validation=validation,
@@ -193,33 +190,8 @@ def _cache_spec(ckpt: Checkpoint, opts: ExportOptions) -> CacheSpec:
     return CacheSpec(sinks=sinks, window=window, slack=DEFAULT_SLACK)
 
 
-def _tokenizer_spec(ckpt: Checkpoint) -> TokenizerSpec:
-    if ckpt.tokenizer_file is None:
-        raise CheckpointError(f"'{ckpt.path}' has no tokenizer.json; a bundle needs the fast-tokenizer file")
-    try:
-        tok = Tokenizer.from_file(str(ckpt.tokenizer_file))
-    except Exception as e:  # tokenizers raises plain Exception subclasses
-        raise CheckpointError(f"'{ckpt.tokenizer_file}' cannot be read by `tokenizers`: {e}") from e
-    gen = _read_json(ckpt.path / "generation_config.json")
-    eos = list(ckpt.args.eos_token_ids)
-    extra = gen.get("eos_token_id")
-    for e in extra if isinstance(extra, list) else [extra] if isinstance(extra, int) else []:
-        if e not in eos:
-            eos.append(e)
-    bos = ckpt.args.bos_token_id
-    probe = tok.encode("a").ids
-    pad = ckpt.config.get("pad_token_id")
-    return TokenizerSpec(
-        file=TOKENIZER_FILE,
-        bos_token_id=bos,
-        eos_token_ids=eos,
-        pad_token_id=pad if isinstance(pad, int) else None,
-        adds_bos=bool(probe) and bos is not None and probe[0] == bos,
-    )
-
-
 def _generation_defaults(path: Path) -> dict[str, Any]:
-    gen = _read_json(path / "generation_config.json")
+    gen = read_json(path / "generation_config.json")
     keys = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")
     return {k: gen[k] for k in keys if k in gen}
 
@@ -297,13 +269,3 @@ def _provenance(ckpt: Checkpoint, opts: ExportOptions, seconds: float) -> dict[s
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"'{path}' is not valid JSON: {e}") from e
-    return data if isinstance(data, dict) else {}

@@ -14,6 +14,7 @@ from edge_runtime.errors import BundleError, ExportError, ManifestVersionError, 
 from edge_runtime.exporters import export as export_mod
 from edge_runtime.exporters.decoder import Flavor, Precision
 from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.exporters.tokenizer_export import BundleTokenizer
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, MANIFEST_FILE, Manifest
 from edge_runtime.models import DEMO_CHECKPOINT
 
@@ -114,7 +115,7 @@ def test_exception_mid_write_leaves_no_bundle_and_keeps_the_old_one(tiny, bundle
     def boom(*_a, **_k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export_mod.shutil, "copyfile", boom)
+    monkeypatch.setattr(BundleTokenizer, "write", boom)
     with pytest.raises(OSError, match="No space"):
         export(ExportOptions(checkpoint=tiny, out=out, window=100, overwrite=True))
     assert _no_leftovers(tmp_path) == ["out"]
