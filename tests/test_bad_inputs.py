@@ -7,16 +7,23 @@ dead exporters leave no partial directories; OS errors are one line.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from edge_runtime.bundle import open_bundle
 from edge_runtime.cli.export import main as export_cli
 from edge_runtime.errors import ExportError
+from edge_runtime.exporters.bundle_writer import atomic_directory
 from edge_runtime.exporters.export import ExportOptions, export
 
-from .bad_inputs_util import copy_bundle, one_line_error, snapshot
+from .bad_inputs_util import cli, copy_bundle, one_line_error, snapshot
 from .tiny_models import save_tiny_checkpoint
 
 
@@ -129,3 +136,128 @@ def test_existing_output_without_overwrite_is_one_line(ckpt, bundle, tmp_path):
     before = snapshot(tmp_path)
     one_line_error(_export(str(ckpt), "-o", str(out)), "--overwrite")
     assert snapshot(tmp_path) == before
+
+
+# -- item 6: signals during export and dead exporters' partials --------------------------------------
+
+_HOLD_PARTIAL = """
+import sys, time
+from pathlib import Path
+from edge_runtime.exporters.bundle_writer import atomic_directory
+with atomic_directory(Path(sys.argv[1]), overwrite=False) as tmp:
+    (tmp / "model.onnx.data").write_bytes(b"x" * 100000)
+    print("ready", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_terminating_signal_mid_export_removes_the_partial(tmp_path, sig):
+    p = subprocess.Popen([sys.executable, "-c", _HOLD_PARTIAL, str(tmp_path / "out")], stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"ready\n"
+    assert _leftovers(tmp_path)  # the partial exists while the export runs
+    p.send_signal(sig)
+    p.wait(timeout=60)
+    assert p.returncode == 128 + sig  # the shell's convention for "ended by this signal"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_a_real_edge_export_leaves_nothing(tmp_path):
+    from edge_runtime.models import DEMO_CHECKPOINT
+
+    out = tmp_path / "demo"
+    p = cli("export", str(DEMO_CHECKPOINT), "-o", str(out))
+    err = b""
+    while b"writing graph and weights" not in err:
+        line = p.stderr.readline()
+        assert line, err
+        err += line
+    p.send_signal(signal.SIGTERM)
+    _, rest = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, (err + rest).decode()
+    assert b"Traceback" not in rest and list(tmp_path.iterdir()) == []
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_next_export_removes_dead_exporters_partials_only(ckpt, tmp_path):
+    out = tmp_path / "out"
+    dead = tmp_path / f".out.partial-{_dead_pid()}-0badc0de"
+    legacy_old, legacy_new = tmp_path / ".out.partial-1a2b3c4d", tmp_path / ".out.old-5e6f7a8b"
+    live = tmp_path / f".out.partial-{os.getpid()}-12345678"  # a live exporter (this process)
+    locked = tmp_path / f".out.partial-{_dead_pid()}-feedface"  # pid gone here, but a process holds its lock
+    other = tmp_path / f".other.partial-{_dead_pid()}-0badc0de"  # another output's: not ours to judge
+    for d in (dead, legacy_old, legacy_new, live, locked, other):
+        d.mkdir()
+        (d / "model.onnx.data").write_bytes(b"x" * 1000)
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(legacy_old, (two_days_ago, two_days_ago))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(locked)], stdout=subprocess.PIPE, stdin=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        assert _export(str(ckpt), "-o", str(out)).exit_code == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted(["out", legacy_new.name, live.name, locked.name, other.name])
+
+
+_HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+# -- item 12: publishing cannot clobber, and a reader always finds a bundle ---------------------------
+
+
+def test_an_output_that_appears_mid_export_is_not_clobbered(ckpt, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match="appeared while exporting"):
+        with atomic_directory(out, overwrite=False) as tmp:
+            (tmp / "model.onnx").write_bytes(b"first")
+            export(ExportOptions(checkpoint=ckpt, out=out, window=64))  # the second export wins the race
+    winner = snapshot(out)
+    assert open_bundle(out) and b"first" not in winner.values()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_two_concurrent_exports_to_one_output_one_wins(ckpt, tmp_path):
+    out = tmp_path / "out"
+    procs = [cli("export", str(ckpt), "-o", str(out), "--window", "64") for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read().decode()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 1], results
+    loser = next(err for rc, err in results if rc == 1)
+    assert "Traceback" not in loser and ("already exists" in loser or "appeared while exporting" in loser)
+    assert open_bundle(out) and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_rename_primitives(tmp_path, monkeypatch, native):
+    from edge_runtime.exporters import fs_atomic
+
+    if not native:  # the non-Linux / unsupported-file-system fallback keeps the semantics
+        monkeypatch.setattr(fs_atomic, "_renameat2", lambda: None)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    (a / "f").write_text("new")
+    b.mkdir()  # POSIX rename() would silently replace this empty directory
+    with pytest.raises(FileExistsError):
+        fs_atomic.rename_noreplace(a, b)
+    (b / "f").write_text("old")
+    fs_atomic.rename_exchange(a, b)
+    assert (b / "f").read_text() == "new" and (a / "f").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    fs_atomic.rename_noreplace(a, tmp_path / "c")
+    assert (tmp_path / "c" / "f").read_text() == "old"
