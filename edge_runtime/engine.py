@@ -32,6 +32,7 @@ class MemoryBudgetError(EdgeRuntimeError):
 class LoadOptions:
     sinks: int | None = None  # None: the bundle's default
     window: int | None = None
+    slack: int | None = None  # None: the bundle's; ring rows beyond the window (prefill chunk, rollback depth)
     threads: int | None = None  # None: ONNX Runtime's default (all cores)
     memory_budget: int | None = None  # bytes; None: no check
     position_offset: int = 0  # absolute position of the first token (tests emulate long streams)
@@ -97,6 +98,17 @@ class Engine:
         self._decoding = False
         return np.concatenate(out) if all_logits else out[-1][-1]
 
+    def truncate(self, n: int) -> None:
+        """Drop the last n tokens fed (at most `ring.rollback_limit()`, else RollbackError); the stream
+        continues as if they had never been fed."""
+        self.ring.truncate(n)
+        self._decoding = False  # the incremental decode mask still shows the dropped rows
+
+    def restore_state(self, tokens: int, written: int, row_pos: np.ndarray) -> None:
+        """Set the ring's bookkeeping (after the caller put the matching K/V rows back into the pool)."""
+        self.ring.set_state(tokens, written, row_pos)
+        self._decoding = False
+
     @property
     def fused_argmax(self) -> bool:
         """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4/Q8)."""
@@ -128,7 +140,8 @@ def _geometry(bundle: Bundle, opts: LoadOptions) -> RingGeometry:
     problem = geometry_problem(sinks, window, context)
     if problem:
         raise BundleError(problem)
-    return RingGeometry(sinks=sinks, window=window, slack=c.slack)
+    slack = c.slack if opts.slack is None else opts.slack
+    return RingGeometry(sinks=sinks, window=window, slack=slack)
 
 
 def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> LoadOptions:

@@ -1,6 +1,8 @@
 """Generation, layered `generate_step -> stream_generate -> generate` (as in mlx-lm).
 
-- `generate_step` yields token ids: prefill once, then sample and decode one token at a time.
+- `generate_step` yields token ids: prefill once, then sample and decode one token at a time;
+  `generate_steps` is the open loop beneath it (logprobs, logits processors), and either continues a
+  `Session`'s conversation when given one instead of an `Engine`.
 - `stream_generate` adds text (incremental detokenizer), stop conditions and timings; it yields one
   `TokenEvent` per token, the last one carrying `finish_reason` and the run's `GenerationStats`.
 - `generate` collects a stream into a `GenerationResult`; Ctrl-C ends it cleanly with the partial
@@ -16,13 +18,17 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .engine import Engine
 from .errors import EdgeRuntimeError
-from .sampling import Sampler, SamplingParams
+from .sampling import LogitsProcessor, Sampler, SamplingParams, Step, token_logprobs
 from .tokenizer import StreamingDetokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from .session import Session, Turn
 
 
 @dataclass(frozen=True)
@@ -96,24 +102,91 @@ def peak_rss_bytes() -> int:
     return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
 
 
-def generate_step(engine: Engine, prompt_ids: Sequence[int], sampler: Sampler) -> Iterator[int]:
-    """Yield sampled token ids forever; the caller decides when to stop."""
-    engine.reset()
-    logits = engine.prefill(prompt_ids)
+def generate_steps(
+    source: Engine | Session,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    *,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    logprobs: int | None = None,
+) -> Iterator[Step]:
+    """The open sampling loop: yield one `Step` per token forever; the caller decides when to stop.
+
+    An `Engine` starts a fresh stream (reset, then prefill `prompt_ids`); a `Session` appends
+    `prompt_ids` to its conversation and feeds only them (session.py). `logits_processors` run in
+    order on a copy of each step's logits before sampling. `logprobs=k` puts each token's
+    log-probability and its k most likely alternatives on its Step; None leaves them out, and then
+    greedy decoding without processors or penalty never reads the logits back.
+    """
+    turn: Turn | None = None
+    if isinstance(source, Engine):
+        engine = source
+        engine.reset()
+        logits = engine.prefill(prompt_ids)
+        context: Sequence[int] = prompt_ids
+        decode = engine.decode
+    else:
+        engine = source.engine
+        turn = source.begin(prompt_ids)
+        logits, context, decode = turn.logits, source.recent_ids(), turn.decode
     # Repetition penalty looks at the tokens the cache can still hold: bounded, like the cache.
     history: deque[int] | None = None
     if sampler.params.repetition_penalty != 1.0:
-        history = deque(prompt_ids, maxlen=engine.geometry.logical_capacity)
+        history = deque(context, maxlen=engine.geometry.logical_capacity)
+    processors = tuple(logits_processors)
+    reply: list[int] = []  # what processors see; only kept when there are some
     # Greedy decoding takes the graph's own argmax where it has one: reading the logits back, just
     # written by the other core, was 1% of a 135M decode step.
-    fused = engine.fused_argmax and sampler.params.greedy and history is None
-    token = sampler(logits, history if history is not None else ())
+    fused = engine.fused_argmax and sampler.params.greedy and history is None and not processors and logprobs is None
+    step = _select(logits, sampler, history, processors, reply, logprobs)
     while True:
-        yield token
+        token = step.token
+        if turn is not None:  # the session counts the token as said even if the caller stops here
+            turn.sampled(token)
+        yield step
         if history is not None:
             history.append(token)
-        logits = engine.decode(token)
-        token = engine.decoded_argmax() if fused else sampler(logits, history if history is not None else ())
+        if processors:
+            reply.append(token)
+        logits = decode(token)
+        if fused:
+            step = Step(engine.decoded_argmax())
+        else:
+            step = _select(logits, sampler, history, processors, reply, logprobs)
+
+
+def _select(
+    logits: np.ndarray,
+    sampler: Sampler,
+    history: deque[int] | None,
+    processors: tuple[LogitsProcessor, ...],
+    reply: list[int],
+    logprobs: int | None,
+) -> Step:
+    if processors:
+        logits = np.array(logits, dtype=np.float32)  # a copy: the pool's logits are bound to the graph
+        for process in processors:
+            logits = process(reply, logits)
+    token = sampler(logits, history if history is not None else ())
+    if logprobs is None:
+        return Step(token)
+    return Step(token, *token_logprobs(logits, token, logprobs))
+
+
+def generate_step(
+    engine: Engine | Session,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    *,
+    logits_processors: Sequence[LogitsProcessor] = (),
+) -> Iterator[int]:
+    """Yield sampled token ids forever; the caller decides when to stop (`generate_steps` for logprobs)."""
+    steps = generate_steps(engine, prompt_ids, sampler, logits_processors=logits_processors)
+    try:
+        for step in steps:
+            yield step.token
+    finally:
+        steps.close()
 
 
 class _StopMatcher:

@@ -97,6 +97,15 @@ class StaticPool:
         ]
         return sum(a.nbytes for a in arrays)
 
+    def gather_rows(self, rows: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copies of the K and V buffer rows `rows` of every layer ([1, H_kv, len(rows), D] each)."""
+        return [k[:, :, rows] for k in self.keys], [v[:, :, rows] for v in self.values]
+
+    def scatter_rows(self, rows: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
+        """Write rows gathered by `gather_rows` back in place (the buffers never move: they are bound)."""
+        for dst, src in zip((*self.keys, *self.values), (*keys, *values), strict=True):
+            dst[:, :, rows] = src
+
     def kv_nbytes(self) -> int:
         return sum(a.nbytes for a in (*self.keys, *self.values))
 

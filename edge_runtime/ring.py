@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import EdgeRuntimeError
+from .errors import EdgeRuntimeError, RollbackError
 
 MASKED = -1e30  # additive mask value; finite so a fully-masked row would not produce NaN in fp32
 MASKED_FP16 = -65504.0
@@ -166,11 +166,58 @@ class RingState:
         self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
         self.position_offset = position_offset  # absolute position of token 0 (tests start it at 1e7)
         self.tokens = 0
+        # High-water mark of `tokens` since the last reset: a rollback lowers `tokens`, not what the
+        # writes past it overwrote, so the rows still intact are counted from here.
+        self.written = 0
         self.row_pos = np.full(geometry.capacity, -1, dtype=np.int64)  # -1: empty row
 
     def reset(self) -> None:
         self.tokens = 0
+        self.written = 0
         self.row_pos[:] = -1
+
+    # -- rollback ----------------------------------------------------------------------------------
+
+    @property
+    def overwritten(self) -> int:
+        """Tokens [sinks, overwritten) have lost their rows (token t's row is reused by t + R)."""
+        return max(self.geometry.sinks, self.written - self.geometry.ring)
+
+    def rollback_limit(self) -> int:
+        """Most tokens `truncate` can drop exactly. Until a ring row is reused, all of them; after, the
+        next token must still find the W - 1 tokens before it, so `written - tokens` may reach slack + 1
+        (the row of the oldest of the window's tokens is the one the next token takes)."""
+        g = self.geometry
+        if self.written <= g.capacity:
+            return self.tokens
+        return max(0, min(self.tokens, g.slack + 1 - (self.written - self.tokens)))
+
+    def truncate(self, n: int) -> None:
+        """Forget the last n tokens; their rows are masked until rewritten. Refuses more than
+        `rollback_limit()`: dropping those would leave the next token's window with evicted keys."""
+        limit = self.rollback_limit()
+        if not 0 <= n <= limit:
+            g = self.geometry
+            raise RollbackError(
+                f"cannot drop {n} tokens: at most {limit} can be dropped exactly here (the ring has reused "
+                f"rows; {g.slack} slack rows allow rolling back {g.slack + 1} tokens past the window of "
+                f"{g.window}, less what earlier rollbacks not yet re-fed used); reset and re-feed instead"
+            )
+        self.tokens -= n
+        # Rows of dropped tokens hold keys at positions ahead of the stream: they must not look visible
+        # (sync_decode shows every row whose position is within the window, future ones included).
+        self.row_pos[self.row_pos >= self.tokens + self.position_offset] = -1
+
+    def state(self) -> tuple[int, int, np.ndarray]:
+        """(tokens, written, row_pos copy): everything `set_state` needs besides the rows' K/V."""
+        return self.tokens, self.written, self.row_pos.copy()
+
+    def set_state(self, tokens: int, written: int, row_pos: np.ndarray) -> None:
+        if row_pos.shape != self.row_pos.shape or not 0 <= tokens <= written:
+            raise EdgeRuntimeError(f"ring state of {row_pos.shape[0]} rows, tokens {tokens}, written {written} "
+                                   f"does not fit this ring of {self.row_pos.shape[0]} rows")  # fmt: skip
+        self.tokens, self.written = tokens, written
+        self.row_pos[:] = row_pos
 
     def rotary_cache(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin [C, R/2] of buffer row r's position while the ring is linear (row r holds token r),
@@ -211,6 +258,7 @@ class RingState:
         cos, sin = self._angles(pos, dtype)
         cos_s, sin_s = self._angles(logical, dtype)
         self.tokens += n
+        self.written = max(self.written, self.tokens)
         return StepInputs(
             write_index=np.array([first], dtype=np.int64),
             cos=cos,
@@ -288,7 +336,9 @@ class RingState:
         bufs.seqlens_k[0] = t
         bufs.total_len[()] = t + 1
         bufs.write_index[0] = row
-        self.tokens += 1
+        self.tokens = t + 1
+        if t >= self.written:
+            self.written = t + 1
         return row
 
     def decode_done(self, bufs: DecodeBuffers, row: int) -> None:

@@ -2,16 +2,47 @@
 
 All numpy on one logits row; a seeded `numpy.random.Generator` makes sampling reproducible.
 Order (as in transformers): repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample.
+Logits processors (`LogitsProcessor`) run before all of that, in generate.py's loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from .errors import EdgeRuntimeError
+
+# (tokens generated so far in this reply, logits [V]) -> logits [V]: the hook of constrained decoding.
+# It gets a float32 copy it may modify and return; it must not keep or modify the token list.
+LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
+
+
+class Step(NamedTuple):
+    """One generated token; with logprobs asked for, its log-probability and the top alternatives.
+
+    Log-probabilities are log_softmax of the logits the sampler saw: after the logits processors,
+    before repetition penalty, temperature and the top-k/p/min-p cuts (the model's distribution as
+    constrained, as in the OpenAI `logprobs` fields)."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """log_softmax(logits)[token] and the `top` most likely (token, logprob) pairs (ties: lower id first)."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    logp = z - np.log(np.exp(z).sum())
+    top = min(top, logp.size)
+    if top <= 0:
+        return float(logp[token]), ()
+    best = np.argpartition(-logp, top - 1)[:top]
+    best = best[np.lexsort((best, -logp[best]))]
+    return float(logp[token]), tuple((int(i), float(logp[i])) for i in best)
 
 
 @dataclass(frozen=True)
