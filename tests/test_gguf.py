@@ -324,3 +324,47 @@ def test_real_model_gguf_cli_export_equals_hf_export(tmp_path, real_model_gguf):
     export(ExportOptions(checkpoint=tmp_path / "hf", out=tmp_path / "from_hf"))
     prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
     assert _greedy(tmp_path / "from_gguf", prompt, 64) == _greedy(tmp_path / "from_hf", prompt, 64)
+
+
+def test_sentencepiece_gguf_tokenizer(tmp_path):
+    """A `tokenizer.ggml.model = llama` vocabulary (scores, <0xNN> byte tokens, no merges): ids equal
+    transformers' GGUF tokenizer on ordinary text and byte fallback; a leading space or text after a
+    special token gets the extra '▁' that llama.cpp (and Llama 2's own tokenizer.json) gives it,
+    where transformers 5's GGUF tokenizer drops it."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from edge_runtime.exporters.gguf_reader import GGUFFile
+    from edge_runtime.exporters.gguf_tokenizer import build_tokenizer
+
+    from .tiny_models import _TEXT
+
+    spm = Tokenizer(models.BPE(unk_token="<unk>"))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    spm.train_from_iterator([_TEXT], trainer)
+    pieces = [t for t, _ in sorted(spm.get_vocab().items(), key=lambda x: x[1]) if t not in ("<unk>", "<s>", "</s>")]
+    path = tmp_path / "spm.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces])
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_tensor("token_embd.weight", np.zeros((259 + len(pieces), 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    ours, config = build_tokenizer(GGUFFile(path))
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    assert config["add_bos_token"] is True  # SentencePiece default, as llama.cpp and transformers assume
+    for text in ["To be, or not to be", "Hello", "日本 naïve\n\nx"]:
+        assert ours.encode(text).ids == ref(text)["input_ids"], text
+        assert ours.decode(ours.encode(text).ids) == text
+    space = ours.token_to_id("▁")
+    assert ours.encode(" the").ids[:3] == [1, space, *ours.encode("the").ids[1:2]]
+    assert ours.encode("<s>hi").ids[:3] == [1, 1, space]
