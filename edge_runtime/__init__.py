@@ -12,9 +12,15 @@ The device-side package. `edge_runtime.models` (architecture knowledge) and `edg
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.3.0"
+
+# onnxruntime's Linux wheel starts a telemetry client when it loads, writing a device id and an event
+# database under ~/.cache/Microsoft; on a device nothing should leave traces or phone home. The
+# variable must be set before onnxruntime is imported; setdefault leaves an explicit choice alone.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 _LAZY = {
     "load": "edge_runtime.engine",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from click.testing import Result
@@ -13,11 +16,15 @@ from click.testing import Result
 REPO = Path(__file__).resolve().parent.parent
 
 
+_PROGRESS = re.compile(r"^\[\s*\d+\.\ds\] ")  # edge-export's `[   1.2s] writing ...` lines
+
+
 def one_line_error(r: Result, *needles: str, code: int = 1) -> str:
-    """Assert exit `code`, exactly one stderr line (`Error: ...`) holding every needle, no traceback."""
+    """Assert exit `code`, exactly one stderr line (`Error: ...`, after any export progress lines)
+    holding every needle, and no traceback."""
     assert r.exit_code == code, r.output
     assert "Traceback" not in r.output, r.output
-    lines = r.stderr.strip().splitlines()
+    lines = [line for line in r.stderr.strip().splitlines() if not _PROGRESS.match(line)]
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("Error: "), lines
     for n in needles:
@@ -52,3 +59,24 @@ def cli(module: str, *args: str, env: dict[str, str] | None = None, **kw) -> sub
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         **kw,
     )
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tiny RAM file system at `path` (root only): real ENOSPC and, remounted, real EROFS."""
+    import pytest
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount_read_only(path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)

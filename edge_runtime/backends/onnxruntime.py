@@ -9,18 +9,58 @@ them into their slots.
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from edge_runtime import kernels
-from edge_runtime.errors import BundleError
+from edge_runtime.errors import BundleError, EdgeRuntimeError
 from edge_runtime.manifest import NEXT_TOKEN, Manifest
 from edge_runtime.pool import StaticPool
 from edge_runtime.ring import StepInputs
 
 _ov = ort.OrtValue.ortvalue_from_numpy  # shares memory with the numpy array on CPU
+
+# Nothing of ours phones home or leaves traces on a device. ORT_DISABLE_TELEMETRY (set by
+# edge_runtime/__init__.py before onnxruntime loads) keeps the telemetry client from starting; this
+# covers a process that imported onnxruntime before edge_runtime.
+ort.disable_telemetry_events()
+
+
+class ThreadsClampedWarning(RuntimeWarning):
+    """More compute threads were asked for than this process may run on; the CPU count was used."""
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, e.g. under taskset/cgroups)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def bounded_threads(threads: int | None) -> int | None:
+    """`threads` for ONNX Runtime's intra-op pool, at most the usable CPUs; None or 0: its default.
+
+    Clamped with a warning rather than refused: target profiles name their board's core count, and
+    running one on a smaller machine should still work. Unbounded, ONNX Runtime tries to start every
+    thread (--threads 100000 spent minutes in session creation, deaf to Ctrl-C).
+    """
+    if not threads:
+        return None
+    if threads < 0:
+        raise EdgeRuntimeError(f"threads must be 1 or more (0 or none: one per core), got {threads}")
+    cpus = usable_cpus()
+    if threads > cpus:
+        warnings.warn(
+            f"{threads} threads asked for but this process may run on {cpus} CPUs; using {cpus}",
+            ThreadsClampedWarning,
+            stacklevel=3,
+        )
+        return cpus
+    return threads
 
 
 class OrtBackend:
@@ -36,6 +76,7 @@ class OrtBackend:
     ):
         so = ort.SessionOptions()
         so.log_severity_level = log_severity
+        threads = bounded_threads(threads)
         if threads:
             so.intra_op_num_threads = threads
         if profile is not None:  # per-node timings, for scripts/profile_ops.py

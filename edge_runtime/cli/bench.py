@@ -77,6 +77,8 @@ def run(
     from edge_runtime.telemetry import EnergyReport
 
     settings = BenchSettings(prompt_tokens, gen_tokens, trials, warmup, idle_seconds, sample_hz)
+    if threads is not None and threads < 0:  # before the target line and the load: one line, nothing run
+        raise EdgeRuntimeError(f"threads must be 1 or more (0 or none: one per core), got {threads}")
     detection = resolve_target(target)
     profile = detection.profile
     if profile.backend.name != "onnxruntime":
@@ -84,9 +86,9 @@ def run(
             f"target '{profile.name}' uses the {profile.backend.name} backend, which this version does not have yet; "
             "benchmark its trt-flavor bundles on ONNX Runtime CPU with --target x86"
         )
-    for out in (json_out, plot):
-        if out is not None and not out.parent.is_dir():
-            raise EdgeRuntimeError(f"cannot write '{out}': directory '{out.parent}' does not exist; create it first")
+    for flag, out in (("--json-out", json_out), ("--plot", plot), ("--log", log_file)):
+        if out is not None:
+            _check_writable(out, flag)
     click.echo(detection.reason, err=True)
     manifest = Manifest.read(bundle / MANIFEST_FILE)
     opts = LoadOptions(sinks=sinks, window=window, threads=threads)
@@ -132,6 +134,35 @@ def run(
         click.echo(f"plot: {plot}", err=True)
     if log_file is not None:
         click.echo(f"field log: {settings.trials} records appended to {log_file}", err=True)
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """Refuse an output the run could not write, before the run: found afterwards, the results are lost.
+
+    Probed by creating (and removing) a file beside it, which catches what permission bits do not
+    tell (read-only mounts, a full disk's inodes, root's bypassing of the bits); an existing file is
+    opened for appending, which changes nothing in it.
+    """
+    import os
+    import tempfile
+
+    from edge_runtime.errors import EdgeRuntimeError
+
+    from .common import os_message
+
+    parent = path.parent
+    if not parent.is_dir():
+        raise EdgeRuntimeError(f"cannot write {flag} '{path}': directory '{parent}' does not exist; create it first")
+    if path.is_dir():
+        raise EdgeRuntimeError(f"cannot write {flag} '{path}': it is a directory; give a file name")
+    try:
+        if path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise EdgeRuntimeError(f"cannot write {flag} '{path}': {os_message(e)}; nothing was run") from e
 
 
 @main.command("compare")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -13,13 +17,18 @@ from edge_runtime.errors import EdgeRuntimeError
 debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *_args: Any, **_kwargs: Any) -> str:
+    return f"warning: {message}\n"
+
+
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn an EdgeRuntimeError into `error: <message>` and exit code 1; `--debug` re-raises."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, debug: bool = False, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _one_line_warnings():
+                return fn(*args, **kwargs)
         except EdgeRuntimeError as e:
             if debug:
                 raise
@@ -27,5 +36,39 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             raise SystemExit(130) from None
+        except BrokenPipeError:  # the reader went away (`edge-run | head -1`): nobody left to tell
+            _drop_stdout()
+            raise SystemExit(141) from None  # 128 + SIGPIPE, what a shell reports for a writer the pipe killed
+        except OSError as e:  # disk full, read-only file system, device busy, ...: the OS's reason, one line
+            if debug:
+                raise
+            raise click.ClickException(os_message(e)) from None
 
     return wrapper
+
+
+def os_message(e: OSError) -> str:
+    """`No space left on device: 'out/model.onnx.data'`: the OS's reason and the path it concerns."""
+    where = f": '{e.filename}'" if e.filename else ""
+    return f"{e.strerror or e}{where}"
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the broken pipe again."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """While a command runs, a library warning prints as one line, like its errors (not file:line plus a
+    source line)."""
+    saved = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        warnings.formatwarning = saved
