@@ -1,7 +1,7 @@
 """GGUF -> Hugging Face checkpoint directory, torch-free, so the normal export pipeline can read it.
 
 convert_gguf(Path("model.gguf"), Path("hf_dir"))            # bf16 model.safetensors + config + tokenizer
-with checkpoint_dir(Path("model.gguf"), scratch=out.parent) as d:   # what `edge-export x.gguf` does
+with checkpoint_dir(Path("model.gguf"), out=out) as d:   # what `edge-export x.gguf` does
     export(ExportOptions(checkpoint=d, out=out))
 
 Undone on the way: llama.cpp's name scheme (blk.N.attn_q -> model.layers.N.self_attn.q_proj), its
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import struct
@@ -276,21 +277,32 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def checkpoint_dir(path: Path, *, scratch: Path | None = None, progress: Progress = lambda _m: None) -> Iterator[Path]:
-    """`path` itself when it is not a GGUF; else a float32 conversion of it in a temporary directory
-    under `scratch` (the output's filesystem, where the user expects the space), removed on exit.
+def checkpoint_dir(path: Path, *, out: Path | None = None, progress: Progress = lambda _m: None) -> Iterator[Path]:
+    """`path` itself when it is not a GGUF; else a float32 conversion of it in a temporary directory,
+    removed on exit.
 
+    The directory sits beside `out` (the output's filesystem, where the user expects the space) and
+    is named and locked like the bundle writer's partials (`.OUT.partial-PID-RAND`), so if this
+    process is killed outright the next export to `out` removes it as a dead exporter's leftover.
     float32, not bf16: dequantized Q4/Q8 values need more than bf16's 8 mantissa bits and an F16
     GGUF loses 3 bits in bf16, so only float32 hands the exporter exactly the weights in the file.
     """
     if not is_gguf(path):
         yield path
         return
-    if scratch is not None and not scratch.is_dir():
-        scratch = None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-", dir=scratch))
+    from .partials import lock_directory, partial_name
+
+    lock = None
+    if out is not None and out.parent.is_dir():
+        tmp = partial_name(out)
+        tmp.mkdir()
+        lock = lock_directory(tmp)
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-"))
     try:
         convert_gguf(path, tmp, dtype="f32", progress=progress)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)

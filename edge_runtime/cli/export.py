@@ -136,7 +136,7 @@ def build(
     from edge_runtime.exporters.gguf_convert import checkpoint_dir
 
     # A .gguf file is converted into a temporary HF directory beside OUT, removed afterwards.
-    with checkpoint_dir(checkpoint, scratch=out.parent, progress=progress) as source:
+    with checkpoint_dir(checkpoint, out=out, progress=progress) as source:
         manifest = export(dataclasses.replace(opts, checkpoint=source), progress=progress)
     size = sum(stored_bytes(p) for p in out.iterdir())
     ppl = manifest.quantization.get("heldout_ppl")
