@@ -125,16 +125,29 @@ def _rope_scaling(gg: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[
 
 
 def _llama3_rope(gg: GGUFFile, head_dim: int, theta: float) -> dict[str, Any]:
-    """llama.cpp stores Llama 3.1+'s frequency scaling as per-frequency divisors; find the llama3
-    parameters that reproduce them (Meta's releases all use low 1, high 4, original 8192)."""
+    """llama.cpp stores Llama 3.1+'s frequency scaling as per-frequency divisors (`rope_freqs`);
+    find llama3 parameters that reproduce them. Only the band edges orig/low and orig/high matter,
+    so with original_max_position fixed, low and high follow from a line fitted to the smooth band."""
     freqs = gg.tensor(_ROPE_FREQS).astype(np.float64)
     inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv
     factor = float(freqs.max())
-    for low, high, orig in ((1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)):
-        wavelen = 2 * np.pi / inv
+    orig = int(gg.meta(f"{gg.architecture}.rope.scaling.original_context_length", 8192))
+    candidates = [(1.0, 4.0)]  # Meta's releases
+    mid = (freqs > 1 + 1e-6) & (freqs < factor - 1e-6)
+    if factor > 1 and mid.sum() >= 2:
+        smooth = (1 / freqs[mid] - 1 / factor) / (1 - 1 / factor)  # (orig / wavelen - low) / (high - low)
+        slope, intercept = np.polyfit(1 / wavelen[mid], smooth, 1)
+        span = orig / slope
+        candidates.insert(0, (round(float(-intercept * span), 6), round(float(-intercept * span + span), 6)))
+    elif factor > 1 and (freqs <= 1 + 1e-6).any() and (freqs >= factor - 1e-6).any():
+        # No frequency in the smooth band: any edges between the last unscaled and the first
+        # scaled wavelength give the same model; put both just either side of their geometric mean.
+        edge = float(np.sqrt(wavelen[freqs <= 1 + 1e-6].max() * wavelen[freqs >= factor - 1e-6].min()))
+        candidates.insert(0, (orig / (edge * 1.001), orig / (edge / 1.001)))
+    for low, high in candidates:
         smooth = np.clip((orig / wavelen - low) / (high - low), 0.0, 1.0)
-        expect = 1.0 / ((1 - smooth) / factor + smooth)
-        if freqs.shape == expect.shape and np.allclose(freqs, expect, rtol=1e-3):
+        if freqs.shape == wavelen.shape and np.allclose(freqs, 1.0 / ((1 - smooth) / factor + smooth), rtol=1e-4):
             return {
                 "rope_type": "llama3",
                 "factor": factor,

@@ -106,6 +106,12 @@ def write_gguf(
     w.add_eos_token_id(config["eos_token_id"])
     w.add_add_bos_token(True)
     w.add_chat_template("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if rope.get("rope_type") == "llama3":  # convert_hf_to_gguf.py writes the scaling as divisors
+        orig, low, high = rope["original_max_position_embeddings"], rope["low_freq_factor"], rope["high_freq_factor"]
+        wavelen = 2 * np.pi * _theta(config) ** (np.arange(0, head_dim, 2) / head_dim)
+        smooth = np.clip((orig / wavelen - low) / (high - low), 0, 1)
+        w.add_tensor("rope_freqs.weight", (1 / ((1 - smooth) / rope["factor"] + smooth)).astype(np.float32))
     tensors = CheckpointTensors(ckpt)
     for name in tensors:
         data = np.ascontiguousarray(tensors[name], np.float32)
@@ -154,7 +160,7 @@ def _greedy(bundle: Path, prompt: list[int], n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "qwen2"])
+@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "llama-llama3-rope", "qwen2"])
 def test_f32_gguf_round_trips_exactly(tmp_path, name):
     """HF -> GGUF (llama.cpp's permutation) -> our converter gives back every tensor bit for bit,
     and the config the architecture parser reads."""
@@ -170,6 +176,10 @@ def test_f32_gguf_round_trips_exactly(tmp_path, name):
     for key in ("model_type", "num_attention_heads", "num_key_value_heads", "tie_word_embeddings"):
         assert config[key] == orig[key], key
     assert config["rope_theta"] == _theta(orig)
+    from edge_runtime.models import get_arch
+
+    rope_in, rope_out = (get_arch(c).parse(c).rope for c in (orig, config))
+    np.testing.assert_allclose(rope_out.inv_freq(16), rope_in.inv_freq(16), rtol=1e-6)  # llama3 from rope_freqs
     assert config["rms_norm_eps"] == orig["rms_norm_eps"]
 
 
