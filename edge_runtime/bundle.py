@@ -1,17 +1,27 @@
-"""Open a bundle directory: read the manifest, check its format version and every file's sha256
-(once per file change: verified.py)."""
+"""Open a bundle directory: read the manifest, check its format version and digest, confine every
+file it names to the directory, and check every file's sha256 (once per file change: verified.py).
+
+Confinement is checked on every open, verified or not: a manifest could otherwise point the runtime
+at any file on the machine (`graph.file` in another directory, bypassing ONNX Runtime's own
+confinement of external data; `files` entries like `../../secret.txt` hashed, an existence and
+content oracle; `tokenizer.file` of `/dev/zero`, read until out of memory). Names are plain names
+(manifest.py), each a regular file; a symlink may point only inside the bundle; sizes are bounded.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BundleError
-from .manifest import MANIFEST_FILE, Manifest
+from .manifest import MANIFEST_FILE, Manifest, referenced_files
 from .verified import memo_matches, remember
 
 _CHUNK = 1 << 20
+# The biggest tokenizer.json files in use are tens of MB (Gemma 3: 33 MB); the tokenizer is read whole.
+TOKENIZER_MAX_BYTES = 256 << 20
 
 
 def sha256_file(path: Path) -> str:
@@ -56,11 +66,10 @@ def open_bundle(path: str | Path, *, verify: bool = True, memo: bool = True) -> 
     if not path.is_dir():
         raise BundleError(f"bundle directory '{path}' does not exist")
     manifest = Manifest.read(path / MANIFEST_FILE)
+    _confine(path, manifest)
     if verify:
         for name, expected in manifest.files.items():
             file = path / name
-            if not file.is_file():
-                raise BundleError(f"bundle '{path}' is missing '{name}'; re-export it")
             if memo and memo_matches(file, expected):
                 continue
             st = file.stat()
@@ -72,3 +81,29 @@ def open_bundle(path: str | Path, *, verify: bool = True, memo: bool = True) -> 
             if memo:
                 remember(file, expected, st)
     return Bundle(path=path, manifest=manifest)
+
+
+def _confine(path: Path, manifest: Manifest) -> None:
+    """Every file the manifest names is a regular file inside `path` (names are plain: manifest.py)."""
+    root = path.resolve()
+    for name in {*manifest.files, *referenced_files(manifest)}:
+        file = path / name
+        try:
+            st = file.lstat()
+            if stat.S_ISLNK(st.st_mode):  # allowed only if it stays inside the bundle
+                target = file.resolve(strict=True)
+                if target.parent != root and root not in target.parents:
+                    raise BundleError(f"'{file}' is a symbolic link out of the bundle directory; refusing to read it")
+                st = target.stat()
+        except FileNotFoundError:
+            raise BundleError(f"bundle '{path}' is missing '{name}'; re-export it") from None
+        except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop on older Pythons
+            raise BundleError(f"cannot read '{file}': {getattr(e, 'strerror', None) or e}") from e
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"'{file}' is not a regular file; a bundle holds only plain files")
+    tok = path / manifest.tokenizer.file
+    if tok.stat().st_size > TOKENIZER_MAX_BYTES:
+        raise BundleError(
+            f"'{tok}' is {tok.stat().st_size / 2**20:.0f} MiB, over the {TOKENIZER_MAX_BYTES >> 20} MiB a tokenizer "
+            "may be; it is not a tokenizer.json"
+        )

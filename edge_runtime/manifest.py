@@ -8,7 +8,10 @@ geometry, tokenizer ids, generation defaults, and the quantization/validation/pr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,8 +20,15 @@ from typing import Any
 
 from .errors import BundleError, ManifestVersionError
 
-FORMAT_VERSION = 1
+# Version 2 adds DIGEST_KEY; version 1 bundles (no digest) are still read.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST_FILE = "manifest.json"
+# sha256 of the manifest's canonical form (every other key; canonical_json): the checksums in `files`
+# cover every other file, and this covers the manifest itself (RoPE frequencies, dims, token ids), so
+# a flipped bit anywhere in a bundle is caught. A guard against corruption, not a signature.
+DIGEST_KEY = "manifest_sha256"
+MANIFEST_MAX_BYTES = 16 << 20  # real manifests are tens of KB; a bigger file is not read
 # graph.kv["layout"]: how each layer's K/V buffer is shaped.
 KV_HEADS_FIRST = "[1, num_kv_heads, capacity, head_dim]"  # `trt`, and `ort` bundles before 0.2
 # `ort` graphs since 0.3 attend with GroupQueryAttention until the ring is full, then the whole buffer.
@@ -114,19 +124,23 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 (hex), every file but this one
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+        return json.dumps(with_digest(dataclasses.asdict(self)), indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any, source: str = MANIFEST_FILE) -> Manifest:
         if not isinstance(data, dict):
             raise BundleError(f"{source}: expected a JSON object")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise ManifestVersionError(
                 f"{source}: bundle format version {version!r} is not supported by this runtime (reads "
-                f"version {FORMAT_VERSION}); re-export the bundle with this version of edge-export"
+                f"versions {', '.join(map(str, READABLE_VERSIONS))}); re-export the bundle with this version of "
+                "edge-export"
             )
-        return _build(cls, data, source)
+        _check_digest(data, source, required=version >= 2)
+        manifest = _build(cls, {k: v for k, v in data.items() if k != DIGEST_KEY}, source)
+        _check_files(manifest, source)
+        return manifest
 
     @classmethod
     def read(cls, path: str | Path) -> Manifest:
@@ -134,12 +148,74 @@ class Manifest:
         if not path.parent.is_dir():
             raise BundleError(f"bundle directory '{path.parent}' does not exist")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with path.open("rb") as f:  # bounded: a manifest replaced by a huge or endless file is not read
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise BundleError(f"'{path}' is not a regular file")
+                raw = f.read(MANIFEST_MAX_BYTES + 1)
+            if len(raw) > MANIFEST_MAX_BYTES:
+                raise BundleError(f"'{path}' is over {MANIFEST_MAX_BYTES >> 20} MiB; it is not a bundle manifest")
+            data = json.loads(raw.decode("utf-8"))
         except FileNotFoundError:
             raise BundleError(f"'{path.parent}' is not a bundle: it has no {MANIFEST_FILE}") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise BundleError(f"'{path}' is not valid JSON: {e}") from e
         return cls.from_dict(data, str(path))
+
+
+def canonical_json(data: dict[str, Any]) -> bytes:
+    """The bytes DIGEST_KEY hashes: every key but the digest, sorted, compact, UTF-8. Floats are written
+    as Python's shortest round-trip repr, so reading and re-writing a manifest never changes them."""
+    rest = {k: v for k, v in data.items() if k != DIGEST_KEY}
+    return json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def with_digest(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its DIGEST_KEY (re)computed, last."""
+    rest = {k: v for k, v in data.items() if k != DIGEST_KEY}
+    return {**rest, DIGEST_KEY: hashlib.sha256(canonical_json(rest)).hexdigest()}
+
+
+def _check_digest(data: dict[str, Any], source: str, *, required: bool) -> None:
+    digest = data.get(DIGEST_KEY)
+    if digest is None and not required:
+        return  # a version 1 bundle: written before the manifest was covered
+    if not isinstance(digest, str):
+        raise BundleError(f"{source}: '{DIGEST_KEY}' is missing; the manifest cannot be checked, re-export the bundle")
+    if hashlib.sha256(canonical_json(data)).hexdigest() != digest:
+        raise BundleError(f"{source} does not match its own '{DIGEST_KEY}' (corrupted or edited); re-export the bundle")
+
+
+def is_plain_name(name: Any) -> bool:
+    """A file directly in the bundle directory: no path separators, no `..`, not absolute, not empty."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..", MANIFEST_FILE)
+        and not any(c in name for c in ("/", "\\", "\0"))
+        and len(name.encode("utf-8", "surrogatepass")) <= 255
+    )
+
+
+def referenced_files(m: Manifest) -> list[str]:
+    """Every file the manifest points at besides `files` itself: each must also be checksummed there."""
+    names = [m.graph.file, m.graph.data_file, m.tokenizer.file]
+    template = getattr(m.tokenizer, "chat_template", None)  # a file in the bundle, where there is one
+    return [*names, *([template] if isinstance(template, str) else [])]
+
+
+def _check_files(m: Manifest, source: str) -> None:
+    """Every path confined to the bundle directory, and every file the runtime reads covered by a checksum."""
+    if not m.files:
+        raise BundleError(f"{source}: 'files' lists no checksums, so nothing could be verified; re-export the bundle")
+    for name, digest in m.files.items():
+        if not is_plain_name(name):
+            raise BundleError(f"{source}: file name {name!r} is not a plain name inside the bundle directory")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise BundleError(f"{source}: the sha256 of '{name}' is not 64 hex digits: {digest!r}")
+    for name in referenced_files(m):
+        if not is_plain_name(name):
+            raise BundleError(f"{source}: file name {name!r} is not a plain name inside the bundle directory")
+        if name not in m.files:
+            raise BundleError(f"{source}: '{name}' has no checksum in 'files'; re-export the bundle")
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
