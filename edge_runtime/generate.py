@@ -5,8 +5,12 @@
   `Session`'s conversation when given one instead of an `Engine`.
 - `stream_generate` adds text (incremental detokenizer), stop conditions and timings; it yields one
   `TokenEvent` per token, the last one carrying `finish_reason` and the run's `GenerationStats`.
-- `generate` collects a stream into a `GenerationResult`; Ctrl-C ends it cleanly with the partial
-  output (finish_reason "cancelled").
+- `generate` collects a stream into a `GenerationResult`.
+
+Ctrl-C is never swallowed: library loops over requests (edge-bench's trials, a server's queue) must
+stop when the user says so. Both layers re-raise it as `GenerationCancelled`, a KeyboardInterrupt that
+carries what was produced: the closing event (finish_reason "cancelled", the run's stats) and, from
+`generate`, the partial `GenerationResult`.
 """
 
 from __future__ import annotations
@@ -95,6 +99,17 @@ class GenerationResult:
     token_ids: list[int]
     prompt_token_ids: list[int]
     stats: GenerationStats
+
+
+class GenerationCancelled(KeyboardInterrupt):
+    """Ctrl-C during a generation, re-raised with the partial output (a KeyboardInterrupt, so code that
+    handles Ctrl-C sees it). `final`: the closing event (finish_reason "cancelled", stats, any text held
+    back for a stop string); `result`: the partial GenerationResult (set by `generate`)."""
+
+    def __init__(self, final: TokenEvent, result: GenerationResult | None = None):
+        super().__init__("generation cancelled")
+        self.final = final
+        self.result = result
 
 
 def peak_rss_bytes() -> int:
@@ -246,9 +261,10 @@ def stream_generate(
                 return
             produced = index + 1
             yield TokenEvent(token_id=token, text=text, index=index, elapsed_s=now - t0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # re-raised, never swallowed: the caller's loop must stop too
         text = stops.pending  # text held back for a possible stop string is released on cancel
-        yield _final(-1, text, produced, produced, t0, "cancelled", prompt_ids, first_s, prefill_s, itl)
+        final = _final(-1, text, produced, produced, t0, "cancelled", prompt_ids, first_s, prefill_s, itl)
+        raise GenerationCancelled(final) from None
     finally:
         steps.close()
 
@@ -283,7 +299,8 @@ def _final(
 def generate(
     engine: Engine, tokenizer: Tokenizer, prompt: str | Sequence[int], config: GenerationConfig | None = None
 ) -> GenerationResult:
-    """Run a whole request; Ctrl-C returns the partial result with finish_reason 'cancelled'."""
+    """Run a whole request. Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose `result` is the
+    partial GenerationResult, finish_reason 'cancelled'."""
     prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     ids: list[int] = []
     parts: list[str] = []
@@ -300,6 +317,27 @@ def generate(
     try:
         for ev in stream:
             take(ev)
-    except KeyboardInterrupt:  # raised outside the stream: let it close itself with its stats
-        take(stream.throw(KeyboardInterrupt()))
+    except KeyboardInterrupt as e:
+        cancelled = e if isinstance(e, GenerationCancelled) else close_cancelled(stream)
+        if cancelled is None:  # the stream had already ended: nothing partial to attach
+            raise
+        take(cancelled.final)
+        text = "".join(parts)
+        cancelled.result = GenerationResult(text=text, token_ids=ids, prompt_token_ids=prompt_ids, stats=final[-1])
+        raise cancelled from None
     return GenerationResult(text="".join(parts), token_ids=ids, prompt_token_ids=prompt_ids, stats=final[-1])
+
+
+def close_cancelled(stream: Iterator[TokenEvent]) -> GenerationCancelled | None:
+    """After Ctrl-C landed outside `stream` (in the caller's loop body), close it the way an interrupt
+    inside it would have: the GenerationCancelled carrying its closing event, or None if it had ended."""
+    throw = getattr(stream, "throw", None)
+    if throw is None:
+        return None
+    try:
+        throw(KeyboardInterrupt())
+    except GenerationCancelled as e:
+        return e
+    except (KeyboardInterrupt, StopIteration):
+        return None
+    return None

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from edge_runtime.cli.run import main as run_cli
 from edge_runtime.engine import load
 from edge_runtime.errors import EdgeRuntimeError
-from edge_runtime.generate import GenerationConfig, _StopMatcher, generate, stream_generate
+from edge_runtime.generate import GenerationCancelled, GenerationConfig, _StopMatcher, generate, stream_generate
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -166,7 +166,7 @@ def test_same_seed_same_text(engine_tok):
     assert generate(engine, tok, "To be", cfg).token_ids == generate(engine, tok, "To be", cfg).token_ids
 
 
-def test_ctrl_c_returns_partial_output_with_stats(engine_tok, monkeypatch):
+def test_ctrl_c_is_re_raised_with_the_partial_output_and_stats(engine_tok, monkeypatch):
     engine, tok = engine_tok
     real, calls = engine.decode, []
 
@@ -177,7 +177,10 @@ def test_ctrl_c_returns_partial_output_with_stats(engine_tok, monkeypatch):
         return real(token)
 
     monkeypatch.setattr(engine, "decode", decode)
-    r = generate(engine, tok, "To be", GenerationConfig(max_tokens=50, stop_on_eos=False))
+    with pytest.raises(KeyboardInterrupt) as info:  # never swallowed: a caller's loop must stop too
+        generate(engine, tok, "To be", GenerationConfig(max_tokens=50, stop_on_eos=False))
+    assert isinstance(info.value, GenerationCancelled)
+    r = info.value.result
     assert r.stats.finish_reason == "cancelled" and len(r.token_ids) == 5
     assert r.stats.generated_tokens == 5
 
