@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge_runtime import kernels
 from edge_runtime.engine import LoadOptions, load
 from edge_runtime.errors import (
     CorruptSnapshotError,
@@ -22,6 +23,7 @@ from edge_runtime.exporters import ReferenceModel, load_checkpoint
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.reference import StreamingReference, log_softmax
 from edge_runtime.generate import generate_steps, stream_generate
+from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.session import RingOverflowWarning, Session
 from edge_runtime.snapshot import Snapshot
@@ -367,3 +369,31 @@ def test_a_session_owns_its_engine(tied_bundle):
     next(new)
     with pytest.raises(SessionError, match="superseded"):
         next(old)
+
+
+@pytest.fixture(scope="module")
+def demo_int4(tmp_path_factory):
+    """The demo model as an int4 bundle; with edge-runtime's kernels its LM head leaves the fused argmax."""
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    kernel = MatMulKernel.EDGE if kernels.available() else MatMulKernel.MLAS
+    out = tmp_path_factory.mktemp("demo") / "int4"
+    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, quant=QuantConfig(QuantMethod.INT4, 32, kernel=kernel)))
+    return out
+
+
+def test_demo_model_turns_equal_a_full_reprefill(demo_int4):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = HFTokenizer.from_file(str(DEMO_CHECKPOINT / "tokenizer.json"))
+    turns = ["ROMEO.\nWhat light through yonder window breaks?\n", "JULIET.\nAy me!\n", "ROMEO.\nShe speaks.\n"]
+    session, fresh = Session(load(demo_int4)), load(demo_int4)
+    assert session.engine.fused_argmax == kernels.available()  # greedy replies take the graph's argmax
+    conversation: list[int] = []
+    for text in turns * 2:
+        user = tok.encode(text).ids
+        got = reply(session, user, 24)
+        conversation += user
+        assert got == fresh_greedy(fresh, conversation, 24)
+        conversation += got
+    assert session.length == len(conversation) and session.evicted == 0
