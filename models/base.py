@@ -203,6 +203,9 @@ def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
             )
         head_dim = hidden // heads
     bos = _token_ids(cfg.get("bos_token_id"), "bos_token_id")
+    eps = opt_float(cfg, "rms_norm_eps", 1e-6)
+    if eps < 0:  # ONNX Runtime refuses the graph deep in session creation; say why here
+        raise ConfigError(f"config.json: 'rms_norm_eps' = {eps!r} must be 0 or more")
     return ModelArgs(
         model_type=str(cfg.get("model_type")),
         arch=arch,
@@ -213,7 +216,7 @@ def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=opt_float(cfg, "rms_norm_eps", 1e-6),
+        rms_norm_eps=eps,
         rope=parse_rope(cfg),
         tie_word_embeddings=opt_bool(cfg, "tie_word_embeddings", False),
         max_position_embeddings=opt_int(cfg, "max_position_embeddings", 2048) or 2048,

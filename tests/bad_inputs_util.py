@@ -52,9 +52,9 @@ def copy_bundle(src: Path, dst: Path) -> Path:
 def cli(module: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
     """Start `python -m edge_runtime.cli.<module> ARGS` as a real process (for signals and exit codes)."""
     code = f"import sys; from edge_runtime.cli.{module} import main; sys.exit(main())"
+    kw.setdefault("stdout", subprocess.PIPE)
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         **kw,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -261,3 +262,30 @@ def test_rename_primitives(tmp_path, monkeypatch, native):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
     fs_atomic.rename_noreplace(a, tmp_path / "c")
     assert (tmp_path / "c" / "f").read_text() == "old"
+
+
+# -- items 10, 11: crafted inputs and options that were silently ignored ------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--window", "0"], "--window 0 is out of range"),
+        (["--window", "-3"], "--window -3 is out of range"),
+        (["--block", "64"], "--block 64 sizes INT4 blocks"),
+        (["--quant", "int8", "--block", "64"], "--block 64 sizes INT4 blocks"),
+    ],
+)
+def test_options_that_were_silently_ignored_are_refused(ckpt, tmp_path, args, needle):
+    r = CliRunner().invoke(export_cli, [str(ckpt), "-o", str(tmp_path / "out"), *args])
+    one_line_error(r, needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_negative_rms_norm_eps_is_one_line(ckpt, tmp_path):
+    bad = tmp_path / "ck"
+    shutil.copytree(ckpt, bad)
+    cfg = json.loads((bad / "config.json").read_text()) | {"rms_norm_eps": -1e-5}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    one_line_error(_export(str(bad), "-o", str(tmp_path / "out")), "'rms_norm_eps' = -1e-05 must be 0 or more")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -188,3 +188,26 @@ def test_a_run_and_an_export_leave_nothing_under_home(endless, endless_ckpt, tmp
         r = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, timeout=300)
         assert r.returncode == 0, r.stderr.decode()
     assert not (home / ".cache").exists(), sorted(str(p) for p in home.rglob("*"))
+
+
+# -- item 10: stdout that cannot be written ---------------------------------------------------------
+
+
+def test_edge_run_into_a_full_device_is_one_line(endless):
+    with open("/dev/full", "wb") as full:
+        p = cli("run", "--bundle", str(endless), "--target", "x86", "--max-tokens", "3", "--json", stdout=full)
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and b"Traceback" not in err
+    assert err.decode().strip().splitlines() == ["Error: No space left on device"]
+
+
+def test_edge_run_into_a_closed_pipe_ends_quietly(endless):
+    """`edge-run | head -c 3`: the reader leaves; the writer ends as a shell's pipeline expects (141), quietly."""
+    import subprocess
+
+    p = cli("run", "--bundle", str(endless), "--target", "x86", "--max-tokens", "100000", stdout=subprocess.PIPE)
+    p.stdout.read(3)
+    p.stdout.close()
+    err = p.stderr.read()
+    p.wait(timeout=120)
+    assert p.returncode == 141 and b"Traceback" not in err and b"Exception ignored" not in err

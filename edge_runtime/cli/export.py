@@ -109,6 +109,7 @@ def build(
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
+    _check_options(window=window, block=block, quant=quant, table_bits=table_bits)
     _check_output(checkpoint, out, overwrite=overwrite)
     opts = ExportOptions(
         checkpoint=checkpoint,
@@ -145,6 +146,20 @@ def build(
         f"validation max rel err {manifest.validation.max_rel_err:.2e} (tolerance {manifest.validation.tolerance:g})"
         + (f", held-out ppl {ppl['original']:.3f} -> {ppl['exported']:.3f}" if ppl else "")
     )
+
+
+def _check_options(*, window: int | None, block: int | None, quant: str, table_bits: str) -> None:
+    """Options that would otherwise be silently ignored (--window 0 meant "the default")."""
+    from edge_runtime.errors import ExportError
+
+    if window is not None and window < 1:
+        raise ExportError(f"--window {window} is out of range; use 1 or more, or leave it out for the model's context")
+    blocked = quant.startswith("int4") or (quant != "none" and table_bits == "4")  # what --block sizes
+    if block is not None and not blocked:
+        raise ExportError(
+            f"--block {block} sizes INT4 blocks (--quant int4*, or --table-bits 4), which this export has none of; "
+            "drop --block or add --quant int4"
+        )
 
 
 def _check_output(checkpoint: Path, out: Path, *, overwrite: bool) -> None:
