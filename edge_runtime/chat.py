@@ -161,3 +161,19 @@ def _content_text(content: Any, i: int) -> str:
         )
     kind = type(content).__name__
     raise ChatTemplateError(f"message {i} content must be a string or a list of text parts, got {kind}")
+
+
+def encode_messages(
+    engine: Any,
+    tokenizer: Any,
+    messages: Sequence[Message],
+    *,
+    add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Prompt ids for `messages` through the engine's bundle template: what `apply_chat_template(tokenize=True)`
+    gives (the rendered text is encoded without added special tokens: the template placed them)."""
+    text = ChatTemplate.for_bundle(engine.bundle).render(
+        messages, add_generation_prompt=add_generation_prompt, tools=tools
+    )
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -3,6 +3,9 @@
 edge-run                                   # the bundled demo model, target auto-detected
 edge-run --prompt "ROMEO." --max-tokens 64 --temperature 0.8 --top-p 0.95 --seed 1 --stats
 edge-run --bundle out/ --json
+edge-run --bundle out/ --message "What is the capital of France?" --system "Be brief."   # via the chat template
+echo "a long prompt" | edge-run --bundle out/          # or --prompt -, or --prompt-file FILE
+edge-run --bundle out/ --chat                          # multi-turn; from a pipe, one message per line
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import click
 
 from edge_runtime.cachedir import cache_dir
 
+from . import chat_repl, prompt_input
 from .common import debug_option, friendly_errors
 
 if TYPE_CHECKING:
@@ -69,7 +73,15 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 
 
 @click.command()
-@click.option("--prompt", default=None, help=f"Prompt text [default: {DEFAULT_PROMPT!r}].")
+@click.option(
+    "--prompt", default=None, help=f"Raw prompt text; - reads stdin (as does a pipe) [default: {DEFAULT_PROMPT!r}]."
+)
+@click.option("--prompt-file", type=click.Path(path_type=Path), help="Read the raw prompt from this UTF-8 file.")
+@click.option("--message", default=None, help="One user message through the model's chat template; - reads stdin.")
+@click.option("--system", default=None, help="A system message before --message (or every --chat conversation).")
+@click.option(
+    "--chat", is_flag=True, help="Multi-turn chat; from a pipe, one user message per line (/reset starts over)."
+)
 @click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
 @click.option("--model", type=click.Path(path_type=Path), help="A Hugging Face checkpoint; exported on first use.")
 @click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
@@ -97,6 +109,10 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @friendly_errors
 def main(
     prompt: str | None,
+    prompt_file: Path | None,
+    message: str | None,
+    system: str | None,
+    chat: bool,
     bundle: Path | None,
     model: Path | None,
     target: str,
@@ -120,7 +136,7 @@ def main(
     from edge_runtime.bench.runner import PhaseMarks, open_sampler
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import EdgeRuntimeError
-    from edge_runtime.generate import GenerationConfig, stream_generate
+    from edge_runtime.generate import GenerationCancelled, GenerationConfig, close_cancelled, stream_generate
     from edge_runtime.models import DEMO_CHECKPOINT
     from edge_runtime.sampling import SamplingParams
     from edge_runtime.targets import resolve_target
@@ -128,6 +144,12 @@ def main(
 
     if bundle and model:
         raise EdgeRuntimeError("give --bundle or --model, not both")
+    if chat and (prompt is not None or prompt_file is not None or message is not None):
+        raise EdgeRuntimeError("--chat reads its messages from the terminal or stdin; drop --prompt/--message")
+    # Checked before a model loads: a bad prompt costs no export and no session.
+    request = None if chat else prompt_input.resolve(prompt, prompt_file, message, system, DEFAULT_PROMPT)
+    if system is not None:
+        system = prompt_input.check_utf8(system, "--system")
     detection = resolve_target(target)
     profile = detection.profile
     if profile.backend.name != "onnxruntime":
@@ -161,14 +183,18 @@ def main(
             seed=seed,
         ),
     )
-    text = DEFAULT_PROMPT if prompt is None else prompt
-    prompt_ids = tok.encode(text)
+    if chat:
+        chat_repl.run(engine, tok, config, chat_repl.ChatOptions(system=system, as_json=as_json))
+        return
+    assert request is not None
+    prompt_ids = _prompt_ids(engine, tok, request)
     ids, parts, final = [], [], None
     stream = stream_generate(engine, tok, prompt_ids, config)
-    if not as_json:
-        click.echo(text, nl=False)
+    if not as_json and not request.is_chat:
+        click.echo(request.text, nl=False)
     marks = PhaseMarks(sampler)
     marks.begin()
+    cancelled: KeyboardInterrupt | None = None
     try:
         for ev in stream:
             marks.see(ev)
@@ -179,10 +205,15 @@ def main(
             if not as_json:
                 click.echo(ev.text, nl=False)
                 sys.stdout.flush()
-    except KeyboardInterrupt:  # Ctrl-C: close the stream, keep the partial output and its stats
-        last = stream.throw(KeyboardInterrupt())
-        marks.see(last)
-        final = last.stats
+    except KeyboardInterrupt as e:  # Ctrl-C: print the partial output (and its stats), then exit 130
+        cancelled = e
+        closed = e if isinstance(e, GenerationCancelled) else close_cancelled(stream)
+        if closed is not None:
+            marks.see(closed.final)
+            final = closed.final.stats
+            parts.append(closed.final.text)
+            if not as_json:
+                click.echo(closed.final.text, nl=False)
     energy = figures = None
     if sampler is not None:
         energy = sampler.stop()
@@ -204,6 +235,8 @@ def main(
                 }
             )
         )
+        if cancelled is not None:
+            raise cancelled  # friendly_errors: "interrupted", exit status 130
         return
     click.echo()
     if stats and figures and energy:
@@ -214,6 +247,23 @@ def main(
             f"--- {format_energy(s)}\n--- power: {energy.label()}",
             err=True,
         )
+    if cancelled is not None:
+        raise cancelled
+
+
+def _prompt_ids(engine: Any, tok: Any, request: prompt_input.PromptInput) -> list[int]:
+    if request.is_chat:
+        from edge_runtime.chat import ChatTemplate
+
+        text = ChatTemplate.for_bundle(engine.bundle).render(request.messages(), add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)
+    else:
+        ids = tok.encode(request.text or "")
+    if not ids:
+        from edge_runtime.errors import EdgeRuntimeError
+
+        raise EdgeRuntimeError("the prompt is empty (it encodes to no tokens and this tokenizer adds no BOS)")
+    return ids
 
 
 def _close_sampler(sampler: Any) -> None:
@@ -259,3 +309,7 @@ def _log_run(
         run_id=new_run_id(),
     )
     append_record(log_file, record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""`edge-run`'s ways in: --prompt / --prompt-file / stdin, --message through the chat template, --chat turns."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from edge_runtime.cli.run import main as run_cli
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.models import DEMO_CHECKPOINT
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | upper }}.\n{{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}ROMEO.\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_bundle(tmp_path_factory):
+    """The demo model with a chat template of its own (it ships none: it is not an instruct model)."""
+    ck = tmp_path_factory.mktemp("ck") / "demo"
+    shutil.copytree(DEMO_CHECKPOINT, ck)
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    out = tmp_path_factory.mktemp("b") / "b"
+    export(ExportOptions(checkpoint=ck, out=out, window=100))
+    return out
+
+
+def _run(bundle, *args, input=None):
+    return CliRunner().invoke(run_cli, ["--bundle", str(bundle), "--target", "x86", *args], input=input)
+
+
+def _json(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_prompt_from_stdin_file_and_argument_agree(chat_bundle, tmp_path):
+    text = "JULIET.\nO Romeo"
+    (tmp_path / "p.txt").write_text(text, encoding="utf-8")
+    common = ["--max-tokens", "6", "--json"]
+    by_arg = _json(_run(chat_bundle, "--prompt", text, *common))
+    by_dash = _json(_run(chat_bundle, "--prompt", "-", *common, input=text))
+    by_file = _json(_run(chat_bundle, "--prompt-file", str(tmp_path / "p.txt"), *common))
+    assert by_arg["prompt_token_ids"] == by_dash["prompt_token_ids"] == by_file["prompt_token_ids"]
+    assert by_arg["token_ids"] == by_dash["token_ids"] == by_file["token_ids"]
+
+
+def test_piped_stdin_is_the_prompt(chat_bundle):
+    """A real pipe (CliRunner's stdin is no file descriptor, so this needs a process)."""
+    cmd = [sys.executable, "-m", "edge_runtime.cli.run", "--bundle", str(chat_bundle), "--target", "x86"]
+    out = subprocess.run([*cmd, "--max-tokens", "4", "--json"], input=b"KING.\nNow", capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    piped = json.loads(out.stdout)
+    direct = _json(_run(chat_bundle, "--prompt", "KING.\nNow", "--max-tokens", "4", "--json"))
+    assert piped["prompt_token_ids"] == direct["prompt_token_ids"]
+
+
+def test_message_goes_through_the_template(chat_bundle):
+    from edge_runtime.bundle import open_bundle
+    from edge_runtime.chat import ChatTemplate
+    from edge_runtime.tokenizer import Tokenizer
+
+    b = open_bundle(chat_bundle)
+    tok = Tokenizer(b.tokenizer_file, b.manifest.tokenizer)
+    messages = [{"role": "system", "content": "Speak in verse."}, {"role": "user", "content": "Who art thou?"}]
+    expected = tok.encode(ChatTemplate.for_bundle(b).render(messages), add_special_tokens=False)
+    args = ["--message", "Who art thou?", "--system", "Speak in verse.", "--max-tokens", "3", "--json"]
+    got = _json(_run(chat_bundle, *args))
+    assert got["prompt_token_ids"] == expected
+    plain = _run(chat_bundle, "--message", "Who art thou?", "--max-tokens", "3")
+    assert plain.exit_code == 0 and "USER." not in plain.stdout  # the rendered prompt is not echoed
+
+
+def test_chat_from_a_pipe_prints_one_object_per_turn(chat_bundle):
+    lines = "Good morrow\n\n/reset\nGood morrow\nAnd thou?\n"
+    result = _run(chat_bundle, "--chat", "--json", "--max-tokens", "5", input=lines)
+    assert result.exit_code == 0, result.output
+    objs = [json.loads(x) for x in result.stdout.strip().splitlines()]
+    assert [o.get("turn") for o in objs] == [1, None, 1, 2]
+    assert objs[1] == {"notice": "conversation reset"}
+    assert objs[0]["text"] == objs[2]["text"]  # greedy, the same first turn after /reset
+    assert objs[3]["stats"]["prompt_tokens"] > objs[2]["stats"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--prompt", "a", "--message", "b"], "not --prompt and --message"),
+        (["--system", "s"], "--system goes with --message"),
+        (["--prompt", "\udcff\udcfe"], "--prompt is not valid UTF-8"),
+        (["--message", "ok", "--system", "\udcff"], "--system is not valid UTF-8"),
+        (["--chat", "--prompt", "x"], "--chat reads its messages"),
+        (["--prompt-file", "/nonexistent/p.txt"], "cannot read --prompt-file"),
+    ],
+)
+def test_bad_prompt_options_are_one_line(chat_bundle, args, match):
+    result = _run(chat_bundle, *args)
+    assert result.exit_code != 0 and match in result.output
+    assert "Traceback" not in result.output
+
+
+def test_invalid_utf8_file_and_stdin_are_one_line(chat_bundle, tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"ok \xff\xfe")
+    for args, stdin in ((["--prompt-file", str(tmp_path / "bad.txt")], None), (["--prompt", "-"], b"\xc3(")):
+        result = _run(chat_bundle, *args, input=stdin)
+        assert result.exit_code != 0 and "not valid UTF-8" in result.output
+
+
+def test_message_without_a_template_is_refused_and_raw_prompts_still_work(tied_bundle):
+    refused = _run(tied_bundle, "--message", "hi")
+    assert refused.exit_code != 0 and "has no chat template" in refused.output
+    assert _run(tied_bundle, "--prompt", "hi", "--max-tokens", "2").exit_code == 0
