@@ -24,6 +24,7 @@ import hashlib
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -91,6 +92,8 @@ class Turn:
 
 
 class Session:
+    """Owns `engine`'s ring from here on (it starts afresh): drive the engine only through the session."""
+
     def __init__(self, engine: Engine, *, overflow: Literal["chunk", "refuse"] = "chunk"):
         if overflow not in ("chunk", "refuse"):
             raise EdgeRuntimeError(f"overflow must be 'chunk' or 'refuse', got {overflow!r}")
@@ -309,10 +312,11 @@ class Session:
         self._epoch += 1
         self._expect = snap.tokens
 
-    def save(self, path: str) -> None:
+    def save(self, path: str | Path) -> None:
         self.snapshot().save(path)
 
-    def load(self, path: str) -> None:
+    def load(self, path: str | Path) -> None:
+        """Restore a snapshot file (CorruptSnapshotError, SnapshotMismatchError: nothing changed)."""
         self.restore(Snapshot.load(path))
 
     # -- bookkeeping ---------------------------------------------------------------------------------
