@@ -20,6 +20,7 @@ from edge_runtime.errors import (
     SnapshotMismatchError,
 )
 from edge_runtime.exporters import ReferenceModel, load_checkpoint
+from edge_runtime.exporters.decoder import Flavor
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.reference import StreamingReference, log_softmax
 from edge_runtime.generate import generate_steps, stream_generate
@@ -42,7 +43,15 @@ def tiny(tied_bundle, tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpt")
     save_tiny_checkpoint("llama-tied", d)
     ckpt = load_checkpoint(d)
-    return ReferenceModel(ckpt.args, ckpt.weights), tied_bundle
+    return ReferenceModel(ckpt.args, ckpt.weights), tied_bundle, d
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny, tmp_path_factory):
+    """The same checkpoint in both graph flavors (`trt` copies each new row into the ring host-side)."""
+    out = tmp_path_factory.mktemp("trt") / "b"
+    export(ExportOptions(checkpoint=tiny[2], out=out, window=200, flavor=Flavor.TRT))
+    return {"ort": tiny[1], "trt": out}
 
 
 def rng_ids(seed: int, n: int) -> list[int]:
@@ -82,10 +91,11 @@ def test_under_capacity_turns_equal_a_full_reprefill(tied_bundle):
     assert session.position == len(conversation)
 
 
-def test_past_capacity_every_step_matches_streamingllm(tiny):
+@pytest.mark.parametrize("flavor", ["ort", "trt"])
+def test_past_capacity_every_step_matches_streamingllm(tiny, bundles, flavor):
     """12 turns through a 4 + 24 window: the logits of every sampled step equal the StreamingLLM
     transcription of the same token stream."""
-    model, bundle = tiny
+    model, bundle = tiny[0], bundles[flavor]
     engine = load(bundle, LoadOptions(sinks=4, window=24, slack=5, position_offset=1000))
     session = Session(engine)
     stream = StreamingReference(model, 4, 24)
@@ -114,7 +124,7 @@ def test_past_capacity_every_step_matches_streamingllm(tiny):
 
 
 def test_a_turn_longer_than_the_window_is_chunked_with_a_warning_or_refused(tiny):
-    model, bundle = tiny
+    model, bundle, _ = tiny
     engine = load(bundle, LoadOptions(sinks=4, window=16, slack=3))
     session = Session(engine)
     user = rng_ids(7, 40)
