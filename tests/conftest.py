@@ -51,3 +51,30 @@ def real_model_dir(real_model_gguf):
     from .real_model import real_model_dir
 
     return real_model_dir()
+
+
+def _export_real(tmp_path_factory, real_model_dir, name, quant):
+    from edge_runtime.exporters.export import ExportOptions, export
+
+    out = tmp_path_factory.mktemp(name) / "b"
+    # Window 508 (S + W = 512): the tests' conversations are short, and a smaller ring is a smaller pool.
+    export(ExportOptions(checkpoint=real_model_dir, out=out, window=508, quant=quant))
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_fp32_bundle(tmp_path_factory, real_model_dir):
+    """SmolLM2-135M-Instruct exported fp32 (validated against the float64 reference), once per test session."""
+    from edge_runtime.exporters.quant import QuantConfig
+
+    return _export_real(tmp_path_factory, real_model_dir, "real-fp32", QuantConfig())
+
+
+@pytest.fixture(scope="session")
+def real_int4_bundle(tmp_path_factory, real_model_dir):
+    """The same model at INT4 RTN block 32, on edge-runtime's kernels where they run (as x86 users get it)."""
+    from edge_runtime import kernels
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    kernel = MatMulKernel.EDGE if kernels.available() else MatMulKernel.MLAS
+    return _export_real(tmp_path_factory, real_model_dir, "real-int4", QuantConfig(QuantMethod.INT4, kernel=kernel))

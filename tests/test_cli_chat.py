@@ -15,7 +15,8 @@ from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.models import DEMO_CHECKPOINT
 
 TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] | upper }}.\n{{ m['content'] }}\n\n{% endfor %}"
+    "{% for m in messages %}{{ 'ROMEO' if m['role'] == 'assistant' else m['role'] | upper }}.\n"
+    "{{ m['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}ROMEO.\n{% endif %}"
 )
 
@@ -86,7 +87,46 @@ def test_chat_from_a_pipe_prints_one_object_per_turn(chat_bundle):
     assert [o.get("turn") for o in objs] == [1, None, 1, 2]
     assert objs[1] == {"notice": "conversation reset"}
     assert objs[0]["text"] == objs[2]["text"]  # greedy, the same first turn after /reset
-    assert objs[3]["stats"]["prompt_tokens"] > objs[2]["stats"]["prompt_tokens"]
+    assert objs[2]["stats"]["cached_tokens"] == 0
+    # The second turn reuses the ring: only the new message (and what the template adds around it) is fed.
+    second = objs[3]["stats"]
+    assert second["cached_tokens"] > 0 and second["prompt_tokens"] < objs[2]["stats"]["prompt_tokens"] + 5
+
+
+def test_chat_turns_equal_a_fresh_prefill_of_the_conversation(chat_bundle):
+    """What the session reuses changes nothing: turn 2's reply equals one --message over the whole conversation."""
+    chat = _run(chat_bundle, "--chat", "--json", "--max-tokens", "6", input="Good morrow\nAnd thou?\n")
+    first, second = (json.loads(x) for x in chat.stdout.strip().splitlines())
+    from edge_runtime.bundle import open_bundle
+    from edge_runtime.chat import ChatTemplate
+    from edge_runtime.engine import load
+    from edge_runtime.generate import GenerationConfig, generate
+    from edge_runtime.tokenizer import Tokenizer
+
+    engine = load(chat_bundle)
+    tok = Tokenizer.for_engine(engine)
+    messages = [
+        {"role": "user", "content": "Good morrow"},
+        {"role": "assistant", "content": first["text"]},
+        {"role": "user", "content": "And thou?"},
+    ]
+    ids = tok.encode(ChatTemplate.for_bundle(open_bundle(chat_bundle)).render(messages), add_special_tokens=False)
+    assert generate(engine, tok, ids, GenerationConfig(max_tokens=6)).text == second["text"]
+
+
+def test_chat_save_and_load(chat_bundle, tmp_path):
+    snap = tmp_path / "conv.snap"
+    first = _run(chat_bundle, "--chat", "--json", "--max-tokens", "4", input=f"Good morrow\n/save {snap}\n")
+    assert first.exit_code == 0, first.output
+    assert snap.is_file() and (tmp_path / "conv.snap.messages.json").is_file()
+    resumed = _run(chat_bundle, "--chat", "--json", "--max-tokens", "4", input=f"/load {snap}\nAnd thou?\n")
+    straight = _run(chat_bundle, "--chat", "--json", "--max-tokens", "4", input="Good morrow\nAnd thou?\n")
+    r = [json.loads(x) for x in resumed.stdout.strip().splitlines()]
+    s = [json.loads(x) for x in straight.stdout.strip().splitlines()]
+    assert r[0]["notice"].startswith("loaded 2 messages")
+    assert r[1]["text"] == s[1]["text"] and r[1]["stats"]["cached_tokens"] == s[1]["stats"]["cached_tokens"]
+    missing = _run(chat_bundle, "--chat", "--json", input=f"/load {tmp_path / 'nope'}\n")
+    assert missing.exit_code != 0 and "cannot read the messages" in missing.output
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
-"""`edge-run --chat`: a conversation through the bundle's chat template, one user turn at a time.
+"""`edge-run --chat`: a conversation through the bundle's chat template, kept in one StreamingLLM ring.
 
-At a terminal it prompts with `> ` (Ctrl-D leaves, Ctrl-C cuts a reply short, `/reset` starts over); from a pipe it
-reads one user message per line and, with `--json`, prints one JSON object per turn. Each turn renders the whole
-conversation and generates the reply; the reply joins the conversation as the assistant's message.
+At a terminal it prompts with `> ` (Ctrl-D leaves, Ctrl-C cuts a reply short); from a pipe it reads one user
+message per line and, with `--json`, prints one JSON object per turn. Each turn renders the whole conversation,
+and the session (session.py) feeds only what its ring does not already hold: TTFT stays flat as the conversation
+grows, and past the ring's capacity the oldest turns are evicted as StreamingLLM does (sinks kept).
+`/save FILE` writes the session snapshot to FILE and the messages beside it (FILE.messages.json); `/load FILE`
+puts both back.
 """
 
 from __future__ import annotations
@@ -11,18 +14,26 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
 
 from edge_runtime.chat import ChatTemplate
+from edge_runtime.errors import SnapshotError
 from edge_runtime.generate import GenerationConfig, stream_generate
+from edge_runtime.session import Session
 from edge_runtime.tokenizer import Tokenizer
 
 from .prompt_input import check_utf8
 
 PROMPT = "> "
-COMMANDS = {"/reset": "start a new conversation", "/help": "list the commands"}
+COMMANDS = {
+    "/reset": "start a new conversation",
+    "/save FILE": "save the conversation (ring snapshot + messages)",
+    "/load FILE": "restore a saved conversation",
+    "/help": "list the commands",
+}
 
 
 @dataclass(frozen=True)
@@ -51,38 +62,72 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions) -> None:
     template = ChatTemplate.for_bundle(engine.bundle)
+    session = Session(engine)
     interactive = sys.stdin.isatty() and not opts.as_json
     head = [] if opts.system is None else [{"role": "system", "content": opts.system}]
     history: list[dict[str, str]] = []
     if interactive:
         click.echo("chat: Ctrl-D leaves, Ctrl-C cuts a reply short, /help lists the commands", err=True)
     for line in _lines(interactive):
-        if not line.strip():
+        command, _, arg = line.strip().partition(" ")
+        if not command:
             continue
-        command = line.strip()
-        if command == "/reset":
-            history.clear()
-            _notice("conversation reset", opts)
-            continue
-        if command == "/help":
-            _notice("; ".join(f"{k}: {v}" for k, v in COMMANDS.items()), opts)
-            continue
-        if command.startswith("/") and command.split()[0] not in COMMANDS and " " not in command:
+        if command.startswith("/") and command not in _NAMES and not arg:  # "/path is ..." stays a message
             _notice(f"unknown command {command!r}; /help lists them (a message starting with / needs a space)", opts)
             continue
+        if command in _NAMES:
+            _command(command, arg.strip(), session, history, opts)
+            continue
         history.append({"role": "user", "content": line})
-        ids = tok.encode(template.render([*head, *history], add_generation_prompt=True), add_special_tokens=False)
-        reply, stats = _turn(engine, tok, ids, config, echo=not opts.as_json)
+        text = template.render([*head, *history], add_generation_prompt=True)
+        conversation = tok.encode(text, add_special_tokens=False)
+        rest = session.match(conversation)
+        reply, stats = _turn(session, tok, rest, config, echo=not opts.as_json)
         history.append({"role": "assistant", "content": reply})
         if opts.as_json:
-            turn_stats = {**(stats.to_dict() if stats else {}), "prompt_tokens": len(ids), "cached_tokens": 0}
-            click.echo(json.dumps({"text": reply, "turn": len(history) // 2, "stats": turn_stats}))
+            turn_stats = {**(stats.to_dict() if stats else {}), "cached_tokens": len(conversation) - len(rest)}
+            info = {"held": session.held, "evicted": session.evicted, "position": session.position}
+            click.echo(json.dumps({"text": reply, "turn": len(history) // 2, "stats": turn_stats, "session": info}))
 
 
-def _turn(engine: Any, tok: Tokenizer, ids: list[int], config: GenerationConfig, *, echo: bool) -> tuple[str, Any]:
+_NAMES = {c.split()[0] for c in COMMANDS}
+
+
+def _command(command: str, arg: str, session: Session, history: list[dict[str, str]], opts: ChatOptions) -> None:
+    if command == "/help":
+        _notice("; ".join(f"{k}: {v}" for k, v in COMMANDS.items()), opts)
+    elif command == "/reset":
+        session.reset()
+        history.clear()
+        _notice("conversation reset", opts)
+    elif not arg:
+        _notice(f"{command} needs a file name", opts)
+    elif command == "/save":
+        path = Path(arg)
+        session.save(path)
+        _sidecar(path).write_text(json.dumps(history), encoding="utf-8")
+        _notice(f"saved {len(history)} messages, {session.length} tokens to {path}", opts)
+    elif command == "/load":
+        path = Path(arg)
+        try:
+            messages = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise SnapshotError(f"cannot read the messages saved beside '{path}' ({_sidecar(path).name}): {e}") from e
+        if not isinstance(messages, list):
+            raise SnapshotError(f"'{_sidecar(path)}' does not hold a list of messages")
+        session.load(path)  # checks bundle and geometry first; nothing changes on failure
+        history[:] = messages
+        _notice(f"loaded {len(history)} messages, {session.length} tokens from {path}", opts)
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".messages.json")
+
+
+def _turn(session: Session, tok: Tokenizer, ids: list[int], config: GenerationConfig, *, echo: bool) -> tuple[str, Any]:
     parts: list[str] = []
     stats = None
-    stream = stream_generate(engine, tok, ids, config)
+    stream = stream_generate(session, tok, ids, config)
     try:
         for ev in stream:
             parts.append(ev.text)
