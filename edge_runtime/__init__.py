@@ -30,6 +30,7 @@ _LAZY = {
     "stream_generate": "edge_runtime.generate",
     "GenerationConfig": "edge_runtime.generate",
     "SamplingParams": "edge_runtime.sampling",
+    "Session": "edge_runtime.session",
     "Tokenizer": "edge_runtime.tokenizer",
 }
 

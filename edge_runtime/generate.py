@@ -227,7 +227,10 @@ class _StopMatcher:
 
 
 def stream_generate(
-    engine: Engine, tokenizer: Tokenizer, prompt: str | Sequence[int], config: GenerationConfig | None = None
+    engine: Engine | Session,
+    tokenizer: Tokenizer,
+    prompt: str | Sequence[int],
+    config: GenerationConfig | None = None,
 ) -> Iterator[TokenEvent]:
     config = config or GenerationConfig()
     t0 = time.perf_counter()
@@ -297,7 +300,10 @@ def _final(
 
 
 def generate(
-    engine: Engine, tokenizer: Tokenizer, prompt: str | Sequence[int], config: GenerationConfig | None = None
+    engine: Engine | Session,
+    tokenizer: Tokenizer,
+    prompt: str | Sequence[int],
+    config: GenerationConfig | None = None,
 ) -> GenerationResult:
     """Run a whole request. Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose `result` is the
     partial GenerationResult, finish_reason 'cancelled'."""
