@@ -171,9 +171,8 @@ def encode_messages(
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
-    """Prompt ids for `messages` through the engine's bundle template: what `apply_chat_template(tokenize=True)`
-    gives (the rendered text is encoded without added special tokens: the template placed them)."""
-    text = ChatTemplate.for_bundle(engine.bundle).render(
-        messages, add_generation_prompt=add_generation_prompt, tools=tools
-    )
+    """Prompt ids for `messages` through the bundle template of `engine` (an Engine or a Session): what
+    `apply_chat_template(tokenize=True)` gives (encoded without added special tokens: the template placed them)."""
+    bundle = getattr(engine, "engine", engine).bundle  # an Engine, or a Session's
+    text = ChatTemplate.for_bundle(bundle).render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -20,9 +20,9 @@ import resource
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -229,12 +229,17 @@ class _StopMatcher:
 def stream_generate(
     engine: Engine | Session,
     tokenizer: Tokenizer,
-    prompt: str | Sequence[int],
+    prompt: str | Sequence[int] | None = None,
     config: GenerationConfig | None = None,
+    *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
 ) -> Iterator[TokenEvent]:
+    """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template.
+
+    An Engine starts afresh; a Session appends the prompt to its conversation (session.py)."""
     config = config or GenerationConfig()
     t0 = time.perf_counter()
-    prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
     stops = _StopMatcher(config.stop_strings)
@@ -302,12 +307,14 @@ def _final(
 def generate(
     engine: Engine | Session,
     tokenizer: Tokenizer,
-    prompt: str | Sequence[int],
+    prompt: str | Sequence[int] | None = None,
     config: GenerationConfig | None = None,
+    *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
 ) -> GenerationResult:
-    """Run a whole request. Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose `result` is the
-    partial GenerationResult, finish_reason 'cancelled'."""
-    prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    """Run a whole request (as stream_generate). Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose
+    `result` is the partial GenerationResult, finish_reason 'cancelled'."""
+    prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
     ids: list[int] = []
     parts: list[str] = []
     final: list[GenerationStats] = []
@@ -332,6 +339,22 @@ def generate(
         cancelled.result = GenerationResult(text=text, token_ids=ids, prompt_token_ids=prompt_ids, stats=final[-1])
         raise cancelled from None
     return GenerationResult(text="".join(parts), token_ids=ids, prompt_token_ids=prompt_ids, stats=final[-1])
+
+
+def _prompt_ids(
+    engine: Engine | Session,
+    tokenizer: Tokenizer,
+    prompt: str | Sequence[int] | None,
+    messages: Sequence[Mapping[str, Any]] | None,
+) -> list[int]:
+    if (prompt is None) == (messages is None):
+        raise EdgeRuntimeError("give a prompt (text or token ids) or messages, not both and not neither")
+    if messages is not None:
+        from .chat import encode_messages  # jinja2 loads only for chat
+
+        return encode_messages(engine, tokenizer, messages)
+    assert prompt is not None
+    return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def close_cancelled(stream: Iterator[TokenEvent]) -> GenerationCancelled | None:

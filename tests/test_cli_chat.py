@@ -157,3 +157,24 @@ def test_message_without_a_template_is_refused_and_raw_prompts_still_work(tied_b
     refused = _run(tied_bundle, "--message", "hi")
     assert refused.exit_code != 0 and "has no chat template" in refused.output
     assert _run(tied_bundle, "--prompt", "hi", "--max-tokens", "2").exit_code == 0
+
+
+def test_python_api_takes_messages(chat_bundle):
+    from edge_runtime.chat import encode_messages
+    from edge_runtime.engine import load
+    from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.generate import GenerationConfig, generate
+    from edge_runtime.session import Session
+    from edge_runtime.tokenizer import Tokenizer
+
+    engine = load(chat_bundle)
+    tok = Tokenizer.for_engine(engine)
+    messages = [{"role": "user", "content": "Who art thou?"}]
+    config = GenerationConfig(max_tokens=5)
+    by_messages = generate(engine, tok, messages=messages, config=config)
+    by_ids = generate(engine, tok, encode_messages(engine, tok, messages), config)
+    assert by_messages.token_ids == by_ids.token_ids
+    assert by_messages.prompt_token_ids == by_ids.prompt_token_ids
+    assert generate(Session(engine), tok, messages=messages, config=config).token_ids == by_ids.token_ids
+    with pytest.raises(EdgeRuntimeError, match="not both"):
+        generate(engine, tok, "x", messages=messages)
