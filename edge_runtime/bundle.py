@@ -1,5 +1,6 @@
 """Open a bundle directory: read the manifest, check its format version and digest, confine every
-file it names to the directory, and check every file's sha256 (once per file change: verified.py).
+file it names to the directory, and check every file's sha256: in full when it changed, re-checked by
+sampled chunk CRCs while it did not, in full again weekly or on demand (verified.py has the scheme).
 
 Confinement is checked on every open, verified or not: a manifest could otherwise point the runtime
 at any file on the machine (`graph.file` in another directory, bypassing ONNX Runtime's own
@@ -14,12 +15,17 @@ import hashlib
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from . import verified
 from .errors import BundleError
 from .manifest import MANIFEST_FILE, Manifest, referenced_files
-from .verified import memo_matches, remember
+from .verified import hash_file, memo_for, needs_full_hash, remember, sampled_chunks_match
 
 _CHUNK = 1 << 20
+# off: no checksums (confinement still checked); sampled: the default (verified.py); full: every byte.
+VerifyMode = Literal["off", "sampled", "full"]
+VERIFY_MODES: tuple[VerifyMode, ...] = ("off", "sampled", "full")
 # The biggest tokenizer.json files in use are tens of MB (Gemma 3: 33 MB); the tokenizer is read whole.
 TOKENIZER_MAX_BYTES = 256 << 20
 
@@ -57,30 +63,51 @@ class Bundle:
         return sum(stored_bytes(p) for p in self.path.iterdir() if p.is_file())
 
 
-def open_bundle(path: str | Path, *, verify: bool = True, memo: bool = True) -> Bundle:
-    """Read `path/manifest.json`; with `verify`, refuse a bundle whose files are missing or altered.
+def verify_mode(verify: bool | str) -> VerifyMode:
+    """`True`/`False` (the older boolean API) or a mode name, as a mode."""
+    if verify is True:
+        return "sampled"
+    if verify is False:
+        return "off"
+    if verify not in VERIFY_MODES:
+        raise BundleError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+    return verify  # type: ignore[return-value]
 
-    With `memo`, a file hashed and matched before and unchanged since (verified.py) is not hashed again.
+
+def open_bundle(path: str | Path, *, verify: bool | VerifyMode = True, memo: bool = True) -> Bundle:
+    """Read `path/manifest.json`; unless `verify` is off, refuse a bundle whose files are missing or altered.
+
+    `verify`: "sampled" (or True) re-checks a file memoised as verified by sampled chunk CRCs, "full"
+    hashes every byte (and refreshes the memos), "off" (or False) checks no checksums. Without `memo`,
+    no memo is read or written: every byte is hashed.
     """
+    mode = verify_mode(verify)
     path = Path(path)
     if not path.is_dir():
         raise BundleError(f"bundle directory '{path}' does not exist")
     manifest = Manifest.read(path / MANIFEST_FILE)
     _confine(path, manifest)
-    if verify:
+    if mode != "off":
         for name, expected in manifest.files.items():
-            file = path / name
-            if memo and memo_matches(file, expected):
-                continue
-            st = file.stat()
-            if sha256_file(file) != expected:
-                raise BundleError(
-                    f"'{file}' does not match the checksum in {MANIFEST_FILE} (corrupted or modified); "
-                    "re-export the bundle"
-                )
-            if memo:
-                remember(file, expected, st)
+            _verify_file(path / name, expected, sampled=memo and mode == "sampled", memo=memo)
     return Bundle(path=path, manifest=manifest)
+
+
+def _verify_file(file: Path, expected: str, *, sampled: bool, memo: bool) -> None:
+    st = file.stat()
+    small = st.st_size <= verified.FULL_HASH_BYTES  # hashed on every load: no memo to read or write
+    record = memo_for(file, expected) if sampled and not small else None
+    if record is not None and not needs_full_hash(st.st_size, record) and sampled_chunks_match(file, record):
+        return
+    # No memo, a small file, a week since the last full hash, --verify full, or a sampled chunk that
+    # differs from the memo: the full hash decides (a mismatch there may be the memo's own corruption).
+    digest = hash_file(file)
+    if digest.sha256 != expected:
+        raise BundleError(
+            f"'{file}' does not match the checksum in {MANIFEST_FILE} (corrupted or modified); re-export the bundle"
+        )
+    if memo and not small:
+        remember(file, digest, st)
 
 
 def _confine(path: Path, manifest: Manifest) -> None:

@@ -3,6 +3,10 @@
 engine = load("bundle/")                   # verifies checksums, version, memory budget
 logits = engine.prefill(prompt_ids)        # [V], chunked at the ring's wrap point
 logits = engine.decode(next_id)            # [V], a view into the pool (valid until the next call)
+
+Output that is garbage (NaN/Inf logits, an argmax outside the vocabulary) raises CorruptOutputError
+rather than being decoded: at prefill, every decode step's chosen token, and every CHECK_EVERY-th
+decode step's whole row (logits_check.py).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .backends.onnxruntime import OrtBackend
-from .bundle import Bundle, open_bundle, stored_bytes
+from .bundle import Bundle, VerifyMode, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
+from .logits_check import CHECK_EVERY, check_row, check_token
 from .manifest import LINEAR_UNTIL_FULL
 from .pool import StaticPool
 from .ring import RingGeometry, RingState, geometry_problem
@@ -36,7 +41,7 @@ class LoadOptions:
     threads: int | None = None  # None: ONNX Runtime's default (all cores)
     memory_budget: int | None = None  # bytes; None: no check
     position_offset: int = 0  # absolute position of the first token (tests emulate long streams)
-    verify: bool = True
+    verify: bool | VerifyMode = True  # True: "sampled" (bundle.py); "full" hashes every byte; False: "off"
     profile: Path | None = None  # ONNX Runtime per-node profile: JSON file prefix (written by end_profiling)
 
 
@@ -71,6 +76,7 @@ class Engine:
         self.pool.decode.cos_cache[:], self.pool.decode.sin_cache[:] = self.ring.rotary_cache(self.pool.keys[0].dtype)
         self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile)
         self._decoding = False
+        self._decode_steps = 0  # counts to the next whole-row output check
 
     @property
     def tokens(self) -> int:
@@ -96,6 +102,7 @@ class Engine:
             out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
             pos += n
         self._decoding = False
+        check_row(out[-1][-1], "the end of the prompt")
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def truncate(self, n: int) -> None:
@@ -116,7 +123,10 @@ class Engine:
 
     def decoded_argmax(self) -> int:
         """numpy.argmax of the last decode step's logits, as the graph computed it (fused_argmax only)."""
-        return int(self.pool.next_token[0, 0, 0])
+        token = int(self.pool.next_token[0, 0, 0])
+        vocab = self.manifest.model.vocab_size
+        check_token(token, self.pool.logits[0, 0, token] if 0 <= token < vocab else 0.0, vocab, "a decode step")
+        return token
 
     def decode(self, token: int) -> np.ndarray:
         """Feed one token; its logits [V] (a view into the pool, overwritten by the next call)."""
@@ -129,6 +139,9 @@ class Engine:
         self.backend.run_decode(row)
         if self.host_copy:
             self.ring.decode_done(d, row)
+        self._decode_steps += 1
+        if self._decode_steps % CHECK_EVERY == 0:
+            check_row(self.pool.logits[0, 0], f"decode step {self._decode_steps}")
         return self.pool.logits[0, 0]
 
 

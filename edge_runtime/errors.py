@@ -109,3 +109,8 @@ class SnapshotMismatchError(SnapshotError):
 
 class CorruptSnapshotError(SnapshotError):
     """A snapshot file that is truncated, not a snapshot, or fails its checksum."""
+
+
+class CorruptOutputError(EdgeRuntimeError):
+    """Logits that are NaN/Inf or all equal, or a fused argmax outside the vocabulary: the graph's output
+    is garbage, almost always from corrupted weights (logits_check.py)."""
