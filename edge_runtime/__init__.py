@@ -6,7 +6,7 @@
 
 The device-side package. `edge_runtime.models` (architecture knowledge) and `edge_runtime.exporters`
 (the host-side build pipeline) are mapped into this namespace from the top-level `models/` and
-`exporters/` folders (DESIGN.md §2). Importing this module stays light: the API below loads lazily.
+`exporters/` folders (docs/architecture.md §1). Importing this module stays light: the API below loads lazily.
 """
 
 from __future__ import annotations

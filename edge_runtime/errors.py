@@ -1,4 +1,4 @@
-"""The one exception hierarchy (DESIGN.md §9). A leaf module: imports nothing of ours.
+"""The one exception hierarchy (docs/architecture.md §10). A leaf module: imports nothing of ours.
 
 Every message names the offending value and, where there is one, the fix. The CLI turns any
 `EdgeRuntimeError` into one line and a non-zero exit code.

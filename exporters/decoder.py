@@ -1,4 +1,4 @@
-"""Assemble a whole decoder graph of one flavor from bound weights (DESIGN.md §4).
+"""Assemble a whole decoder graph of one flavor from bound weights (docs/architecture.md §5).
 
     input_ids ─► embed ─► [layer 0 .. L-1: norm ─► ring attention ─► + ─► norm ─► SwiGLU ─► +]
               ─► keep last `num_logits_to_keep` rows ─► final norm ─► LM head ─► logits (fp32)

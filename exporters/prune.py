@@ -1,4 +1,4 @@
-"""Structured pruning to a smaller dense model: MLP channels and whole GQA head groups (DESIGN.md §6).
+"""Structured pruning to a smaller dense model: MLP channels and whole GQA head groups (docs/architecture.md §6).
 
 Importance is activation-weighted on the calibration text. Input channel c of down_proj (an MLP
 channel) or of o_proj (one dim of one query head) adds the rank-1 term X[:, c] W[:, c]^T to the

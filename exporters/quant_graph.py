@@ -1,6 +1,6 @@
 """Quantized weight formats for the graph builder: drop-in replacements for `blocks.FloatWeights`.
 
-Both write the same `QuantizedMatrix` codes and scales (DESIGN.md §4, §6):
+Both write the same `QuantizedMatrix` codes and scales (docs/architecture.md §5, §6):
 
   ort flavor (ONNX Runtime CPU), codes + 2^(bits-1) as unsigned, no zero points (symmetric):
     x ─► com.microsoft::MatMulNBits(B [N, k_blocks, blob], scales [N, k_blocks], accuracy_level) ─► y

@@ -1,4 +1,4 @@
-"""The export's weight stage: [calibrate] -> [prune] -> [quantize] -> held-out perplexity (DESIGN.md §3, §6).
+"""The export's weight stage: [calibrate] -> [prune] -> [quantize] -> held-out perplexity (docs/architecture.md §2, §6).
 
 Every option is checked before any work, so a bad one fails fast and leaves nothing behind.
 """

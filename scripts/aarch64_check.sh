@@ -17,7 +17,7 @@
 # Environment: EDGE_AARCH64_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/edge-runtime/aarch64),
 # EDGE_AARCH64_MIRROR (default http://deb.debian.org/debian), QEMU_CPU (default cortex-a76), PYTHON
 # (host interpreter with the project installed; default python3).
-# Research and measurements: ../shared/research/aarch64-emulation.md.
+# Research and measurements: docs/research/aarch64-emulation.md.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"

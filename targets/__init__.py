@@ -1,4 +1,4 @@
-"""Device target profiles (YAML), their schema check and auto-detection (DESIGN.md §7)."""
+"""Device target profiles (YAML), their schema check and auto-detection (docs/architecture.md §8)."""
 
 from edge_runtime.targets.detect import Detection, MachineFacts, detect_target, read_facts, resolve_target
 from edge_runtime.targets.loader import known_targets, load_target

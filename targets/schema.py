@@ -20,7 +20,7 @@ GRAPH_FLAVORS = ("ort", "trt")
 QUANTIZATIONS = ("none", "int8", "int4", "int4-awq", "int4-gptq")
 MATMUL_KERNELS = ("mlas", "edge")  # exporters.quant.MatMulKernel values
 BLOCK_SIZES = (32, 64, 128)
-TRT_BLOCK_SIZES = (64, 128)  # opset-21 blocked DequantizeLinear as TensorRT 10.3 parses it (DESIGN.md §4)
+TRT_BLOCK_SIZES = (64, 128)  # opset-21 blocked DequantizeLinear as TensorRT 10.3 parses it (docs/architecture.md §5)
 TRT_PRECISIONS = ("fp16", "bf16", "tf32", "int8", "int4", "fp8")
 SENSOR_HINT_KINDS = ("hwmon", "rail", "powercap")
 

@@ -3,7 +3,7 @@
 Speed figures come from `GenerationStats`; achieved weight bandwidth is the manifest's weight bytes
 read per token times decode tokens/s; energy comes from the sampler's prefill and decode phases.
 Energy figures sit in their own `energy` mapping whose `source` says "estimate" when no sensor
-produced them (DESIGN.md §8), and energy above idle is a separate, labelled mapping. Tokens per
+produced them (docs/architecture.md §9), and energy above idle is a separate, labelled mapping. Tokens per
 joule is generated tokens / (prefill + decode joules), the research note's headline (§5.5).
 """
 

@@ -1,4 +1,4 @@
-"""What every command shares: one-line errors instead of tracebacks (DESIGN.md §9), and `--debug`."""
+"""What every command shares: one-line errors instead of tracebacks (docs/architecture.md §10), and `--debug`."""
 
 from __future__ import annotations
 

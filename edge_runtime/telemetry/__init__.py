@@ -1,7 +1,7 @@
-"""Power telemetry: meters behind one interface, a sampling thread, and energy per phase (DESIGN.md §8).
+"""Power telemetry: meters behind one interface, a sampling thread, and energy per phase (docs/architecture.md §9).
 
 Every figure carries its measurement boundary; a figure no sensor produced is labelled "estimate".
-Sensor facts and sample outputs: shared/research/power-telemetry.md.
+Sensor facts and sample outputs: docs/research/power-telemetry.md.
 """
 
 from edge_runtime.telemetry.amdgpu import AmdgpuMeter
