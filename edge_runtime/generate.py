@@ -15,7 +15,6 @@ carries what was produced: the closing event (finish_reason "cancelled", the run
 
 from __future__ import annotations
 
-import array
 import resource
 import sys
 import time
@@ -28,6 +27,7 @@ import numpy as np
 
 from .engine import Engine
 from .errors import EdgeRuntimeError
+from .latency import LatencyHistogram
 from .sampling import LogitsProcessor, Sampler, SamplingParams, Step, token_logprobs
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -56,7 +56,7 @@ class GenerationStats:
     ttft_s: float  # start -> first token sampled (tokenize + prefill + sample)
     prefill_s: float
     decode_s: float
-    itl_ms: dict[str, float]  # inter-token latency percentiles: p50, p90, p99
+    itl_ms: dict[str, float]  # inter-token latency percentiles p50, p90, p99 (within 1%: latency.py)
     peak_rss_bytes: int
     finish_reason: str  # "eos" | "stop" | "length" | "cancelled"
 
@@ -243,7 +243,7 @@ def stream_generate(
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
     stops = _StopMatcher(config.stop_strings)
-    itl = array.array("d")
+    itl = LatencyHistogram()  # constant memory however long the stream runs
     steps = generate_step(engine, prompt_ids, Sampler(config.sampling))
     prefill_s = first_s = 0.0
     last = t0
@@ -256,7 +256,7 @@ def stream_generate(
                 first_s = now - t0
                 prefill_s = first_s  # prefill + one sample; sampling is microseconds
             else:
-                itl.append((now - last) * 1e3)
+                itl.add((now - last) * 1e3)
             last = now
             finished = token in eos
             text, hit = ("", False) if finished else stops.push(detok.add(token))
@@ -287,10 +287,10 @@ def _final(
     prompt_ids: Sequence[int],
     first_s: float,
     prefill_s: float,
-    itl: array.array,
+    itl: LatencyHistogram,
 ) -> TokenEvent:
     now = time.perf_counter()
-    pct = np.percentile(np.frombuffer(itl, dtype=np.float64), [50, 90, 99]) if len(itl) else [0.0, 0.0, 0.0]
+    pct = [itl.percentile(q) for q in (50, 90, 99)]
     stats = GenerationStats(
         prompt_tokens=len(prompt_ids),
         generated_tokens=generated,
