@@ -1,4 +1,5 @@
-"""StreamingLLM bookkeeping for the static ring-buffer KV cache (docs/architecture.md §4). Pure numpy, no model knowledge.
+"""StreamingLLM bookkeeping for the static ring-buffer KV cache (docs/architecture.md §4). Pure numpy, no model
+knowledge.
 
 Buffer rows (per layer, K and V each `[1, H_kv, capacity, D]`):
 
