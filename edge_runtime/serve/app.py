@@ -1,0 +1,219 @@
+"""The ASGI app: routes, the API-key check, request metrics, and OpenAI error bodies for every refusal.
+
+`create_app(state)` builds a Starlette app around a `ServerState` (the loaded engine, tokenizer, template,
+scheduler and metrics); the CLI (cli.py) runs it under uvicorn. Nothing here touches the engine: that is
+the scheduler's worker thread's alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from edge_runtime.chat import ChatTemplate
+from edge_runtime.engine import Engine
+from edge_runtime.tokenizer import Tokenizer
+
+from . import routes
+from .errors import APIError
+from .metrics import CONTENT_TYPE, Metrics
+from .scheduler import Scheduler
+from .schemas import model_list
+
+log = logging.getLogger("edge_serve")
+
+DEFAULT_MAX_BODY = 4 << 20  # bytes: a long conversation is ~100 KB of JSON; more is a mistake or an attack
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    tokenizer: Tokenizer
+    template: ChatTemplate | None
+    scheduler: Scheduler
+    metrics: Metrics
+    model_id: str
+    fingerprint: str
+    max_tokens: int
+    api_key: str | None = None
+    max_body: int = DEFAULT_MAX_BODY
+    created: int = field(default_factory=lambda: int(time.time()))
+    extra: dict[str, Any] = field(default_factory=dict)  # /v1/models' extra fields (target, cache geometry)
+
+    def check_model(self, model: str | None) -> None:
+        # An absent model means this one (curl users, llama.cpp's habit); a wrong one is the client's mistake.
+        if model is not None and model != self.model_id:
+            raise APIError(
+                404,
+                f"the model '{model}' does not exist here; this server serves '{self.model_id}'",
+                param="model",
+                code="model_not_found",
+            )
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    async def read_json(self, request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise _too_large(self.max_body)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body:
+                raise _too_large(self.max_body)
+        try:
+            return json.loads(body, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# -- small routes ----------------------------------------------------------------------------------
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.serve
+    return JSONResponse(
+        {
+            "status": "ok",
+            "model": state.model_id,
+            "slots": len(state.scheduler.pool.slots),
+            "queue_depth": state.scheduler.waiting,
+        }
+    )
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.serve
+    return JSONResponse(model_list(state.model_id, state.created, state.extra))
+
+
+async def model(request: Request) -> Response:
+    state: ServerState = request.app.state.serve
+    state.check_model(request.path_params["model"])
+    return JSONResponse(model_list(state.model_id, state.created, state.extra)["data"][0])
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.serve
+    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(
+        APIError(exc.status_code, message, code=code).body(),
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    body = APIError(500, f"internal server error ({type(exc).__name__}); see the server log").body()
+    return JSONResponse(body, status_code=500)
+
+
+# -- middleware ------------------------------------------------------------------------------------
+
+
+class _Guard:
+    """API-key check on /v1/*, and requests/duration metrics by route and status (a pure ASGI middleware:
+    it sees a stream's status at its start and its duration at its last byte)."""
+
+    def __init__(self, app: ASGIApp, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = next((r for r in ROUTES if path == r or path.startswith(r + "/")), "other")
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if path.startswith("/v1/") and not self._authorized(scope):
+                error = APIError(
+                    401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key"
+                )
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send_wrapper)
+                return
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            m = self.state.metrics
+            m.requests.labels(route, str(status)).inc()
+            m.request_seconds.labels(route).observe(time.perf_counter() - t0)
+
+    def _authorized(self, scope: Scope) -> bool:
+        key = self.state.api_key
+        if key is None:
+            return True
+        headers = dict(scope["headers"])
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else headers.get(b"x-api-key", b"").decode("latin-1")
+        return hmac.compare_digest(given.encode(), key.encode())
+
+
+def create_app(state: ServerState) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        # uvicorn has stopped taking requests and waited for those in flight: stop the worker.
+        state.scheduler.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )
+    app.state.serve = state
+    app.add_middleware(_Guard, state=state)
+    return app

@@ -1,0 +1,258 @@
+"""`edge-serve`: the OpenAI-compatible server (see the package docstring for the design).
+
+edge-serve --bundle out/                       # 127.0.0.1:8080, target auto-detected
+edge-serve --model CHECKPOINT --slots 4 --port 9000
+edge-serve --bundle out/ --host 0.0.0.0 --api-key "$KEY"   # another address needs a key (or EDGE_SERVE_API_KEY)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge_runtime.cli.common import debug_option, friendly_errors
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+@click.command()
+@click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
+@click.option("--model", type=click.Path(path_type=Path), help="A Hugging Face checkpoint; exported on first use.")
+@click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless --api-key).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option(
+    "--slots",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Conversations kept (one ring each); requests go to the slot sharing the longest prefix.",
+)
+@click.option(
+    "--queue",
+    "queue_size",
+    type=click.IntRange(1, 4096),
+    default=8,
+    show_default=True,
+    help="Requests that may wait for the engine; beyond, 503 with Retry-After.",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, 1 << 20),
+    default=1024,
+    show_default=True,
+    help="Most tokens a request may generate (and the default when it names none).",
+)
+@click.option(
+    "--api-key",
+    envvar="EDGE_SERVE_API_KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1/* [env: EDGE_SERVE_API_KEY].",
+)
+@click.option("--model-id", default=None, help="The model name clients use [default: the bundle's directory name].")
+@click.option("--sinks", type=int, default=None, help="Attention sinks [default: target, then bundle].")
+@click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
+@click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
+@click.option(
+    "--energy/--no-energy",
+    default=True,
+    show_default=True,
+    help="Sample the target's power meter during each generation (energy metrics).",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds SIGTERM waits for requests in flight before cancelling them.",
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
+@debug_option
+@friendly_errors
+def main(
+    bundle: Path | None,
+    model: Path | None,
+    target: str,
+    host: str,
+    port: int,
+    slots: int,
+    queue_size: int,
+    max_tokens: int,
+    api_key: str | None,
+    model_id: str | None,
+    sinks: int | None,
+    window: int | None,
+    threads: int | None,
+    energy: bool,
+    shutdown_timeout: float,
+    log_level: str,
+) -> None:
+    """Serve a model over the OpenAI API (chat and completions, streaming), with Prometheus /metrics."""
+    from edge_runtime.errors import EdgeRuntimeError
+
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise EdgeRuntimeError("edge-serve needs its extra: pip install 'edge-runtime[serve]'") from None
+    if (bundle is None) == (model is None):
+        raise EdgeRuntimeError("give one of --bundle DIR or --model CHECKPOINT")
+    if api_key is not None and not api_key.strip():
+        raise EdgeRuntimeError("--api-key is empty")
+    if not is_loopback(host) and api_key is None:
+        # Refused, not warned: a robot's model server on a shared network is anyone's compute otherwise.
+        raise EdgeRuntimeError(
+            f"--host {host} is not a loopback address: give --api-key KEY (or EDGE_SERVE_API_KEY) so that only "
+            "clients with the key can use the model, or bind 127.0.0.1 behind your own proxy"
+        )
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s", stream=sys.stderr)
+    state, closers = _build(
+        bundle, model, target, slots, queue_size, max_tokens, api_key, model_id, sinks, window, threads, energy
+    )
+    try:
+        _serve(state, host, port, shutdown_timeout, log_level)
+    finally:
+        state.scheduler.close()
+        for close in closers:
+            close()
+
+
+def _build(
+    bundle: Path | None,
+    model: Path | None,
+    target: str,
+    slots: int,
+    queue_size: int,
+    max_tokens: int,
+    api_key: str | None,
+    model_id: str | None,
+    sinks: int | None,
+    window: int | None,
+    threads: int | None,
+    energy: bool,
+) -> tuple[Any, list[Any]]:
+    from edge_runtime import __version__
+    from edge_runtime.bench.runner import open_sampler
+    from edge_runtime.chat import ChatTemplate
+    from edge_runtime.engine import LoadOptions, load
+    from edge_runtime.errors import ChatTemplateError, EdgeRuntimeError
+    from edge_runtime.snapshot import bundle_checksum
+    from edge_runtime.targets import resolve_target
+    from edge_runtime.tokenizer import Tokenizer
+
+    from .app import ServerState
+    from .metrics import Metrics
+    from .scheduler import Scheduler
+    from .slots import SlotPool, check_budget, memory_needed
+
+    log = logging.getLogger("edge_serve")
+    detection = resolve_target(target)
+    profile = detection.profile
+    if profile.backend.name != "onnxruntime":
+        raise EdgeRuntimeError(
+            f"target '{profile.name}' uses the {profile.backend.name} backend, which this "
+            "version does not have yet; its trt-flavor bundles run on ONNX Runtime CPU with "
+            "--target x86"
+        )
+    log.info(detection.reason)
+    if model is not None:
+        if model.suffix.lower() == ".gguf":
+            raise EdgeRuntimeError(f"export the GGUF first (edge-export {model} -o DIR), then edge-serve --bundle DIR")
+        from edge_runtime.cli.run import ensure_bundle
+
+        bundle = ensure_bundle(model, profile)
+    assert bundle is not None
+    engine = load(bundle, LoadOptions(sinks=sinks, window=window, threads=threads), target=profile)
+    check_budget(engine, slots, profile.memory_budget_bytes)
+    tokenizer = Tokenizer.for_engine(engine)
+    try:
+        template: ChatTemplate | None = ChatTemplate.for_bundle(engine.bundle)
+    except ChatTemplateError as e:
+        log.warning("%s; /v1/chat/completions will refuse requests", e)
+        template = None
+    closers: list[Any] = []
+    power = None
+    if energy:
+        power, notes = open_sampler(profile)
+        for note in notes:
+            log.info("power: %s", note)
+        closers.append(power.meter.close)
+    metrics = Metrics()
+    pool = SlotPool(engine, slots)
+    scheduler = Scheduler(
+        pool, tokenizer, engine.manifest.tokenizer.eos_token_ids, metrics, queue_size=queue_size, power=power
+    )
+    name = model_id or (model or bundle).name
+    g = engine.geometry
+    need, _ = memory_needed(engine, slots)
+    metrics.describe(
+        model=name,
+        bundle=engine.bundle.path,
+        target=profile.name,
+        sinks=g.sinks,
+        window=g.window,
+        slots=slots,
+        version=__version__,
+        power=power.meter.description if power is not None else "off",
+    )
+    state = ServerState(
+        engine=engine,
+        tokenizer=tokenizer,
+        template=template,
+        scheduler=scheduler,
+        metrics=metrics,
+        model_id=name,
+        fingerprint=f"edge-runtime-{__version__}-{bundle_checksum(engine.manifest)[:12]}",
+        max_tokens=max_tokens,
+        api_key=api_key,
+        extra={"target": profile.name, "cache": {"sinks": g.sinks, "window": g.window}, "slots": slots},
+    )
+    log.info(
+        "model %s: %d slots, cache %d+%d, %.1f MiB for weights and slots (budget %s)",
+        name,
+        slots,
+        g.sinks,
+        g.window,
+        need / 2**20,
+        "none" if profile.memory_budget_bytes is None else f"{profile.memory_budget_bytes / 2**20:.0f} MiB",
+    )
+    return state, closers
+
+
+def _serve(state: Any, host: str, port: int, shutdown_timeout: float, log_level: str) -> None:
+    import uvicorn
+
+    from .app import create_app
+
+    config = uvicorn.Config(
+        create_app(state),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=log_level == "debug",
+        timeout_graceful_shutdown=shutdown_timeout,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    server.run()  # SIGTERM / SIGINT: stop accepting, finish what is in flight, then the lifespan's shutdown
+    if not server.started:  # the port was taken or the address is not ours: uvicorn logged why
+        from edge_runtime.errors import EdgeRuntimeError
+
+        raise EdgeRuntimeError(f"could not serve on {host}:{port} (see the message above)")
+
+
+if __name__ == "__main__":
+    main()

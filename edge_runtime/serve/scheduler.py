@@ -1,0 +1,286 @@
+"""The engine's one worker thread, its bounded queue, and the bridge from its tokens to asyncio.
+
+Engines are not thread-safe and one engine runs one stream at a time, so every generation runs on a
+single worker thread, in arrival order. Requests wait in a bounded queue; a full queue is a 503 with
+Retry-After at once rather than a client left hanging. The worker posts each token to the request's
+asyncio queue with `call_soon_threadsafe`; a request whose client went away sets its `cancelled` event
+and the worker stops before feeding the next token, leaving the tokens said so far in the slot's ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_runtime.errors import EdgeRuntimeError, RingOverflowError
+from edge_runtime.generate import _StopMatcher  # stream_generate's stop-string matcher, across token boundaries
+from edge_runtime.telemetry import Sampler as PowerSampler
+from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
+
+from .errors import APIError
+from .metrics import Metrics
+from .schemas import GenParams, TokenLogprob
+from .slots import SlotPool
+
+log = logging.getLogger("edge_serve")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token: the text it completed (may be empty) and, if asked, its logprobs."""
+
+    text: str
+    logprob: TokenLogprob | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    text: str  # text released at the end (held back for a stop string, or a flushed tail)
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    slot: int
+    timings: dict[str, Any]
+    energy: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    error: APIError
+
+
+Event = Piece | Finished | Failure
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    params: GenParams
+    loop: asyncio.AbstractEventLoop
+    arrival: float = field(default_factory=time.perf_counter)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def post(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop closed (server stopping): nobody is listening any more
+            pass
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: SlotPool,
+        tokenizer: Tokenizer,
+        eos_ids: Sequence[int],
+        metrics: Metrics,
+        *,
+        queue_size: int,
+        power: PowerSampler | None = None,
+    ):
+        self.pool, self.tok, self.eos, self.metrics = pool, tokenizer, frozenset(eos_ids), metrics
+        self.power = power
+        self.queue_size = queue_size
+        self._q: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._closing = False
+        self._current: Job | None = None
+        self._avg_job_s = 1.0  # an EWMA of generation time, for Retry-After
+        metrics.queue_capacity.set(queue_size)
+        metrics.slots.set(len(pool.slots))
+        self._thread = threading.Thread(target=self._work, name="edge-serve-engine", daemon=True)
+        self._thread.start()
+
+    # -- the asyncio side ------------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._closing:
+                raise APIError(503, "the server is shutting down", code="shutting_down")
+            if self._waiting >= self.queue_size:
+                self.metrics.rejected.labels("queue_full").inc()
+                retry = max(1, math.ceil(self._avg_job_s * (self._waiting + 1)))
+                raise APIError(
+                    503,
+                    f"the queue is full ({self._waiting} requests waiting for the engine); retry in {retry} s",
+                    code="queue_full",
+                    headers={"Retry-After": str(retry)},
+                )
+            self._waiting += 1
+            self.metrics.queue_depth.set(self._waiting)
+        self._q.put(job)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse new work, cancel what waits and what runs, and stop the worker (bounded wait)."""
+        with self._lock:
+            self._closing = True
+            current = self._current
+        if current is not None:
+            current.cancel()
+        while True:
+            try:
+                job = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.post(Failure(APIError(503, "the server is shutting down", code="shutting_down")))
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    # -- the worker thread -----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            with self._lock:
+                self._waiting -= 1
+                self.metrics.queue_depth.set(self._waiting)
+                self._current = job
+            t0 = time.perf_counter()
+            self.metrics.slots_busy.set(1)
+            try:
+                self._run(job)
+            except Exception:  # a bug of ours: the worker must survive it, the client gets a 500 without it
+                log.exception("generation failed")
+                job.post(Failure(APIError(500, "internal error while generating; see the server log")))
+            finally:
+                self.metrics.slots_busy.set(0)
+                self.metrics.slots_used.set(self.pool.used())
+                with self._lock:
+                    self._current = None
+                self._avg_job_s = 0.8 * self._avg_job_s + 0.2 * (time.perf_counter() - t0)
+
+    def _run(self, job: Job) -> None:
+        if job.cancelled.is_set():  # the client left while it waited
+            self.metrics.generations.labels("cancelled").inc()
+            job.post(Finished("cancelled", "", len(job.prompt), 0, 0, -1, {}, None))
+            return
+        t_start = time.perf_counter()
+        slot, _ = self.pool.route(job.prompt)
+        try:
+            self.pool.activate(slot)
+            session = slot.session
+            rest = session.match(job.prompt)
+            if not rest:  # the whole prompt is held: re-run its last token for the reply's first logits
+                if session.rollback_limit >= 1:
+                    session.truncate(1)
+                else:
+                    session.reset()
+                rest = job.prompt[session.length :]
+            slot.tokens = job.prompt[: session.length]
+        except EdgeRuntimeError as e:
+            self.pool.forget(slot)
+            log.error("slot %d could not be prepared: %s", slot.index, e)
+            job.post(Failure(APIError(500, f"the slot could not be prepared: {e}")))
+            return
+        try:
+            self._generate(job, slot, rest, t_start)
+        except RingOverflowError as e:  # raised by the session before it fed anything
+            self.metrics.rejected.labels("context_length").inc()
+            job.post(Failure(APIError(413, str(e), param="messages", code="context_length_exceeded")))
+        except EdgeRuntimeError as e:  # corrupt output and the like: the model's fault, not the client's
+            self.pool.forget(slot)
+            log.error("generation failed on slot %d: %s", slot.index, e)
+            job.post(Failure(APIError(500, f"generation failed: {e}")))
+
+    def _generate(self, job: Job, slot: Any, rest: list[int], t_start: float) -> None:
+        p, m, session = job.params, self.metrics, slot.session
+        power = self.power
+        if power is not None:
+            power.start()
+            power.mark("prefill")
+        detok, stops = StreamingDetokenizer(self.tok), _StopMatcher(p.stop)
+        generated: list[int] = []
+        reason, tail = "length", ""
+        first = last = t_start
+        cached = 0
+        steps = session.send(rest, p.sampling, max_tokens=p.max_tokens, logprobs=p.logprobs)
+        try:
+            for i, step in enumerate(steps):
+                now = time.perf_counter()
+                generated.append(step.token)
+                if i == 0:
+                    first, cached = now, session.last_cached
+                    m.ttft.observe(now - job.arrival)
+                    if power is not None:
+                        power.mark("decode")
+                else:
+                    m.itl.observe(now - last)
+                last = now
+                lp = None
+                if p.logprobs is not None and step.token not in self.eos and step.logprob is not None:
+                    lp = TokenLogprob(step.token, step.logprob, step.top_logprobs)
+                if step.token in self.eos:
+                    reason = "stop"
+                    job.post(Piece("", None))
+                    break
+                text, hit = stops.push(detok.add(step.token))
+                if text or lp is not None or i == 0:
+                    job.post(Piece(text, lp))
+                if hit:
+                    reason = "stop"
+                    break
+                if job.cancelled.is_set():
+                    reason = "cancelled"
+                    break
+            else:  # max_tokens: release what was held back for a stop string that never came
+                tail, hit = stops.push(detok.flush())
+                tail += "" if hit else stops.pending
+                reason = "stop" if hit else "length"
+        finally:
+            steps.close()
+            report = power.stop() if power is not None and power.running else None
+        end = time.perf_counter()
+        slot.tokens = [*slot.tokens, *rest, *generated] if generated else slot.tokens
+        n = len(generated)
+        m.generations.labels(reason).inc()
+        m.prompt_tokens.inc(len(job.prompt))
+        m.cached_tokens.inc(cached)
+        m.generated_tokens.inc(n)
+        timings = {
+            "queue_ms": round((t_start - job.arrival) * 1e3, 3),
+            "ttft_ms": round((first - job.arrival) * 1e3, 3),
+            "prefill_tokens": len(rest),
+            "prefill_ms": round((first - t_start) * 1e3, 3),
+            "decode_ms": round((end - first) * 1e3, 3),
+            "decode_tokens_per_s": round((n - 1) / (end - first), 2) if n > 1 and end > first else None,
+        }
+        job.post(Finished(reason, tail, len(job.prompt), n, cached, slot.index, timings, self._energy(report, n)))
+
+    def _energy(self, report: Any, tokens: int) -> dict[str, Any] | None:
+        if report is None:
+            return None
+        from edge_runtime.bench.figures import energy_figures
+
+        phases = report.by_phase()
+        if "prefill" not in phases or "decode" not in phases:
+            return None
+        fig = energy_figures(tokens, phases["prefill"], phases["decode"], report)
+        labels = (report.meter, report.boundary.value, str(report.estimate).lower())
+        self.metrics.observe_energy(labels, fig["prefill_j"], fig["decode_j"], tokens)
+        keep = ("prefill_j", "decode_j", "total_j", "avg_watts", "tokens_per_joule", "covered_fraction")
+        return {
+            "sensor": report.meter,
+            "boundary": report.boundary.value,
+            "estimate": report.estimate,
+            **{k: fig[k] for k in keep},
+        }

@@ -1,0 +1,272 @@
+"""Request bodies checked into typed requests, and the OpenAI response objects built from results.
+
+Parsing is by hand, not a schema library: each check names the parameter OpenAI names, so a client sees
+`param: "temperature"` with the reason, and the server needs nothing beyond Starlette. Fields this
+server does not know are ignored (SDKs and agent frameworks send `user`, `metadata`, `store`, ...);
+known fields it cannot honour are refused when set to anything but their neutral value, rather than
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edge_runtime.errors import EdgeRuntimeError
+from edge_runtime.sampling import MIN_TEMPERATURE, SamplingParams
+
+from .errors import APIError, bad_request, invalid_type
+
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    logprobs: int | None  # None: no logprobs; k: each token's logprob and its k best alternatives
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    params: GenParams
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str | None
+    prompt: str | list[int]
+    params: GenParams
+
+
+class _Body:
+    """Typed getters over a JSON object; each refusal is a 400 naming the field."""
+
+    def __init__(self, data: Any):
+        if not isinstance(data, dict):
+            raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+        self.data = data
+
+    def get(self, name: str) -> Any:
+        return self.data.get(name)
+
+    def bool(self, name: str, default: bool) -> bool:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise invalid_type(name, "a boolean", v)
+        return v
+
+    def int(self, name: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise invalid_type(name, "an integer", v)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise bad_request(f"'{name}' must be {bounds}, got {v}", param=name)
+        return v
+
+    def float(self, name: str, default: float) -> float:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise invalid_type(name, "a finite number", v)
+        return float(v)
+
+    def str(self, name: str) -> str | None:
+        v = self.data.get(name)
+        if v is not None and not isinstance(v, str):
+            raise invalid_type(name, "a string", v)
+        return v
+
+    def neutral(self, name: str, ok: Callable[[Any], bool], what: str) -> None:
+        """Refuse a known field this server cannot honour unless it has its neutral value."""
+        v = self.data.get(name)
+        if v is not None and not ok(v):
+            raise APIError(
+                400, f"'{name}' is not supported by this server ({what})", param=name, code="unsupported_value"
+            )
+
+
+def _stop(body: _Body) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid_type("stop", "a string or a list of strings", v)
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"'stop' takes at most {MAX_STOP} sequences, got {len(stops)}", param="stop")
+    if any(not s for s in stops):
+        raise bad_request("'stop' sequences must be non-empty", param="stop")
+    return tuple(stops)
+
+
+def _sampling(body: _Body) -> SamplingParams:
+    temperature = body.float("temperature", 1.0)  # OpenAI's default: sampling at T = 1
+    if not 0 <= temperature <= 2:
+        raise bad_request(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
+    if temperature < MIN_TEMPERATURE:  # greedy in effect; the sampler refuses such values outright
+        temperature = 0.0
+    top_p = body.float("top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+    # llama.cpp's extensions, accepted under the same names.
+    top_k = body.int("top_k", 0, lo=0)
+    min_p = body.float("min_p", 0.0)
+    penalty = body.float("repetition_penalty", 1.0)
+    seed = body.int("seed", None)
+    if seed is not None and seed < 0:
+        seed %= 2**64  # OpenAI takes any int64; numpy seeds must be >= 0
+    try:
+        return SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, repetition_penalty=penalty, seed=seed
+        )
+    except EdgeRuntimeError as e:
+        raise bad_request(str(e)) from None
+
+
+def _common(body: _Body, max_tokens_limit: int, logprobs: int | None) -> GenParams:
+    n = body.int("n", 1)
+    if n != 1:
+        raise APIError(
+            400,
+            f"'n' must be 1 on this server (one completion per request), got {n}",
+            param="n",
+            code="unsupported_value",
+        )
+    body.neutral("frequency_penalty", lambda v: v == 0, "use repetition_penalty")
+    body.neutral("presence_penalty", lambda v: v == 0, "use repetition_penalty")
+    body.neutral("logit_bias", lambda v: isinstance(v, dict) and not v, "no logit bias")
+    body.neutral("best_of", lambda v: v == 1, "one completion per request")
+    limit = max_tokens_limit
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.int(name, limit, lo=1)
+    assert max_tokens is not None
+    if max_tokens > limit:
+        raise bad_request(
+            f"'{name}' is {max_tokens}; this server generates at most {limit} tokens per request (edge-serve "
+            "--max-tokens)",
+            param=name,
+            code="max_tokens_exceeded",
+        )
+    stream = body.bool("stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid_type("stream_options", "an object", options)
+    include_usage = False
+    if options is not None:
+        include_usage = _Body(options).bool("include_usage", False)
+    return GenParams(max_tokens, _sampling(body), _stop(body), logprobs, stream, include_usage)
+
+
+def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
+    body = _Body(data)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(
+            "'messages' must be a non-empty list of {role, content} objects",
+            param="messages",
+            code="invalid_type" if not isinstance(messages, list) else "invalid_value",
+        )
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise invalid_type("tools", "a list of objects", tools)
+    body.neutral("response_format", lambda v: isinstance(v, dict) and v.get("type") == "text", "text only")
+    body.neutral("modalities", lambda v: v == ["text"], "text only")
+    logprobs = None
+    if body.bool("logprobs", False):
+        logprobs = body.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    elif body.get("top_logprobs") is not None:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return ChatRequest(body.str("model"), messages, tools or None, _common(body, max_tokens_limit, logprobs))
+
+
+def parse_completion(data: Any, max_tokens_limit: int) -> CompletionRequest:
+    body = _Body(data)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    ids = isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+    if not (isinstance(prompt, str) or ids):
+        raise bad_request(
+            "'prompt' must be a string or a list of token ids (one prompt per request)",
+            param="prompt",
+            code="invalid_type",
+        )
+    body.neutral("echo", lambda v: v is False, "the prompt is not echoed")
+    body.neutral("suffix", lambda v: v == "", "no insertion")
+    logprobs = body.int("logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    return CompletionRequest(body.str("model"), prompt, _common(body, max_tokens_limit, logprobs))
+
+
+# -- responses -------------------------------------------------------------------------------------
+
+TokenText = Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def _entry(text: TokenText, token: int, logprob: float) -> dict[str, Any]:
+    s = text(token)
+    return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+
+
+def chat_logprobs(items: Sequence[TokenLogprob], text: TokenText) -> dict[str, Any]:
+    content = [
+        {**_entry(text, it.token, it.logprob), "top_logprobs": [_entry(text, t, lp) for t, lp in it.top]}
+        for it in items
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], text: TokenText, offset: int = 0) -> dict[str, Any]:
+    tokens = [text(it.token) for it in items]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [it.logprob for it in items],
+        "top_logprobs": [{text(t): lp for t, lp in it.top} for it in items],
+        "text_offset": offsets,
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def envelope(obj: str, rid: str, created: int, model: str, fingerprint: str) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint}
+
+
+def model_list(model: str, created: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "edge-runtime", **extra}],
+    }
