@@ -114,3 +114,9 @@ class CorruptSnapshotError(SnapshotError):
 class CorruptOutputError(EdgeRuntimeError):
     """Logits that are NaN/Inf or all equal, or a fused argmax outside the vocabulary: the graph's output
     is garbage, almost always from corrupted weights (logits_check.py)."""
+
+
+class ConstraintError(EdgeRuntimeError):
+    """A structured-output constraint that cannot be used (constrain.py): invalid JSON or JSON schema, an
+    unsatisfiable schema, a schema feature the grammar engine does not implement, a regex or Lark syntax
+    error. Raised when the constraint is compiled, before anything is generated."""
