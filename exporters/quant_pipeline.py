@@ -111,6 +111,7 @@ def prepare_weights(
         progress(f"held-out perplexity on {len(ids)} tokens of heldout.txt (float64 reference, before and after)")
         before = heldout_perplexity(args, ckpt.weights, ids)
         after = heldout_perplexity(args, weights, ids)
+        progress(f"held-out perplexity {before:.3f} -> {after:.3f} ({100 * (after / before - 1):+.2f}%)")
         record["heldout_ppl"] = {
             "tokens": len(ids),
             "original": round(before, 4),

@@ -23,6 +23,16 @@ ALIASES: dict[str, str] = {"mistral": "llama"}
 DEMO_MODEL = "shakespeare-llama-5m"
 CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
 DEMO_CHECKPOINT = CHECKPOINTS_DIR / DEMO_MODEL
+# Checkpoints shipped with the package, by name, wherever it is installed: `edge-export demo`, `--model demo`.
+NAMED_CHECKPOINTS: dict[str, Path] = {"demo": DEMO_CHECKPOINT, DEMO_MODEL: DEMO_CHECKPOINT}
+
+
+def resolve_checkpoint(spec: str | Path) -> Path:
+    """A bundled checkpoint's name -> its directory; anything else is a path. A bare name wins over a folder
+    of that name in the working directory (`edge-export demo -o demo` must work twice): write `./demo` for it."""
+    if isinstance(spec, str) and spec in NAMED_CHECKPOINTS:
+        return NAMED_CHECKPOINTS[spec]
+    return Path(spec)
 
 
 def supported_model_types() -> list[str]:
@@ -46,6 +56,7 @@ __all__ = [
     "CHECKPOINTS_DIR",
     "DEMO_CHECKPOINT",
     "DEMO_MODEL",
+    "NAMED_CHECKPOINTS",
     "Architecture",
     "LayerWeights",
     "ModelArgs",
@@ -53,5 +64,6 @@ __all__ = [
     "RopeConfig",
     "WeightNames",
     "get_arch",
+    "resolve_checkpoint",
     "supported_model_types",
 ]

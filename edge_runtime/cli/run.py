@@ -1,6 +1,7 @@
 """`edge-run`: stream a completion from a bundle (or a checkpoint, exported on first use).
 
 edge-run                                   # the bundled demo model, target auto-detected
+edge-run --model demo                      # the same by name; --model DIR: a checkpoint, exported on first use
 edge-run --prompt "ROMEO." --max-tokens 64 --temperature 0.8 --top-p 0.95 --seed 1 --stats
 edge-run --bundle out/ --json
 edge-run --bundle out/ --message "What is the capital of France?" --system "Be brief."   # via the chat template
@@ -10,15 +11,12 @@ edge-run --bundle out/ --chat                          # multi-turn; from a pipe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-
-from edge_runtime.cachedir import cache_dir
 
 from . import chat_repl, prompt_input
 from .common import debug_option, friendly_errors
@@ -29,46 +27,45 @@ if TYPE_CHECKING:
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
 
 
-def _checkpoint_key(checkpoint: Path) -> str:
-    """Identifies a checkpoint's content cheaply: config bytes plus weight files' names, sizes, mtimes."""
-    h = hashlib.sha256((checkpoint / "config.json").read_bytes())
-    for f in sorted(checkpoint.glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:12]
-
-
 def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
-    """The bundle for `checkpoint` in the target's flavor and default quantization, from the cache;
-    exported (and validated) on first use."""
-    from edge_runtime import __version__
+    """The bundle for `checkpoint` in the target's export settings (targets/export_settings.py), from the
+    cache (bundle_cache.py); exported (and validated) on first use."""
+    from edge_runtime import bundle_cache, kernels
     from edge_runtime.errors import CheckpointError
+    from edge_runtime.targets.export_settings import settings_for
 
     if not (checkpoint / "config.json").is_file():
         raise CheckpointError(f"'{checkpoint}' is not a Hugging Face checkpoint directory (no config.json)")
-    from edge_runtime import kernels
-
-    quant = profile.quantization
-    block = f"-b{profile.block_size}" if quant.startswith("int4") else ""
     # The device exports its own bundle, so the edge kernels are used exactly where they run here.
-    kernel = "edge" if profile.matmul_kernel == "edge" and quant != "none" and kernels.available() else "mlas"
-    suffix = "-edge" if kernel == "edge" else ""
-    name = (
-        f"{checkpoint.name}-{profile.graph_flavor}-{quant}{block}{suffix}-{_checkpoint_key(checkpoint)}-v{__version__}"
+    s = settings_for(profile, edge_kernels_here=kernels.available())
+    block = s.block or (32 if s.flavor == "ort" else 128)
+    out = bundle_cache.bundles_dir() / bundle_cache.first_use_name(
+        checkpoint, s.flavor, s.quant, block, s.kernel, s.table_bits
     )
-    out = cache_dir() / "bundles" / name
     if (out / "manifest.json").is_file():
         return out
     from edge_runtime.exporters.decoder import Flavor
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
-    click.echo(f"exporting {checkpoint.name} ({quant}{block}{suffix}) for first use into {out}", err=True)
-    qconfig = QuantConfig(method=QuantMethod.parse(quant), block=profile.block_size, kernel=MatMulKernel(kernel))
-    export(
-        ExportOptions(checkpoint=checkpoint, out=out, flavor=Flavor(profile.graph_flavor), quant=qconfig),
-        progress=lambda msg: click.echo(f"  {msg}", err=True),
+    from .export import summary_line
+
+    click.echo(f"exporting {checkpoint.name} for target {profile.name} on first use into {out}", err=True)
+    qconfig = QuantConfig(
+        method=QuantMethod.parse(s.quant), block=block, table_bits=s.table_bits, kernel=MatMulKernel(s.kernel)
     )
+    opts = ExportOptions(
+        checkpoint=checkpoint,
+        out=out,
+        flavor=Flavor(s.flavor),
+        quant=qconfig,
+        sinks=s.sinks,
+        window=s.window,
+        fit_window=True,
+        target=profile.name,
+    )
+    manifest = export(opts, progress=lambda msg: click.echo(f"  {msg}", err=True))
+    click.echo(f"  {summary_line(out, manifest)}", err=True)
     return out
 
 
@@ -83,7 +80,12 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
     "--chat", is_flag=True, help="Multi-turn chat; from a pipe, one user message per line (/reset starts over)."
 )
 @click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
-@click.option("--model", type=click.Path(path_type=Path), help="A Hugging Face checkpoint; exported on first use.")
+@click.option(
+    "--model",
+    default=None,
+    help="A Hugging Face checkpoint directory, or a bundled model's name (demo); exported for the target on first "
+    "use into the cache (see edge-cache).",
+)
 @click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
@@ -114,7 +116,7 @@ def main(
     system: str | None,
     chat: bool,
     bundle: Path | None,
-    model: Path | None,
+    model: str | None,
     target: str,
     max_tokens: int,
     temperature: float,
@@ -137,7 +139,7 @@ def main(
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import EdgeRuntimeError
     from edge_runtime.generate import GenerationCancelled, GenerationConfig, close_cancelled, stream_generate
-    from edge_runtime.models import DEMO_CHECKPOINT
+    from edge_runtime.models import DEMO_CHECKPOINT, resolve_checkpoint
     from edge_runtime.sampling import SamplingParams
     from edge_runtime.targets import resolve_target
     from edge_runtime.tokenizer import Tokenizer
@@ -159,7 +161,7 @@ def main(
         )
     if not as_json:
         click.echo(detection.reason, err=True)
-    bundle_dir = bundle or ensure_bundle(model or DEMO_CHECKPOINT, profile)
+    bundle_dir = bundle or ensure_bundle(resolve_checkpoint(model) if model else DEMO_CHECKPOINT, profile)
     # Power is sampled only when a figure needs it: phases load, prefill, decode (as in edge-bench).
     sampler = open_sampler(profile)[0] if stats or log_file else None
     if sampler is not None:
