@@ -61,6 +61,10 @@ class ExportOptions:
     quant: QuantConfig = field(default_factory=QuantConfig)  # method none: float weights of `precision`
     prune: float | None = None  # fraction of attention + MLP parameters to remove, in (0, 1)
     calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else the demo model's
+    # A device profile's window is a memory budget, not a model property: cut it to the trained context
+    # (`edge-export --target`, first-use exports) instead of refusing the export.
+    fit_window: bool = False
+    target: str | None = None  # the target profile the options came from (provenance); None: portable
 
 
 Progress = Callable[[str], None]
@@ -183,6 +187,8 @@ def _cache_spec(ckpt: Checkpoint, opts: ExportOptions) -> CacheSpec:
     sinks, window = opts.sinks, opts.window
     if args.sliding_window is not None:  # trained with a local window (Mistral): no sinks, that window
         sinks, window = 0, min(window or args.sliding_window, args.sliding_window)
+    if window is not None and opts.fit_window:
+        window = max(1, min(window, context - sinks))
     window = window or min(context, DEFAULT_WINDOW_CAP + sinks) - sinks
     problem = geometry_problem(sinks, window, context)
     if problem:
@@ -256,10 +262,13 @@ def _provenance(ckpt: Checkpoint, opts: ExportOptions, seconds: float) -> dict[s
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(seconds, 2),
         "source": str(ckpt.path.resolve()),
+        "target": opts.target,
         "options": {
+            "flavor": opts.flavor.value,
             "quant": opts.quant.method.value,
             "block": opts.quant.block,
             "kernel": opts.quant.kernel.value,
+            "table_bits": opts.quant.table_bits,
             "prune": opts.prune,
         },
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},

@@ -83,6 +83,9 @@ class TargetProfile:
     detect: DetectHints
     # kernels of quantized bundles exported on first use: "edge" (csrc/, x86-64 AVX2) where they run, else "mlas"
     matmul_kernel: str = "mlas"
+    # Embedding table / LM head bits of quantized bundles exported for the target (`ort` only): 8 (INT8 per
+    # row) or 4 (INT4 in block_size blocks, half the LM head's bytes; `edge-export --table-bits`)
+    table_bits: int = 8
     source: str = ""  # the file it was loaded from; not a YAML key
 
 
@@ -230,6 +233,11 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         raise top.fail(
             "matmul_kernel", "must be 'mlas' unless graph_flavor is 'ort' (edge kernels are ONNX Runtime ops)"
         )
+    table_bits = top.integer("table_bits", 4, default=8)
+    if table_bits not in (4, 8):
+        raise top.fail("table_bits", "must be 8 or 4")
+    if table_bits == 4 and flavor != "ort":
+        raise top.fail("table_bits", "must be 8 unless graph_flavor is 'ort' (TensorRT 10.3 gathers no INT4 table)")
     backend = _backend(top.section("backend", BackendSpec))
     if backend.name == "tensorrt" and flavor != "trt":
         raise top.fail(
@@ -248,5 +256,6 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         power=_power(top.section("power", PowerSpec)),
         detect=_detect(top.section("detect", DetectHints, optional=True)),
         matmul_kernel=kernel,
+        table_bits=table_bits,
         source=src,
     )

@@ -1,9 +1,12 @@
 """`edge-export`: build a validated bundle from a Hugging Face checkpoint, or inspect one.
 
-edge-export CHECKPOINT_DIR|MODEL.gguf -o OUT_DIR [--flavor ort|trt] [--dtype fp32|fp16] [--sinks N] [--window N]
-            [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO] [--calib FILE]
-            [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge]
+edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
+            [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO]
+            [--calib FILE] [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge]
 edge-export inspect BUNDLE_DIR
+
+Without --target the defaults are portable (ort flavor, float weights, ONNX Runtime's own kernels: runs on
+any machine with ONNX Runtime); --target T takes the device profile's settings, and explicit flags win.
 """
 
 from __future__ import annotations
@@ -11,10 +14,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from .common import debug_option, friendly_errors
+
+if TYPE_CHECKING:
+    from edge_runtime.manifest import Manifest
+    from edge_runtime.targets.export_settings import ExportSettings
 
 
 class _DefaultToBuild(click.Group):
@@ -25,21 +33,41 @@ class _DefaultToBuild(click.Group):
             args = ["build", *args]
         return super().parse_args(ctx, args)
 
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """`edge-export --help` shows the build options too: building is what the command is mostly for."""
+        super().format_help(ctx, formatter)
+        build = self.commands["build"]
+        sub = click.Context(build, info_name="build", parent=ctx)
+        records = [r for p in build.get_params(sub) if isinstance(p, click.Option) and (r := p.get_help_record(sub))]
+        with formatter.section("Build options (edge-export CHECKPOINT -o OUT [OPTIONS])"):
+            formatter.write_dl(records)
+
 
 @click.group(cls=_DefaultToBuild)
 def main() -> None:
-    """Export Hugging Face checkpoints to edge-runtime bundles (`build` is the default command)."""
+    """Export Hugging Face checkpoints (a directory, a .gguf file, or a bundled model's name: demo) to
+    edge-runtime bundles; `build` is the default command.
+
+    Without --target every default is portable: ort flavor, float weights, ONNX Runtime's own kernels (a bundle
+    that runs on any machine with ONNX Runtime). --target T applies the device profile's flavor, quantization,
+    block, kernel, table bits and cache geometry; explicit flags win."""
 
 
 @main.command("build")
-@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("checkpoint")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Bundle directory to write.")
+@click.option(
+    "--target",
+    default=None,
+    help="Export for this device profile (a name such as nuc or rpi5, a YAML path, or auto): its flavor, "
+    "quantization, block, kernel, table bits and cache geometry; explicit flags win. Without it every default is "
+    "portable.",
+)
 @click.option(
     "--flavor",
     type=click.Choice(["ort", "trt"]),
-    default="ort",
-    show_default=True,
-    help="Graph flavor: ONNX Runtime CPU (ort) or TensorRT-parsable (trt).",
+    default=None,
+    help="Graph flavor: ONNX Runtime CPU (ort) or TensorRT-parsable (trt) [default: ort, or the target's].",
 )
 @click.option(
     "--dtype",
@@ -48,16 +76,25 @@ def main() -> None:
     show_default=True,
     help="Weight precision (trt also runs fp16 activations).",
 )
-@click.option("--sinks", type=int, default=4, show_default=True, help="StreamingLLM attention sinks.")
-@click.option("--window", type=int, default=None, help="Recent tokens attended [default: the trained context].")
+@click.option("--sinks", type=int, default=None, help="StreamingLLM attention sinks [default: 4, or the target's].")
+@click.option(
+    "--window",
+    type=int,
+    default=None,
+    help="Recent tokens attended [default: the trained context up to 2044, or the target's cut to it].",
+)
 @click.option(
     "--quant",
-    default="none",
-    show_default=True,
+    default=None,
     help="Weight quantization: none, int8 (per channel), int4 (round to nearest), int4-awq (activation-aware), "
-    "int4-gptq.",
+    "int4-gptq [default: none, or the target's].",
 )
-@click.option("--block", type=int, default=None, help="INT4 block size: 32, 64 or 128 [default: 32 ort, 128 trt].")
+@click.option(
+    "--block",
+    type=int,
+    default=None,
+    help="INT4 block size: 32, 64 or 128 [default: 32 ort, 128 trt, or the target's].",
+)
 @click.option("--prune", type=float, default=None, help="Remove this fraction (0..1) of attention+MLP parameters.")
 @click.option(
     "--calib",
@@ -70,61 +107,67 @@ def main() -> None:
 @click.option(
     "--table-bits",
     type=click.Choice(["8", "4"]),
-    default="8",
-    show_default=True,
-    help="Embedding table / LM head: INT8 per row, or INT4 in --block blocks (ort flavor; half the LM head's bytes).",
+    default=None,
+    help="Embedding table / LM head: INT8 per row, or INT4 in --block blocks (ort flavor; half the LM head's bytes) "
+    "[default: 8, or the target's].",
 )
 @click.option(
     "--kernel",
     type=click.Choice(["mlas", "edge"]),
-    default="mlas",
-    show_default=True,
+    default=None,
     help="Kernels of quantized bundles: ONNX Runtime's own (every platform) or edge-runtime's ops where they "
     "apply (MatMulQ4 for INT4 block-32 products, MatMulQ8 for INT8 ones, SiluMul, LinearAttention; x86-64 AVX2, "
     "the matmuls on AVX-512 VNNI where the CPU has it; faster decode; the bundle then runs only where "
-    "edge-runtime's kernel library is built).",
+    "edge-runtime's kernel library is built) [default: mlas, or the target's where the library runs here].",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
 @friendly_errors
 def build(
-    checkpoint: Path,
+    checkpoint: str,
     out: Path,
-    flavor: str,
+    target: str | None,
+    flavor: str | None,
     dtype: str,
-    sinks: int,
+    sinks: int | None,
     window: int | None,
-    quant: str,
+    quant: str | None,
     block: int | None,
     prune: float | None,
     calib: Path | None,
     fp_embeddings: bool,
-    table_bits: str,
-    kernel: str,
+    table_bits: str | None,
+    kernel: str | None,
     overwrite: bool,
 ) -> None:
-    """Export CHECKPOINT (a Hugging Face directory or a .gguf file) to a validated bundle in OUT."""
-    from edge_runtime.bundle import stored_bytes
+    """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
+    bundle in OUT. Without --target the defaults are portable; --target T applies the device profile's."""
     from edge_runtime.exporters.decoder import Flavor, Precision
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+    from edge_runtime.models import resolve_checkpoint
 
-    _check_options(window=window, block=block, quant=quant, table_bits=table_bits)
-    _check_output(checkpoint, out, overwrite=overwrite)
+    source = resolve_checkpoint(checkpoint)
+    s = _settings(target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits)
+    s = s.with_overrides(sinks=sinks, window=window)
+    _check_options(window=window, block=block, quant=s.quant, table_bits=str(s.table_bits))
+    _check_output(source, out, overwrite=overwrite)
     opts = ExportOptions(
-        checkpoint=checkpoint,
+        checkpoint=source,
         out=out,
-        flavor=Flavor(flavor),
+        flavor=Flavor(s.flavor),
         precision=Precision(dtype),
-        sinks=sinks,
-        window=window,
+        sinks=s.sinks,
+        window=s.window,
+        fit_window=s.target is not None and window is None,
+        target=s.target,
         overwrite=overwrite,
         quant=QuantConfig(
-            QuantMethod.parse(quant),
-            block=block if block is not None else 32 if flavor == "ort" else 128,
+            QuantMethod.parse(s.quant),
+            block=s.block if s.block is not None else 32 if s.flavor == "ort" else 128,
             fp_embeddings=fp_embeddings,
-            table_bits=int(table_bits),
-            kernel=MatMulKernel(kernel),
+            table_bits=s.table_bits,
+            kernel=MatMulKernel(s.kernel),
         ),
         prune=prune,
         calibration=calib,
@@ -137,14 +180,59 @@ def build(
     from edge_runtime.exporters.gguf_convert import checkpoint_dir
 
     # A .gguf file is converted into a temporary HF directory beside OUT, removed afterwards.
-    with checkpoint_dir(checkpoint, out=out, progress=progress) as source:
-        manifest = export(dataclasses.replace(opts, checkpoint=source), progress=progress)
+    with checkpoint_dir(source, out=out, progress=progress) as hf_dir:
+        manifest = export(dataclasses.replace(opts, checkpoint=hf_dir), progress=progress)
+    click.echo(summary_line(out, manifest))
+
+
+def _settings(
+    target: str | None,
+    *,
+    flavor: str | None,
+    quant: str | None,
+    block: int | None,
+    kernel: str | None,
+    table_bits: str | None,
+) -> ExportSettings:
+    """The portable defaults, or the target profile's, with every explicit flag in its place. A profile value
+    the explicit flags make meaningless (its kernel or INT4 table under --flavor trt or --quant none) is
+    dropped rather than refused: only what the user typed can be wrong."""
+    from edge_runtime import kernels
+    from edge_runtime.targets import resolve_target
+    from edge_runtime.targets.export_settings import PORTABLE, settings_for
+
+    base = PORTABLE
+    if target is not None:
+        profile = resolve_target(target).profile
+        base = settings_for(profile, edge_kernels_here=kernels.available())
+        if profile.matmul_kernel == "edge" and base.kernel != "edge" and (quant or base.quant) != "none":
+            click.echo(
+                f"note: target {profile.name} uses edge-runtime's kernels, which do not run on this machine; "
+                "exporting with ONNX Runtime's (--kernel mlas)",
+                err=True,
+            )
+    if flavor is not None and flavor != base.flavor:
+        base = dataclasses.replace(base, block=None, kernel="mlas", table_bits=8)
+    s = base.with_overrides(
+        flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=int(table_bits) if table_bits else None
+    )
+    if s.quant == "none":
+        s = dataclasses.replace(s, kernel=kernel or "mlas", table_bits=int(table_bits or 8))
+    return s
+
+
+def summary_line(out: Path, manifest: Manifest) -> str:
+    """One line saying what was written: flavor, weights, size, validation, held-out perplexity, target."""
+    from edge_runtime.bundle import stored_bytes
+
     size = sum(stored_bytes(p) for p in out.iterdir())
     ppl = manifest.quantization.get("heldout_ppl")
-    click.echo(
+    target = manifest.provenance.get("target")
+    return (
         f"{out}: {manifest.graph.flavor}/{manifest.graph.weight_dtype}, {size / 1e6:.1f} MB, "
         f"validation max rel err {manifest.validation.max_rel_err:.2e} (tolerance {manifest.validation.tolerance:g})"
         + (f", held-out ppl {ppl['original']:.3f} -> {ppl['exported']:.3f}" if ppl else "")
+        + (f", for target {target}" if target else "")
     )
 
 
