@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.errors import CheckpointError, ConfigError
+import numpy as np
+
+from edge_runtime.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from edge_runtime.models import Architecture, ModelArgs, ModelWeights, get_arch
 
 from .safetensors_io import CheckpointTensors
@@ -55,5 +57,26 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
     arch = get_arch(config)
     args = arch.parse(config)
     tensors = CheckpointTensors(directory)
-    weights = arch.weights.bind(args, tensors.keys(), tensors.__getitem__)
+    weights = arch.weights.bind(args, tensors.keys(), lambda name: finite_tensor(name, tensors[name]))
     return Checkpoint(path=directory, config=config, arch=arch, args=args, weights=weights, tensors=tensors)
+
+
+_SCAN_ROWS = 1 << 22  # elements per isfinite pass on the error path: bounded temporaries
+
+
+def finite_tensor(name: str, arr: np.ndarray) -> np.ndarray:
+    """`arr`, refused if it holds NaN or Inf: otherwise the export would fail late, validation reporting
+    "differs by nan", with no hint of which weight is to blame. One float sum per tensor (NaN and Inf
+    propagate through it); only when it is not finite are the values counted, in bounded chunks."""
+    if not np.issubdtype(arr.dtype, np.floating):
+        return arr
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = arr.sum(dtype=np.float64)
+    if np.isfinite(total):
+        return arr
+    flat = arr.reshape(-1)
+    bad = sum(int(np.count_nonzero(~np.isfinite(flat[i : i + _SCAN_ROWS]))) for i in range(0, flat.size, _SCAN_ROWS))
+    raise CorruptCheckpointError(
+        f"tensor '{name}' holds {bad} NaN or Inf value{'s' if bad != 1 else ''} of {flat.size}; the checkpoint is "
+        "corrupted (or was saved after a diverged training step)"
+    )

@@ -10,7 +10,9 @@ Float tensors come back as float32: fp16 widens exactly, and bf16 is the top hal
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -68,6 +70,7 @@ class SafetensorsFile:
         self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         for name, info in header.items():
             self._entries[name] = self._check_entry(name, info)
+        self._check_disjoint()
         self._mmap: np.memmap | None = None
 
     def _corrupt(self, why: str) -> CorruptCheckpointError:
@@ -81,9 +84,9 @@ class SafetensorsFile:
         if dtype_name not in _DTYPES:
             raise self._corrupt(f"tensor '{name}' has unsupported dtype {dtype_name!r}")
         dtype = _DTYPES[dtype_name]
-        if not all(isinstance(d, int) and d >= 0 for d in shape):
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise self._corrupt(f"tensor '{name}' has an invalid shape {list(shape)}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a crafted shape cannot wrap to a small size
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end and end - begin == nbytes):
             raise self._corrupt(f"tensor '{name}' offsets {[begin, end]} do not match {dtype_name}{list(shape)}")
         if end > self._data_size:
@@ -91,6 +94,14 @@ class SafetensorsFile:
                 f"tensor '{name}' ends at byte {end} of a {self._data_size}-byte data section (file truncated?)"
             )
         return dtype_name, shape, begin, end
+
+    def _check_disjoint(self) -> None:
+        """No two tensors share bytes (the reference implementation requires them back to back): a tensor
+        overlapping another is a corrupted or crafted header, and writing one would alter the other."""
+        spans = sorted((begin, end, name) for name, (_, _, begin, end) in self._entries.items() if end > begin)
+        for (_, end_a, a), (begin_b, _, b) in itertools.pairwise(spans):
+            if begin_b < end_a:
+                raise self._corrupt(f"tensors '{a}' and '{b}' overlap (bytes {begin_b}..{end_a} of the data section)")
 
     @property
     def names(self) -> list[str]:
@@ -120,6 +131,10 @@ class SafetensorsFile:
         return arr
 
 
+def _is_plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
 class CheckpointTensors(Mapping[str, np.ndarray]):
     """All tensors of a checkpoint directory, by name, across shards. Loads lazily on `[name]`."""
 
@@ -147,6 +162,16 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
             raise CorruptCheckpointError(f"'{index}' is not a valid index (needs a 'weight_map' object): {e}") from e
         by_file: dict[str, set[str]] = {}
         for name, file in weight_map.items():
+            if not isinstance(file, str):
+                raise CorruptCheckpointError(
+                    f"'{index}': weight_map['{name}'] is {file!r}, not a shard file name (a string)"
+                )
+            # Shards sit beside the index (transformers writes plain names). A name with a directory part
+            # could open any file on the machine, and a failed header check would echo its first bytes.
+            if not _is_plain_name(file):
+                raise CorruptCheckpointError(
+                    f"'{index}': shard {file!r} (for '{name}') is not a plain file name in the checkpoint directory"
+                )
             by_file.setdefault(file, set()).add(name)
         for file, names in sorted(by_file.items()):
             path = self.directory / file

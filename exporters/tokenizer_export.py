@@ -21,8 +21,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from edge_runtime.errors import CheckpointError
+from edge_runtime.errors import CheckpointError, ConfigError
 from edge_runtime.manifest import TokenizerSpec
+from edge_runtime.models.base import check_in_vocab
 
 from .checkpoint import Checkpoint
 
@@ -57,6 +58,11 @@ def bundle_tokenizer(ckpt: Checkpoint) -> BundleTokenizer:
     eos = list(ckpt.args.eos_token_ids)
     extra = gen.get("eos_token_id")
     for e in extra if isinstance(extra, list) else [extra] if isinstance(extra, int) else []:
+        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+            raise ConfigError(
+                f"generation_config.json: 'eos_token_id' = {extra!r} must be a token id or a list of token ids"
+            )
+        check_in_vocab((e,), ckpt.args.vocab_size, "generation_config.json: 'eos_token_id'")
         if e not in eos:
             eos.append(e)
     bos = ckpt.args.bos_token_id

@@ -69,6 +69,14 @@ def _token_ids(value: Any, key: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def check_in_vocab(ids: tuple[int, ...], vocab_size: int, what: str) -> None:
+    """A special token id the model cannot produce (EOS) or embed (BOS) would never stop a generation, or
+    fail in the graph's Gather at run time: refuse it at export."""
+    outside = [i for i in ids if i >= vocab_size]
+    if outside:
+        raise ConfigError(f"{what} = {outside[0]} is outside the vocabulary (vocab_size {vocab_size})")
+
+
 # ---------------------------------------------------------------------------------------------
 # RoPE
 # ---------------------------------------------------------------------------------------------
@@ -206,10 +214,14 @@ def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
     eps = opt_float(cfg, "rms_norm_eps", 1e-6)
     if eps < 0:  # ONNX Runtime refuses the graph deep in session creation; say why here
         raise ConfigError(f"config.json: 'rms_norm_eps' = {eps!r} must be 0 or more")
+    vocab = req_int(cfg, "vocab_size")
+    eos = _token_ids(cfg.get("eos_token_id"), "eos_token_id")
+    for key, ids in (("bos_token_id", bos), ("eos_token_id", eos)):
+        check_in_vocab(ids, vocab, f"config.json: '{key}'")
     return ModelArgs(
         model_type=str(cfg.get("model_type")),
         arch=arch,
-        vocab_size=req_int(cfg, "vocab_size"),
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=req_int(cfg, "intermediate_size"),
         num_layers=req_int(cfg, "num_hidden_layers"),
@@ -221,7 +233,7 @@ def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
         tie_word_embeddings=opt_bool(cfg, "tie_word_embeddings", False),
         max_position_embeddings=opt_int(cfg, "max_position_embeddings", 2048) or 2048,
         bos_token_id=bos[0] if bos else None,
-        eos_token_ids=_token_ids(cfg.get("eos_token_id"), "eos_token_id"),
+        eos_token_ids=eos,
         **flags,
     )
 

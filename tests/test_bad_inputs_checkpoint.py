@@ -1,0 +1,110 @@
+"""Crafted and corrupted checkpoints (issue 22, items 10 and 11): each is refused with one line naming
+the problem, before anything is written, and no file's bytes are echoed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edge_runtime.cli.export import main as export_cli
+
+from .bad_inputs_util import one_line_error, snapshot
+from .tiny_models import save_tiny_checkpoint
+
+WEIGHTS = "model.safetensors"
+VICTIM = "model.layers.0.mlp.up_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("src") / "ck"
+    d.mkdir()
+    save_tiny_checkpoint("llama-tied", d)
+    return d
+
+
+@pytest.fixture
+def bad(ckpt, tmp_path) -> Path:
+    """A private copy of the checkpoint to damage."""
+    return Path(shutil.copytree(ckpt, tmp_path / "ck"))
+
+
+def _read(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def _write(path: Path, header: dict, data: bytes) -> None:
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def _export_refused(bad: Path, tmp_path: Path, *needles: str) -> str:
+    before = snapshot(bad)
+    r = CliRunner().invoke(export_cli, [str(bad), "-o", str(tmp_path / "out"), "--window", "64"])
+    line = one_line_error(r, *needles)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+    assert snapshot(bad) == before  # the checkpoint is untouched
+    return line
+
+
+def test_a_shape_whose_element_count_wraps_int64_is_refused(bad, tmp_path):
+    header, data = _read(bad / WEIGHTS)
+    # 2^32 x 2^32 elements: np.prod in int64 wraps to 0, which matched empty offsets and failed later.
+    header["evil"] = {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]}
+    _write(bad / WEIGHTS, header, data)
+    _export_refused(bad, tmp_path, "tensor 'evil' offsets [0, 0] do not match F32[4294967296, 4294967296]")
+
+
+def test_overlapping_tensor_offsets_are_refused(bad, tmp_path):
+    header, data = _read(bad / WEIGHTS)
+    twin = next(n for n, e in header.items() if n != VICTIM and e.get("shape") == header[VICTIM]["shape"])
+    header[twin]["data_offsets"] = header[VICTIM]["data_offsets"]  # two tensors over the same bytes
+    _write(bad / WEIGHTS, header, data)
+    _export_refused(bad, tmp_path, "overlap")
+
+
+def _index(bad: Path, weight_map: dict) -> None:
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def test_an_index_weight_map_value_that_is_not_a_string_is_refused(bad, tmp_path):
+    header, _ = _read(bad / WEIGHTS)
+    _index(bad, {n: WEIGHTS for n in header if n != "__metadata__"} | {VICTIM: 7})
+    _export_refused(bad, tmp_path, f"weight_map['{VICTIM}'] is 7, not a shard file name")
+
+
+@pytest.mark.parametrize("shard", ["../secret.bin", "/etc/hostname", "sub/../../secret.bin"])
+def test_shard_paths_outside_the_checkpoint_are_refused_without_echoing_bytes(bad, tmp_path, shard):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"HUNTER2!" + b"x" * 100)  # its first 8 bytes, read as a header length, were echoed
+    header, _ = _read(bad / WEIGHTS)
+    _index(bad, {n: WEIGHTS for n in header if n != "__metadata__"} | {VICTIM: shard})
+    line = _export_refused(bad, tmp_path, "is not a plain file name in the checkpoint directory")
+    assert str(struct.unpack("<Q", b"HUNTER2!")[0]) not in line and "HUNTER" not in line
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_weights_are_refused_naming_the_tensor(bad, tmp_path, value):
+    header, data = _read(bad / WEIGHTS)
+    begin, end = header[VICTIM]["data_offsets"]
+    w = np.frombuffer(data[begin:end], dtype="<f4").copy()
+    w[[3, 77]] = value
+    _write(bad / WEIGHTS, header, data[:begin] + w.tobytes() + data[end:])
+    _export_refused(bad, tmp_path, f"tensor '{VICTIM}' holds 2 NaN or Inf values", "corrupted")
+
+
+@pytest.mark.parametrize("config_file", ["config.json", "generation_config.json"])
+def test_an_eos_id_outside_the_vocabulary_is_refused(bad, tmp_path, config_file):
+    vocab = json.loads((bad / "config.json").read_text())["vocab_size"]
+    path = bad / config_file
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps(cfg | {"eos_token_id": [1, vocab + 5]}))
+    _export_refused(bad, tmp_path, f"{config_file}: 'eos_token_id' = {vocab + 5} is outside the vocabulary")
