@@ -32,6 +32,7 @@ from .sampling import LogitsProcessor, Sampler, SamplingParams, Step, token_logp
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
 if TYPE_CHECKING:
+    from .constrain import Grammar
     from .session import Session, Turn
 
 
@@ -132,42 +133,67 @@ def generate_steps(
     order on a copy of each step's logits before sampling. `logprobs=k` puts each token's
     log-probability and its k most likely alternatives on its Step; None leaves them out, and then
     greedy decoding without processors or penalty never reads the logits back.
+
+    A processor with a `forced_tokens(reply) -> list[int]` method (constrain.Constraint) may force tokens
+    (fast-forward): they are fed to the model as one chunk with the token before them (or with the prompt),
+    not sampled, and yielded as Steps of log-probability 0 (certain under the constraint). A Session whose
+    caller stops inside such a run is rolled back to the last token yielded.
     """
+    processors = tuple(logits_processors)
+    forcer = next((p for p in processors if hasattr(p, "forced_tokens")), None)
+    forced: list[int] = list(forcer.forced_tokens(())) if forcer is not None else []
+    feed = [*prompt_ids, *forced]
     turn: Turn | None = None
     if isinstance(source, Engine):
         engine = source
         engine.reset()
-        logits = engine.prefill(prompt_ids)
-        context: Sequence[int] = prompt_ids
-        decode = engine.decode
+        logits = engine.prefill(feed)
+        context: Sequence[int] = feed
+        decode, chunk = engine.decode, engine.prefill
     else:
         engine = source.engine
-        turn = source.begin(prompt_ids)
-        logits, context, decode = turn.logits, source.recent_ids(), turn.decode
+        turn = source.begin(feed)
+        logits, context, decode, chunk = turn.logits, source.recent_ids(), turn.decode, turn.feed
     # Repetition penalty looks at the tokens the cache can still hold: bounded, like the cache.
     history: deque[int] | None = None
     if sampler.params.repetition_penalty != 1.0:
         history = deque(context, maxlen=engine.geometry.logical_capacity)
-    processors = tuple(logits_processors)
     reply: list[int] = []  # what processors see; only kept when there are some
     # Greedy decoding takes the graph's own argmax where it has one: reading the logits back, just
     # written by the other core, was 1% of a 135M decode step.
     fused = engine.fused_argmax and sampler.params.greedy and history is None and not processors and logprobs is None
-    step = _select(logits, sampler, history, processors, reply, logprobs)
-    while True:
-        token = step.token
-        if turn is not None:  # the session counts the token as said even if the caller stops here
-            turn.sampled(token)
-        yield step
-        if history is not None:
-            history.append(token)
-        if processors:
-            reply.append(token)
-        logits = decode(token)
-        if fused:
-            step = Step(engine.decoded_argmax())
-        else:
+    unsaid = len(forced)  # forced tokens fed but not yet yielded
+    try:
+        while True:
+            for f in forced:
+                unsaid -= 1
+                yield Step(f) if logprobs is None else Step(f, 0.0, ((f, 0.0),))
+                if history is not None:
+                    history.append(f)
+                reply.append(f)
             step = _select(logits, sampler, history, processors, reply, logprobs)
+            while True:
+                token = step.token
+                if turn is not None:  # the session counts the token as said even if the caller stops here
+                    turn.sampled(token)
+                yield step
+                if history is not None:
+                    history.append(token)
+                if processors:
+                    reply.append(token)
+                forced = forcer.forced_tokens(reply) if forcer is not None else []
+                if forced:
+                    break
+                logits = decode(token)
+                if fused:
+                    step = Step(engine.decoded_argmax())
+                else:
+                    step = _select(logits, sampler, history, processors, reply, logprobs)
+            logits = chunk([token, *forced])
+            unsaid = len(forced)
+    finally:
+        if unsaid and turn is not None:
+            turn.unsay(unsaid)
 
 
 def _select(
@@ -233,18 +259,22 @@ def stream_generate(
     config: GenerationConfig | None = None,
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    grammar: Grammar | None = None,
 ) -> Iterator[TokenEvent]:
     """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template.
 
-    An Engine starts afresh; a Session appends the prompt to its conversation (session.py)."""
+    An Engine starts afresh; a Session appends the prompt to its conversation (session.py). `response_format`
+    (OpenAI's) or `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError first."""
     config = config or GenerationConfig()
     t0 = time.perf_counter()
+    processors = _constraints(engine, response_format, grammar)
     prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
     stops = _StopMatcher(config.stop_strings)
     itl = LatencyHistogram()  # constant memory however long the stream runs
-    steps = generate_step(engine, prompt_ids, Sampler(config.sampling))
+    steps = generate_step(engine, prompt_ids, Sampler(config.sampling), logits_processors=processors)
     prefill_s = first_s = 0.0
     last = t0
     index = produced = 0
@@ -311,9 +341,12 @@ def generate(
     config: GenerationConfig | None = None,
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    grammar: Grammar | None = None,
 ) -> GenerationResult:
     """Run a whole request (as stream_generate). Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose
     `result` is the partial GenerationResult, finish_reason 'cancelled'."""
+    _constraints(engine, response_format, grammar)  # a bad constraint fails before the prompt is encoded
     prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
     ids: list[int] = []
     parts: list[str] = []
@@ -326,7 +359,7 @@ def generate(
         if ev.stats is not None:
             final.append(ev.stats)
 
-    stream = stream_generate(engine, tokenizer, prompt_ids, config)
+    stream = stream_generate(engine, tokenizer, prompt_ids, config, response_format=response_format, grammar=grammar)
     try:
         for ev in stream:
             take(ev)
@@ -355,6 +388,16 @@ def _prompt_ids(
         return encode_messages(engine, tokenizer, messages)
     assert prompt is not None
     return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+
+def _constraints(
+    engine: Engine | Session, response_format: Mapping[str, Any] | None, grammar: Grammar | None
+) -> list[LogitsProcessor]:
+    if response_format is None and grammar is None:
+        return []
+    from . import constrain  # llguidance loads only for structured output
+
+    return list(constrain.processors(engine, response_format, grammar))
 
 
 def close_cancelled(stream: Iterator[TokenEvent]) -> GenerationCancelled | None:
