@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from .generate import generate_steps
 from .manifest import Manifest
 from .sampling import LogitsProcessor, Sampler, SamplingParams, Step
 from .snapshot import Snapshot, bundle_checksum
+
+if TYPE_CHECKING:
+    from .constrain import Grammar
 
 _BLOCK = 256  # evicted ids per hashed block
 
@@ -89,6 +92,23 @@ class Turn:
     def decode(self, token: int) -> np.ndarray:
         self.session._live(self.epoch)
         return self.session._decode_pending(token)
+
+    def feed(self, ids: Sequence[int]) -> np.ndarray:
+        """Feed `ids` = [the pending token, *tokens a constraint forced after it] as one chunk (fast-forward,
+        constrain.py); the logits of the last."""
+        s = self.session
+        s._live(self.epoch)
+        if s._pending is None or not ids or ids[0] != s._pending:
+            raise SessionError(f"a fast-forward chunk must start with the pending token {s._pending}")
+        s._check_engine()
+        return s._feed(np.asarray(ids, dtype=np.int64))
+
+    def unsay(self, n: int) -> None:
+        """Drop the last n tokens fed but never yielded (a forced run the caller stopped inside), while this
+        reply is still the session's latest and the ring's slack allows; otherwise they stay said."""
+        s = self.session
+        if self.epoch == s._epoch and s._pending is None and n <= s.rollback_limit:
+            s.truncate(n)
 
 
 class Session:
@@ -169,13 +189,20 @@ class Session:
         stop_ids: Sequence[int] | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
         logprobs: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        grammar: Grammar | None = None,
     ) -> Iterator[Step]:
         """Append `ids` (may be empty) to the conversation and stream the reply, one Step per token.
 
         A generator: the turn is fed on the first `next()`. Stops after a stop id (default: the bundle's
         EOS ids; the stop id is part of the conversation) or `max_tokens`; without either it runs until
-        the caller stops. Every token yielded stays in the conversation.
+        the caller stops. Every token yielded stays in the conversation. `response_format` (OpenAI's) or
+        `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError at the call.
         """
+        if response_format is not None or grammar is not None:
+            from . import constrain  # llguidance loads only for structured output
+
+            logits_processors = (*logits_processors, *constrain.processors(self, response_format, grammar))
         sampler = sampling if isinstance(sampling, Sampler) else Sampler(sampling or SamplingParams())
         stops = set(self.manifest.tokenizer.eos_token_ids if stop_ids is None else stop_ids)
         steps = generate_steps(self, ids, sampler, logits_processors=logits_processors, logprobs=logprobs)
