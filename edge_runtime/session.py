@@ -110,6 +110,21 @@ class Turn:
         if self.epoch == s._epoch and s._pending is None and n <= s.rollback_limit:
             s.truncate(n)
 
+    def extend(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed the pending token and `tokens` in one graph call; the logits after each, [1 + len(tokens), V].
+        Speculative verification (speculative.py): the caller keeps the agreeing prefix and `drop`s the rest."""
+        self.session._live(self.epoch)
+        s = self.session
+        if s._pending is None:
+            raise SessionError("extend needs the token sampled last (call sampled() first)")
+        return s._feed(np.asarray([s._pending, *tokens], dtype=np.int64), all_logits=True)
+
+    def drop(self, n: int) -> None:
+        """Forget the last n tokens fed in this reply (a rejected speculation), keeping the reply alive;
+        at most the session's rollback_limit (RollbackError)."""
+        self.session._live(self.epoch)
+        self.session._drop(n)
+
 
 class Session:
     """Owns `engine`'s ring from here on (it starts afresh): drive the engine only through the session."""
@@ -353,10 +368,10 @@ class Session:
         g = self.geometry
         return self._row_ids[np.where(tokens < g.sinks, tokens, g.sinks + (tokens - g.sinks) % g.ring)]
 
-    def _feed(self, ids: np.ndarray) -> np.ndarray:
+    def _feed(self, ids: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
         ring, g = self.engine.ring, self.geometry
         t0, written0 = ring.tokens, ring.written
-        logits = self.engine.prefill(ids)  # validates the ids before anything here changes
+        logits = self.engine.prefill(ids, all_logits=all_logits)  # validates the ids before anything here changes
         self._pending = None
         t1 = t0 + ids.size
         lo, hi = max(g.sinks, written0 - g.ring), max(g.sinks, max(written0, t1) - g.ring)
@@ -384,6 +399,12 @@ class Session:
         self._pending = None
         self._expect = t + 1
         return logits
+
+    def _drop(self, n: int) -> None:
+        """Rollback inside a reply: the pending token was fed (Turn.extend), so only fed tokens go."""
+        self._check_engine()
+        self.engine.truncate(n)
+        self._expect = self.engine.ring.tokens
 
     def _live(self, epoch: int) -> None:
         if epoch != self._epoch:
