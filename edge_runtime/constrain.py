@@ -48,9 +48,7 @@ def _llg() -> Any:
     try:
         import llguidance
     except ImportError:
-        raise ConstraintError(
-            "structured output needs llguidance: pip install 'edge-runtime[structured]'"
-        ) from None
+        raise ConstraintError("structured output needs llguidance: pip install 'edge-runtime[structured]'") from None
     return llguidance
 
 

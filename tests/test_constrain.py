@@ -1,0 +1,186 @@
+"""Structured output (constrain.py): constrained output always parses and validates, regex / choice / Lark are
+honoured, forced tokens are fed as chunks, and a bad constraint is a one-line error before anything runs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from edge_runtime import constrain
+from edge_runtime.engine import load
+from edge_runtime.errors import ConstraintError
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.generate import GenerationConfig, generate
+from edge_runtime.models import DEMO_CHECKPOINT
+from edge_runtime.sampling import SamplingParams
+from edge_runtime.session import Session
+from edge_runtime.tokenizer import Tokenizer
+
+llguidance = pytest.importorskip("llguidance")
+llg_numpy = pytest.importorskip("llguidance.numpy")
+jsonschema = pytest.importorskip("jsonschema")
+
+# A robot command: nested objects, enums, bounded numbers, a bounded array.
+ROBOT = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["move_to", "pick", "place", "stop"]},
+        "target": {
+            "type": "object",
+            "properties": {
+                # multipleOf bounds the digits (a free fraction lets a sampled model run on to max_tokens);
+                # 0.25, not 0.01: jsonschema checks it in binary floating point, where -1.15 is no multiple of 0.01.
+                "x": {"type": "number", "minimum": -2.0, "maximum": 2.0, "multipleOf": 0.25},
+                "y": {"type": "number", "minimum": -2.0, "maximum": 2.0, "multipleOf": 0.25},
+            },
+            "required": ["x", "y"],
+            "additionalProperties": False,
+        },
+        "speed": {"type": "integer", "minimum": 1, "maximum": 5},
+        "tags": {"type": "array", "items": {"enum": ["slow", "careful", "now"]}, "maxItems": 2},
+    },
+    "required": ["action", "target", "speed", "tags"],
+    "additionalProperties": False,
+}
+PROMPT = "ROMEO.\nWhat light"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("b") / "demo"
+    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200))
+    engine = load(out)
+    return engine, Tokenizer.for_engine(engine)
+
+
+def _sampled(seed: int, n: int = 120) -> GenerationConfig:
+    # Temperature 1 on a Shakespeare model: free output is never JSON; every bit of structure is the mask's.
+    return GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=1.0, seed=seed))
+
+
+def test_json_schema_output_always_validates(demo):
+    engine, tok = demo
+    grammar = constrain.json_schema(ROBOT)
+    free = generate(engine, tok, PROMPT, _sampled(0, 40)).text
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(free)
+    for seed in range(6):
+        r = generate(engine, tok, PROMPT, _sampled(seed), grammar=grammar)
+        assert r.stats.finish_reason == "eos", r.text
+        jsonschema.validate(json.loads(r.text), ROBOT)
+
+
+def test_response_format_forms(demo):
+    engine, tok = demo
+    rf = {"type": "json_schema", "json_schema": {"name": "robot", "schema": ROBOT, "strict": True}}
+    r = generate(engine, tok, PROMPT, _sampled(7), response_format=rf)
+    jsonschema.validate(json.loads(r.text), ROBOT)
+    r = generate(engine, tok, PROMPT, _sampled(8, 60), response_format={"type": "json_object"})
+    if r.stats.finish_reason == "eos":  # any object may run past 60 tokens; one that ended must parse
+        assert isinstance(json.loads(r.text), dict)
+    else:
+        assert r.text.startswith("{")
+    free = generate(engine, tok, PROMPT, _sampled(9, 8), response_format={"type": "text"})
+    assert free.text == generate(engine, tok, PROMPT, _sampled(9, 8)).text
+
+
+def test_regex_choice_and_lark_are_honoured(demo):
+    engine, tok = demo
+    pattern = r"[A-Z][a-z]{2,6} [0-9]{1,3}(\.[0-9])?"
+    lark = 'start: "go " DIR " " NUM\nDIR: "north" | "south"\nNUM: /[1-9][0-9]?/'
+    options = ["Juliet", "Romeo", "Mercutio", "Tybalt"]
+    for seed in range(4):
+        text = generate(engine, tok, PROMPT, _sampled(seed, 30), grammar=constrain.regex(pattern)).text
+        assert re.fullmatch(pattern, text), text
+        assert generate(engine, tok, PROMPT, _sampled(seed, 30), grammar=constrain.choice(options)).text in options
+        text = generate(engine, tok, PROMPT, _sampled(seed, 30), grammar=constrain.lark(lark)).text
+        assert re.fullmatch(r"go (north|south) [1-9][0-9]?", text), text
+
+
+def test_mask_matches_llguidance_reference(demo):
+    engine, _ = demo
+    c = constrain.Constraint.for_engine(engine, constrain.json_schema(ROBOT))
+    tokenizer = constrain.lltokenizer(engine)
+    rng = np.random.default_rng(0)
+    reply: list[int] = []
+    for _ in range(12):  # walk a few steps so the masks mix allowed and banned words
+        reply += c.forced_tokens(reply)
+        logits = rng.standard_normal(engine.manifest.model.vocab_size).astype(np.float32)
+        ref = logits.copy()
+        m = llguidance.LLMatcher(tokenizer, c.grammar.text, log_level=0)
+        assert m.consume_tokens(reply)
+        bitmask = llg_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
+        llg_numpy.fill_next_token_bitmask(m, bitmask)
+        llg_numpy.apply_token_bitmask_inplace(ref[None], bitmask)
+        ours = c(reply, logits.copy())
+        assert np.array_equal(ours, ref)
+        if m.is_stopped():
+            break
+        reply.append(int(np.argmax(ours)))
+
+
+def test_forced_tokens_are_fed_as_chunks_not_decoded(demo, monkeypatch):
+    engine, tok = demo
+    decodes = {"n": 0}
+    real = engine.decode
+
+    def counting(token):
+        decodes["n"] += 1
+        return real(token)
+
+    monkeypatch.setattr(engine, "decode", counting)
+    r = generate(engine, tok, PROMPT, _sampled(3), grammar=constrain.json_schema(ROBOT))
+    jsonschema.validate(json.loads(r.text), ROBOT)
+    # Keys, braces, quotes, the rest of each enum value: a large share of a schema's tokens are forced.
+    assert decodes["n"] < 0.7 * len(r.token_ids), (decodes["n"], len(r.token_ids))
+
+
+def test_session_constrained_turns_and_rollback_inside_a_forced_run(demo):
+    engine, tok = demo
+    session = Session(engine)
+    grammar = constrain.json_schema(ROBOT)
+    steps = list(session.send(tok.encode(PROMPT), SamplingParams(temperature=1.0, seed=1), grammar=grammar))
+    jsonschema.validate(json.loads(tok.decode([s.token for s in steps])), ROBOT)
+    before = session.length
+    ids = tok.encode("JULIET.\nO", add_special_tokens=False)
+    stream = session.send(ids, grammar=grammar)
+    first = next(stream)  # `{"action": "` is forced: fed with the turn, but only its first token was taken
+    stream.close()
+    assert session.length == before + len(ids) + 1 and first.token == steps[0].token
+    assert session.pending is None
+
+
+BAD = [
+    (lambda: constrain.json_schema("{not json"), "invalid JSON schema"),
+    (lambda: constrain.json_schema({"type": "strin"}), "invalid JSON schema"),
+    (lambda: constrain.json_schema({"type": "integer", "minimum": 5, "maximum": 1}), "unsatisfiable JSON schema"),
+    (lambda: constrain.json_schema({"allOf": [{"type": "string"}, {"type": "integer"}]}), "unsatisfiable"),
+    (lambda: constrain.json_schema({"type": "object", "if": {}, "then": {}}), "unsupported JSON schema feature"),
+    (lambda: constrain.lark("start: ( "), "invalid Lark grammar"),
+    (lambda: constrain.regex("a(b"), "invalid regular expression"),
+    (lambda: constrain.choice([]), "invalid choice"),
+    (lambda: constrain.from_response_format({"type": "xml"}), "response_format type"),
+]
+
+
+@pytest.mark.parametrize("make,message", BAD, ids=[m for _, m in BAD])
+def test_bad_constraints_are_one_line_errors(make, message):
+    with pytest.raises(ConstraintError, match=message) as e:
+        make()
+    assert "\n" not in str(e.value)
+
+
+def test_a_bad_constraint_generates_nothing(demo, monkeypatch):
+    engine, tok = demo
+    fed = []
+    monkeypatch.setattr(engine, "prefill", lambda ids, **kw: fed.append(ids))
+    unsatisfiable = {"type": "number", "minimum": 3, "maximum": 1}
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": unsatisfiable}}
+    with pytest.raises(ConstraintError, match="unsatisfiable"):
+        generate(engine, tok, PROMPT, response_format=bad)
+    with pytest.raises(ConstraintError, match="not both"):
+        generate(engine, tok, PROMPT, response_format={"type": "json_object"}, grammar=constrain.regex("a"))
+    assert fed == []
