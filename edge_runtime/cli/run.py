@@ -95,6 +95,10 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--json-schema", type=click.Path(path_type=Path), help="Constrain the output to this JSON schema file.")
+@click.option("--regex", default=None, help="Constrain the output to match this regular expression in full.")
+@click.option("--grammar", "grammar_file", type=click.Path(path_type=Path), help="Constrain to a Lark grammar file.")
+@click.option("--choice", multiple=True, help="Constrain the output to one of these strings (repeatable).")
 @click.option("--sinks", type=int, default=None, help="Attention sinks [default: target, then bundle].")
 @click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
 @click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
@@ -126,6 +130,10 @@ def main(
     repetition_penalty: float,
     seed: int | None,
     stop: tuple[str, ...],
+    json_schema: Path | None,
+    regex: str | None,
+    grammar_file: Path | None,
+    choice: tuple[str, ...],
     sinks: int | None,
     window: int | None,
     threads: int | None,
@@ -149,6 +157,9 @@ def main(
     if chat and (prompt is not None or prompt_file is not None or message is not None):
         raise EdgeRuntimeError("--chat reads its messages from the terminal or stdin; drop --prompt/--message")
     # Checked before a model loads: a bad prompt costs no export and no session.
+    constraint = _constraint(json_schema, regex, grammar_file, choice)  # a bad one: one line, nothing loaded
+    if chat and constraint is not None:
+        raise EdgeRuntimeError("--json-schema/--regex/--grammar/--choice constrain one reply; not with --chat")
     request = None if chat else prompt_input.resolve(prompt, prompt_file, message, system, DEFAULT_PROMPT)
     if system is not None:
         system = prompt_input.check_utf8(system, "--system")
@@ -191,7 +202,7 @@ def main(
     assert request is not None
     prompt_ids = _prompt_ids(engine, tok, request)
     ids, parts, final = [], [], None
-    stream = stream_generate(engine, tok, prompt_ids, config)
+    stream = stream_generate(engine, tok, prompt_ids, config, grammar=constraint)
     if not as_json and not request.is_chat:
         click.echo(request.text, nl=False)
     marks = PhaseMarks(sampler)
@@ -311,6 +322,29 @@ def _log_run(
         run_id=new_run_id(),
     )
     append_record(log_file, record)
+
+
+def _constraint(json_schema: Path | None, regex: str | None, grammar: Path | None, choice: tuple[str, ...]) -> Any:
+    """The structured-output constraint the options ask for (edge_runtime/constrain.py), or None."""
+    given = [x for x in (json_schema, regex, grammar, choice or None) if x is not None]
+    if not given:
+        return None
+    from edge_runtime import constrain
+    from edge_runtime.errors import ConstraintError
+
+    if len(given) > 1:
+        raise ConstraintError("give one of --json-schema, --regex, --grammar, --choice")
+    if choice:
+        return constrain.choice(choice)
+    if regex is not None:
+        return constrain.regex(regex)
+    path = json_schema or grammar
+    assert path is not None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConstraintError(f"cannot read '{path}': {e}") from None
+    return constrain.json_schema(text) if json_schema else constrain.lark(text)
 
 
 if __name__ == "__main__":
