@@ -184,3 +184,44 @@ def test_a_bad_constraint_generates_nothing(demo, monkeypatch):
     with pytest.raises(ConstraintError, match="not both"):
         generate(engine, tok, PROMPT, response_format={"type": "json_object"}, grammar=constrain.regex("a"))
     assert fed == []
+
+
+@pytest.fixture(scope="module")
+def demo_dir(demo):
+    return demo[0].bundle.path
+
+
+def _run(bundle, *args):
+    from click.testing import CliRunner
+
+    from edge_runtime.cli.run import main as run_cli
+
+    common = ["--bundle", str(bundle), "--target", "x86", "--prompt", PROMPT, "--temperature", "1", "--seed", "2"]
+    return CliRunner().invoke(run_cli, [*common, *args])
+
+
+def test_cli_constraints(demo_dir, tmp_path):
+    schema = tmp_path / "robot.json"
+    schema.write_text(json.dumps(ROBOT))
+    r = _run(demo_dir, "--json-schema", str(schema), "--json", "--max-tokens", "120")
+    assert r.exit_code == 0, r.output
+    jsonschema.validate(json.loads(json.loads(r.stdout.strip().splitlines()[-1])["text"]), ROBOT)
+    r = _run(demo_dir, "--choice", "yes", "--choice", "no", "--json")
+    assert json.loads(r.stdout.strip().splitlines()[-1])["text"] in ("yes", "no")
+    r = _run(demo_dir, "--regex", "[0-9]{4}", "--json")
+    assert re.fullmatch("[0-9]{4}", json.loads(r.stdout.strip().splitlines()[-1])["text"])
+
+
+def test_cli_bad_constraints_are_one_line(demo_dir, tmp_path):
+    (tmp_path / "bad.json").write_text('{"type": "integer", "minimum": 9, "maximum": 1}')
+    (tmp_path / "bad.lark").write_text("start: ( ")
+    for args, message in [
+        (["--json-schema", str(tmp_path / "bad.json")], "unsatisfiable JSON schema"),
+        (["--grammar", str(tmp_path / "bad.lark")], "invalid Lark grammar"),
+        (["--regex", "a(b"], "invalid regular expression"),
+        (["--regex", "a", "--choice", "b"], "give one of"),
+        (["--json-schema", str(tmp_path / "missing.json")], "cannot read"),
+    ]:
+        r = _run(demo_dir, *args)
+        assert r.exit_code == 1, r.output
+        assert r.output.count("\n") == 1 and message in r.output, r.output
