@@ -120,3 +120,11 @@ class ConstraintError(EdgeRuntimeError):
     """A structured-output constraint that cannot be used (constrain.py): invalid JSON or JSON schema, an
     unsatisfiable schema, a schema feature the grammar engine does not implement, a regex or Lark syntax
     error. Raised when the constraint is compiled, before anything is generated."""
+
+
+class SpeculativeError(EdgeRuntimeError):
+    """Speculative decoding set up in a way the ring cannot verify (speculative.py): k of 0, or above the slack."""
+
+
+class DraftMismatchError(SpeculativeError):
+    """A draft bundle whose token ids are not the target's: another tokenizer or vocabulary size."""

@@ -114,21 +114,53 @@ class Sampler:
         return self._rows
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        if self.params.greedy:
+            return self._argmax(logits, history)
+        return self.draw(self._distribution(logits, history), normalised=True)
+
+    def probabilities(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """The distribution a call samples from, as a new float64 array (speculative decoding's rejection
+        rule compares the target's and the draft's); greedy: one-hot at the argmax."""
+        if self.params.greedy:
+            probs = np.zeros(logits.size, np.float64)
+            probs[self._argmax(logits, history)] = 1.0
+            return probs
+        return self._distribution(logits, history).copy()
+
+    def draw(self, probs: np.ndarray, *, normalised: bool = False) -> int:
+        """One token from `probs` (non-negative, summing to more than 0) with this sampler's random stream."""
+        rows = self._rows_for(probs.size)
+        if not normalised:
+            total = float(probs.sum())
+            if not (math.isfinite(total) and total > 0):
+                raise CorruptOutputError(_NON_FINITE)
+        # Generator.choice(n, p=probs), without its vocabulary-sized validation temporaries.
+        np.cumsum(probs, out=rows.cdf)
+        rows.cdf /= rows.cdf[-1]
+        return int(rows.cdf.searchsorted(self.rng.random(), side="right"))
+
+    def _penalized(self, logits: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, _Rows | None]:
         p = self.params
-        src = logits
-        rows: _Rows | None = None
         if p.repetition_penalty != 1.0 and len(history):
             rows = self._rows_for(logits.size)
             np.copyto(rows.probs, logits)  # float64: the caller's logits may be a pool view
             seen = np.unique(np.asarray(history))  # history-sized (bounded by the cache), not vocabulary-sized
             vals = rows.probs[seen]
             rows.probs[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            src = rows.probs
-        if p.greedy:
-            token = int(np.argmax(src))
-            if not math.isfinite(src[token]):  # argmax returns the first NaN, and an Inf wins it
-                raise CorruptOutputError(_NON_FINITE)
-            return token
+            return rows.probs, rows
+        return logits, None
+
+    def _argmax(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        src, _ = self._penalized(logits, history)
+        token = int(np.argmax(src))
+        if not math.isfinite(src[token]):  # argmax returns the first NaN, and an Inf wins it
+            raise CorruptOutputError(_NON_FINITE)
+        return token
+
+    def _distribution(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The sampling distribution, in the work row `probs` (valid until the next call)."""
+        p = self.params
+        src, rows = self._penalized(logits, history)
         rows = rows or self._rows_for(logits.size)
         z = rows.probs
         if src is not z:
@@ -152,10 +184,7 @@ class Sampler:
             np.less(probs, p.min_p * probs.max(), out=rows.mask)
             np.copyto(probs, 0.0, where=rows.mask)
         probs /= probs.sum()
-        # Generator.choice(n, p=probs), without its vocabulary-sized validation temporaries.
-        np.cumsum(probs, out=rows.cdf)
-        rows.cdf /= rows.cdf[-1]
-        return int(rows.cdf.searchsorted(self.rng.random(), side="right"))
+        return probs
 
     @staticmethod
     def _top_p(rows: _Rows, top_p: float) -> None:
