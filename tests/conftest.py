@@ -78,3 +78,38 @@ def real_int4_bundle(tmp_path_factory, real_model_dir):
 
     kernel = MatMulKernel.EDGE if kernels.available() else MatMulKernel.MLAS
     return _export_real(tmp_path_factory, real_model_dir, "real-int4", QuantConfig(QuantMethod.INT4, kernel=kernel))
+
+
+@pytest.fixture(scope="session")
+def serve_bundle(tmp_path_factory):
+    """The demo model with tests/serve_util.py's chat template (ring window 100), for the edge-serve tests."""
+    import json
+    import shutil
+
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.models import DEMO_CHECKPOINT
+
+    from .serve_util import SERVE_TEMPLATE
+
+    ck = tmp_path_factory.mktemp("serve-ck") / "demo"
+    shutil.copytree(DEMO_CHECKPOINT, ck)
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": SERVE_TEMPLATE}))
+    out = tmp_path_factory.mktemp("serve-b") / "shakespeare"
+    export(ExportOptions(checkpoint=ck, out=out, window=100))
+    return out
+
+
+# The serve tests' server: 2 slots, a short queue, one thread (the Python API it is compared with uses one too).
+SERVE_ARGS = ("--target", "x86", "--window", "100", "--threads", "1", "--slots", "2", "--queue", "4",
+              "--max-tokens", "4000")
+
+
+@pytest.fixture(scope="session")
+def edge_server(serve_bundle, tmp_path_factory):
+    """One real `edge-serve` process for the serve test files, stopped with SIGTERM at the end."""
+    from .serve_util import Server
+
+    server = Server(serve_bundle, *SERVE_ARGS, log=tmp_path_factory.mktemp("serve-log") / "server.log")
+    yield server
+    server.stop()

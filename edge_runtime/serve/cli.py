@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,14 @@ def _build(
     return state, closers
 
 
+class _Stopped(Exception):
+    """A SIGTERM or SIGINT after uvicorn's graceful shutdown (or before it started)."""
+
+
+def _stopped(sig: int, frame: Any) -> None:
+    raise _Stopped(sig)
+
+
 def _serve(state: Any, host: str, port: int, shutdown_timeout: float, log_level: str) -> None:
     import uvicorn
 
@@ -247,7 +256,16 @@ def _serve(state: Any, host: str, port: int, shutdown_timeout: float, log_level:
         lifespan="on",
     )
     server = uvicorn.Server(config)
-    server.run()  # SIGTERM / SIGINT: stop accepting, finish what is in flight, then the lifespan's shutdown
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully, under the handlers that
+    # were in place before it: ours end the process with status 0 after our cleanup, not killed by the signal.
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()  # SIGTERM / SIGINT: stop accepting, finish what is in flight, then the lifespan's shutdown
+    except _Stopped:
+        return
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not server.started:  # the port was taken or the address is not ours: uvicorn logged why
         from edge_runtime.errors import EdgeRuntimeError
 

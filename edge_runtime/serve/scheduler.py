@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_runtime.errors import EdgeRuntimeError, RingOverflowError
-from edge_runtime.generate import _StopMatcher  # stream_generate's stop-string matcher, across token boundaries
+from edge_runtime.generate import (
+    _StopMatcher,  # stream_generate's stop-string matcher, across token boundaries
+    generate_steps,
+)
+from edge_runtime.sampling import Sampler
 from edge_runtime.telemetry import Sampler as PowerSampler
 from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -213,7 +217,8 @@ class Scheduler:
         reason, tail = "length", ""
         first = last = t_start
         cached = 0
-        steps = session.send(rest, p.sampling, max_tokens=p.max_tokens, logprobs=p.logprobs)
+        # The open loop on the session (it feeds only `rest`); max_tokens, EOS and stop strings end it here.
+        steps = generate_steps(session, rest, Sampler(p.sampling), logprobs=p.logprobs)
         try:
             for i, step in enumerate(steps):
                 now = time.perf_counter()
@@ -229,23 +234,22 @@ class Scheduler:
                 lp = None
                 if p.logprobs is not None and step.token not in self.eos and step.logprob is not None:
                     lp = TokenLogprob(step.token, step.logprob, step.top_logprobs)
-                if step.token in self.eos:
-                    reason = "stop"
-                    job.post(Piece("", None))
-                    break
-                text, hit = stops.push(detok.add(step.token))
+                eos = step.token in self.eos
+                text, hit = ("", False) if eos else stops.push(detok.add(step.token))
                 if text or lp is not None or i == 0:
                     job.post(Piece(text, lp))
-                if hit:
+                if eos or hit:
                     reason = "stop"
+                if hit:
+                    break
+                if eos or i + 1 >= p.max_tokens:  # release what was held back for a stop string that never came
+                    tail, hit = stops.push(detok.flush())
+                    tail += "" if hit else stops.pending
+                    reason = "stop" if eos or hit else "length"
                     break
                 if job.cancelled.is_set():
                     reason = "cancelled"
                     break
-            else:  # max_tokens: release what was held back for a stop string that never came
-                tail, hit = stops.push(detok.flush())
-                tail += "" if hit else stops.pending
-                reason = "stop" if hit else "length"
         finally:
             steps.close()
             report = power.stop() if power is not None and power.running else None
