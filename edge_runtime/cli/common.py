@@ -47,6 +47,15 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def require_stdout() -> None:
+    """Refuse to run with standard output closed (`cmd >&-`): Python then has no sys.stdout, click.echo
+    drops every write without a word, and the command would exit 0 with its output lost."""
+    if sys.stdout is None:
+        raise EdgeRuntimeError(
+            "standard output is closed, so the output would be lost; redirect it (to a file, or to /dev/null)"
+        )
+
+
 def os_message(e: OSError) -> str:
     """`No space left on device: 'out/model.onnx.data'`: the OS's reason and the path it concerns."""
     where = f": '{e.filename}'" if e.filename else ""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import chat_repl, prompt_input
-from .common import debug_option, friendly_errors
+from .common import debug_option, friendly_errors, require_stdout
 
 if TYPE_CHECKING:
     from edge_runtime.targets import TargetProfile
@@ -103,6 +103,14 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
 @click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
 @click.option(
+    "--verify",
+    type=click.Choice(["sampled", "full"]),
+    default="sampled",
+    show_default=True,
+    help="Bundle checks at load: files verified before are re-checked by sampled chunk CRCs (and hashed in "
+    "full weekly); full hashes every byte.",
+)
+@click.option(
     "--stats",
     is_flag=True,
     help="Print TTFT, ITL p50/p90/p99, tokens/s, peak RSS, weight bandwidth and energy per phase to stderr.",
@@ -137,6 +145,7 @@ def main(
     sinks: int | None,
     window: int | None,
     threads: int | None,
+    verify: str,
     stats: bool,
     log_file: Path | None,
     as_json: bool,
@@ -152,6 +161,7 @@ def main(
     from edge_runtime.targets import resolve_target
     from edge_runtime.tokenizer import Tokenizer
 
+    require_stdout()
     if bundle and model:
         raise EdgeRuntimeError("give --bundle or --model, not both")
     if chat and (prompt is not None or prompt_file is not None or message is not None):
@@ -163,6 +173,19 @@ def main(
     request = None if chat else prompt_input.resolve(prompt, prompt_file, message, system, DEFAULT_PROMPT)
     if system is not None:
         system = prompt_input.check_utf8(system, "--system")
+    # So are the sampling settings (--seed -1, --temperature 1e-308): before any line of progress.
+    config = GenerationConfig(
+        max_tokens=max_tokens,
+        stop_strings=stop,
+        sampling=SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+        ),
+    )
     detection = resolve_target(target)
     profile = detection.profile
     if profile.backend.name != "onnxruntime":
@@ -180,22 +203,11 @@ def main(
         click.get_current_context().call_on_close(lambda: _close_sampler(sampler))
         sampler.start()
         sampler.mark("load")
-    engine = load(bundle_dir, LoadOptions(sinks=sinks, window=window, threads=threads), target=profile)
+    opts = LoadOptions(sinks=sinks, window=window, threads=threads, verify=verify)  # type: ignore[arg-type]
+    engine = load(bundle_dir, opts, target=profile)
     tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
     if sampler is not None:
         sampler.mark(None)
-    config = GenerationConfig(
-        max_tokens=max_tokens,
-        stop_strings=stop,
-        sampling=SamplingParams(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-        ),
-    )
     if chat:
         chat_repl.run(engine, tok, config, chat_repl.ChatOptions(system=system, as_json=as_json))
         return
@@ -212,10 +224,11 @@ def main(
         for ev in stream:
             marks.see(ev)
             final = ev.stats or final
-            if ev.token_id >= 0:
-                ids.append(ev.token_id)
-            parts.append(ev.text)
-            if not as_json:
+            if as_json:  # kept only to print them all at the end; streaming keeps nothing per token
+                if ev.token_id >= 0:
+                    ids.append(ev.token_id)
+                parts.append(ev.text)
+            else:
                 click.echo(ev.text, nl=False)
                 sys.stdout.flush()
     except KeyboardInterrupt as e:  # Ctrl-C: print the partial output (and its stats), then exit 130
