@@ -105,6 +105,7 @@ def write_json(report: Mapping[str, Any], path: str | Path) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; a report is kept and shared like a bundle (0644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
             f.write("\n")
