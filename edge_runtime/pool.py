@@ -42,8 +42,8 @@ class StaticPool:
         half = m.rotary_dim // 2
         masked = MASKED_FP16 if dtype == np.float16 else MASKED
         shapes = [manifest.graph.kv_shape(h, g.capacity, m.head_dim) for h in m.num_kv_heads]
-        keys = [np.zeros(shape, dtype) for shape in shapes]
-        values = [np.zeros(shape, dtype) for shape in shapes]
+        keys = [_committed(shape, dtype) for shape in shapes]
+        values = [_committed(shape, dtype) for shape in shapes]
         decode = DecodeBuffers(
             cos=np.zeros((1, half), dtype),
             sin=np.zeros((1, half), dtype),
@@ -113,3 +113,12 @@ class StaticPool:
     def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry) -> int:
         itemsize = np.dtype(manifest.graph.activation_dtype).itemsize
         return 2 * sum(h * geometry.capacity * manifest.model.head_dim * itemsize for h in manifest.model.num_kv_heads)
+
+
+def _committed(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed buffer whose pages are all written now. np.zeros gets lazily mapped pages, so resident memory
+    would grow as the ring first fills (94 MB over SmolLM2-135M's first 2,048 tokens) and a device short of
+    memory would fail hours into a conversation instead of at load."""
+    buf = np.empty(shape, dtype)
+    buf.fill(0)
+    return buf
