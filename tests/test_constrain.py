@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -48,10 +49,21 @@ ROBOT = {
 PROMPT = "ROMEO.\nWhat light"
 
 
+# ChatML that ignores `tools`, as SmolLM2's does: tools.py then prompts for them itself.
+CHATML = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    ck = tmp_path_factory.mktemp("ck") / "demo"
+    shutil.copytree(DEMO_CHECKPOINT, ck)
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
     out = tmp_path_factory.mktemp("b") / "demo"
-    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200))
+    export(ExportOptions(checkpoint=ck, out=out, window=200))
     engine = load(out)
     return engine, Tokenizer.for_engine(engine)
 
@@ -225,3 +237,81 @@ def test_cli_bad_constraints_are_one_line(demo_dir, tmp_path):
         r = _run(demo_dir, *args)
         assert r.exit_code == 1, r.output
         assert r.output.count("\n") == 1 and message in r.output, r.output
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Verona", "Mantua"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+MOVE = {
+    "type": "function",
+    "function": {"name": "move_to", "parameters": ROBOT["properties"]["target"]},
+}
+
+
+def _check_calls(reply, names):
+    assert reply["finish_reason"] == "tool_calls", reply
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, MOVE)}
+    for call in reply["tool_calls"]:
+        assert call["type"] == "function" and call["function"]["name"] in names
+        jsonschema.validate(json.loads(call["function"]["arguments"]), by_name[call["function"]["name"]])
+
+
+def test_tool_calls_constrained_and_parsed_into_openai_tool_calls(demo):
+    from edge_runtime import tools
+
+    engine, tok = demo
+    messages = [{"role": "user", "content": "Will it rain in Verona?"}]
+    for seed in range(2):
+        reply = tools.chat(
+            engine, tok, messages, [WEATHER, MOVE], "required", _sampled(seed, 200), parallel_tool_calls=False
+        )
+        _check_calls(reply, {"get_weather", "move_to"})
+    named = {"type": "function", "function": {"name": "move_to"}}
+    reply = tools.chat(engine, tok, messages, [WEATHER, MOVE], named, _sampled(5, 200), parallel_tool_calls=False)
+    _check_calls(reply, {"move_to"})
+    # The round trip: the call and its result go back, and the conversation continues.
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": reply["tool_calls"]},
+        {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "arrived"},
+    ]
+    for choice in ("auto", "none"):
+        after = tools.chat(engine, tok, messages, [WEATHER, MOVE], choice, _sampled(6, 20), parallel_tool_calls=False)
+        assert after["role"] == "assistant" and (choice == "auto" or "tool_calls" not in after)
+        if "tool_calls" in after:
+            _check_calls(after, {"get_weather", "move_to"})
+
+
+def test_parse_tool_calls_formats():
+    from edge_runtime import tools
+
+    text = (
+        'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    )
+    content, calls = tools.parse_tool_calls(text)
+    assert content == "Sure." and [c["function"]["name"] for c in calls] == ["f", "g"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1} and calls[1]["id"] == "call_1"
+    assert tools.parse_tool_calls("<tool_call>{broken</tool_call>") == ("<tool_call>{broken</tool_call>", [])
+    content, calls = tools.parse_tool_calls('{"name": "f", "parameters": {"x": 2}}', "llama3")
+    assert content is None and calls[0]["function"]["arguments"] == '{"x": 2}'
+    with pytest.raises(ConstraintError, match="not among the tools"):
+        tools.call_grammar(tools.functions([WEATHER]), {"type": "function", "function": {"name": "nope"}}, "hermes")
+    with pytest.raises(ConstraintError, match="unsatisfiable"):
+        bad = {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "integer", "minimum": 2, "maximum": 1}},
+        }
+        tools.call_grammar(tools.functions([bad]), "required", "hermes")
