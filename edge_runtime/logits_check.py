@@ -17,6 +17,8 @@ NaN, often a special token, and the run "succeeds" with empty text. What is chec
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import CorruptOutputError
@@ -41,5 +43,5 @@ def check_token(token: int, logit: float, vocab_size: int, where: str) -> None:
         raise CorruptOutputError(
             f"the model chose token {token}, outside the vocabulary of {vocab_size}, at {where}; {_ADVICE}"
         )
-    if not np.isfinite(logit):
+    if not math.isfinite(logit):
         raise CorruptOutputError(f"the model produced non-finite logits (NaN or Inf) at {where}; {_ADVICE}")
