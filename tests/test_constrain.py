@@ -315,3 +315,25 @@ def test_parse_tool_calls_formats():
             "function": {"name": "f", "parameters": {"type": "integer", "minimum": 2, "maximum": 1}},
         }
         tools.call_grammar(tools.functions([bad]), "required", "hermes")
+
+
+def test_serve_response_format(demo, tmp_path):
+    """edge-serve with the official client: json_schema output validates; a bad schema is a 400, nothing run."""
+    openai = pytest.importorskip("openai")
+    from .serve_util import Server
+
+    server = Server(demo[0].bundle.path, "--target", "x86", log=tmp_path / "serve.log")
+    try:
+        client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        rf = {"type": "json_schema", "json_schema": {"name": "robot", "schema": ROBOT}}
+        messages = [{"role": "user", "content": "Move."}]
+        r = client.chat.completions.create(
+            model="demo", messages=messages, response_format=rf, max_tokens=120, temperature=1.0, seed=4
+        )
+        jsonschema.validate(json.loads(r.choices[0].message.content), ROBOT)
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {}}}}
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="demo", messages=messages, response_format=bad)
+        assert "unsupported JSON schema feature" in str(e.value) and e.value.body["param"] == "response_format"
+    finally:
+        server.stop()

@@ -218,7 +218,8 @@ class Scheduler:
         first = last = t_start
         cached = 0
         # The open loop on the session (it feeds only `rest`); max_tokens, EOS and stop strings end it here.
-        steps = generate_steps(session, rest, Sampler(p.sampling), logprobs=p.logprobs)
+        processors = [] if p.grammar is None else [_constraint(session, p.grammar)]
+        steps = generate_steps(session, rest, Sampler(p.sampling), logits_processors=processors, logprobs=p.logprobs)
         try:
             for i, step in enumerate(steps):
                 now = time.perf_counter()
@@ -288,3 +289,9 @@ class Scheduler:
             "estimate": report.estimate,
             **{k: fig[k] for k in keep},
         }
+
+
+def _constraint(session: Any, grammar: Any) -> Any:
+    from edge_runtime.constrain import Constraint  # llguidance loads only for structured output
+
+    return Constraint.for_engine(session, grammar)

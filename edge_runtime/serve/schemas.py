@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edge_runtime.errors import EdgeRuntimeError
@@ -31,6 +31,7 @@ class GenParams:
     logprobs: int | None  # None: no logprobs; k: each token's logprob and its k best alternatives
     stream: bool
     include_usage: bool
+    grammar: Any = None  # constrain.Grammar from response_format json_object / json_schema (issue 20)
 
 
 @dataclass(frozen=True)
@@ -185,14 +186,27 @@ def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise invalid_type("tools", "a list of objects", tools)
-    body.neutral("response_format", lambda v: isinstance(v, dict) and v.get("type") == "text", "text only")
+    grammar = _response_format(body.get("response_format"))
     body.neutral("modalities", lambda v: v == ["text"], "text only")
     logprobs = None
     if body.bool("logprobs", False):
         logprobs = body.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     elif body.get("top_logprobs") is not None:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    return ChatRequest(body.str("model"), messages, tools or None, _common(body, max_tokens_limit, logprobs))
+    params = replace(_common(body, max_tokens_limit, logprobs), grammar=grammar)
+    return ChatRequest(body.str("model"), messages, tools or None, params)
+
+
+def _response_format(value: Any) -> Any:
+    """OpenAI's response_format compiled (edge_runtime/constrain.py); a bad one is a 400 before any generation."""
+    if value is None:
+        return None
+    from edge_runtime import constrain
+
+    try:
+        return constrain.from_response_format(value)
+    except EdgeRuntimeError as e:
+        raise bad_request(str(e), param="response_format") from None
 
 
 def parse_completion(data: Any, max_tokens_limit: int) -> CompletionRequest:
