@@ -204,3 +204,22 @@ def test_disconnect_mid_stream_frees_the_slot(client, edge_server):
     assert 4 <= generated < 4000
     after = client.completions.create(model=MODEL, prompt="ROMEO.\n", max_tokens=2, temperature=0)
     assert after.usage.completion_tokens == 2
+
+
+def test_routing_takes_a_slot_only_when_it_gains_more_than_it_loses(serve_bundle):
+    """In process (route reads only each slot's token list): a shared template head does not evict a
+    conversation while an empty slot remains; a resent or edited conversation finds its own slot."""
+    from edge_runtime.serve.slots import SlotPool
+
+    pool = SlotPool(load(serve_bundle, LoadOptions(window=100, threads=1), target="x86"), 3)
+    head = list(range(10, 22))  # 12 tokens every prompt starts with (the template, a system prompt)
+    a = [*head, *range(100, 110), *range(200, 208)]  # a's prompt and reply
+    pool.slots[0].tokens, pool.slots[0].last_used = a, 1
+    slot, shared = pool.route([*head, *range(300, 312)])  # another conversation, same head
+    assert slot is not pool.slots[0] and not slot.tokens and shared == 0
+    assert pool.route([*a, *range(400, 405)]) == (pool.slots[0], len(a))  # a resent, grown
+    assert pool.route([*a[:-3], 7, 8]) == (pool.slots[0], len(a) - 3)  # a, its last turn edited
+    pool.slots[1].tokens, pool.slots[1].last_used = [*range(500, 540)], 2
+    pool.slots[2].tokens, pool.slots[2].last_used = [*range(600, 640)], 3
+    pool.slots[0].last_used = 4
+    assert pool.route([*head, 1, 2, 3]) == (pool.slots[1], 0)  # all full, nothing worth it: the least recent

@@ -219,7 +219,13 @@ def _build(
         fingerprint=f"edge-runtime-{__version__}-{bundle_checksum(engine.manifest)[:12]}",
         max_tokens=max_tokens,
         api_key=api_key,
-        extra={"target": profile.name, "cache": {"sinks": g.sinks, "window": g.window}, "slots": slots},
+        extra={
+            "target": profile.name,
+            "cache": {"sinks": g.sinks, "window": g.window},
+            "slots": slots,
+            "memory_needed_bytes": need,
+            "memory_budget_bytes": profile.memory_budget_bytes,
+        },
     )
     log.info(
         "model %s: %d slots, cache %d+%d, %.1f MiB for weights and slots (budget %s)",

@@ -3,10 +3,11 @@
 One engine runs one stream at a time, so N slots are N rings' worth of K/V, of which the active one lives
 in the engine's pool and the others in `Snapshot`s (session.py's prompt cache): switching slots copies the
 outgoing ring out and the incoming one back (gather/scatter of the rows held, not a re-prefill). A request
-goes to the slot whose conversation shares the longest token prefix with its prompt, as llama.cpp's
-server routes by prompt similarity; with no shared prefix, to the least recently used slot, so the other
-conversations keep their caches. `Session.match` then keeps exactly what it can reuse (rolling back where
-the prompt departs, resetting where the rollback would go too deep).
+goes to the slot whose conversation shares the longest token prefix with its prompt (as llama.cpp's server
+routes by prompt similarity), when that prefix is more than the slot would lose of its conversation; otherwise
+to an empty or the least recently used slot, so the other conversations keep their caches. `Session.match`
+then keeps exactly what it can reuse (rolling back where the prompt departs, resetting where the rollback
+would go too deep).
 
 Not thread-safe: the scheduler's one worker thread is the only caller.
 """
@@ -69,12 +70,18 @@ class SlotPool:
         self._clock = itertools.count(1)
 
     def route(self, prompt: Sequence[int]) -> tuple[Slot, int]:
-        """The slot for `prompt` and the prefix length that chose it."""
-        scored = [(common_prefix(s.tokens, prompt), s) for s in self.slots]
-        best, slot = max(scored, key=lambda p: (p[0], -p[1].last_used))
-        if best == 0:
-            slot = min(self.slots, key=lambda s: (len(s.tokens) > 0, s.last_used))  # an empty one, else the LRU
-        return slot, best
+        """The slot for `prompt` and the shared prefix that chose it (0: an empty or the least recent slot).
+
+        A slot is worth taking when the prompt reuses more of its conversation than it throws away: the
+        shared prefix saves that many tokens now, and the slot's tokens past it are lost to whoever comes back
+        for them. So conversations that merely share a template's first tokens or a system prompt do not
+        evict each other while an empty slot remains, and a resent or edited conversation finds its own.
+        """
+        scored = [(2 * common_prefix(s.tokens, prompt) - len(s.tokens), -s.last_used, s) for s in self.slots]
+        net, _, slot = max(scored, key=lambda p: (p[0], p[1]))
+        if net > 0:
+            return slot, common_prefix(slot.tokens, prompt)
+        return min(self.slots, key=lambda s: (len(s.tokens) > 0, s.last_used)), 0  # an empty one, else the LRU
 
     def activate(self, slot: Slot) -> None:
         """Give `slot` the engine: the current owner's ring is copied out, `slot`'s copied back in."""
