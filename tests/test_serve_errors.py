@@ -167,3 +167,42 @@ def test_refuses_a_public_address_without_a_key(serve_bundle):
         main, ["--bundle", str(serve_bundle), "--host", "0.0.0.0"], env={"EDGE_SERVE_API_KEY": None}
     )
     assert result.exit_code != 0 and "--api-key" in result.output
+
+
+def test_full_queue_is_a_503_with_retry_after(edge_server):
+    """One generation running and --queue 4 waiting: the next request is refused at once; clients that leave
+    while waiting are dropped from the queue, and the server is idle again."""
+    import http.client
+    import time
+
+    from .serve_util import metric_samples, sample_value
+
+    def gauge(name):
+        return sample_value(metric_samples(edge_server.get("/metrics")[1].decode()), name)
+
+    body = json.dumps(
+        {"prompt": "Now is the winter", "max_tokens": 4000, "stream": True, "temperature": 0.9, "seed": 3}
+    ).encode()
+    conns = []
+    try:
+        for _ in range(5):  # the first runs, four wait; nothing is read, so none of them finishes
+            conn = http.client.HTTPConnection("127.0.0.1", edge_server.port, timeout=30)
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            conns.append(conn)
+        deadline = time.monotonic() + 20
+        while gauge("edge_serve_queue_depth") < 4 and time.monotonic() < deadline:  # bounded
+            time.sleep(0.05)
+        status, headers, data = edge_server.request(
+            "POST", CHAT, json.dumps(GOOD).encode(), {"Content-Type": "application/json"}
+        )
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert json.loads(data)["error"]["code"] == "queue_full"
+    finally:
+        for conn in conns:
+            conn.close()
+    deadline = time.monotonic() + 20
+    while (gauge("edge_serve_queue_depth") or gauge("edge_serve_slots_busy")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gauge("edge_serve_queue_depth") == 0 and gauge("edge_serve_slots_busy") == 0
+    ok, reply = edge_server.post(CHAT, GOOD)
+    assert ok == 200 and reply["usage"]["completion_tokens"] == 2

@@ -30,7 +30,11 @@ def is_loopback(host: str) -> bool:
 
 @click.command()
 @click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
-@click.option("--model", type=click.Path(path_type=Path), help="A Hugging Face checkpoint; exported on first use.")
+@click.option(
+    "--model",
+    default=None,
+    help="A Hugging Face checkpoint directory or a bundled model's name (demo); exported for the target on first use.",
+)
 @click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless --api-key).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
@@ -86,7 +90,7 @@ def is_loopback(host: str) -> bool:
 @friendly_errors
 def main(
     bundle: Path | None,
-    model: Path | None,
+    model: str | None,
     target: str,
     host: str,
     port: int,
@@ -133,7 +137,7 @@ def main(
 
 def _build(
     bundle: Path | None,
-    model: Path | None,
+    model: str | None,
     target: str,
     slots: int,
     queue_size: int,
@@ -170,11 +174,12 @@ def _build(
         )
     log.info(detection.reason)
     if model is not None:
-        if model.suffix.lower() == ".gguf":
+        if model.lower().endswith(".gguf"):
             raise EdgeRuntimeError(f"export the GGUF first (edge-export {model} -o DIR), then edge-serve --bundle DIR")
         from edge_runtime.cli.run import ensure_bundle
+        from edge_runtime.models import resolve_checkpoint
 
-        bundle = ensure_bundle(model, profile)
+        bundle = ensure_bundle(resolve_checkpoint(model), profile)
     assert bundle is not None
     engine = load(bundle, LoadOptions(sinks=sinks, window=window, threads=threads), target=profile)
     check_budget(engine, slots, profile.memory_budget_bytes)
@@ -196,7 +201,7 @@ def _build(
     scheduler = Scheduler(
         pool, tokenizer, engine.manifest.tokenizer.eos_token_ids, metrics, queue_size=queue_size, power=power
     )
-    name = model_id or (model or bundle).name
+    name = model_id or (Path(model).name if model is not None else bundle.name)
     g = engine.geometry
     need, _ = memory_needed(engine, slots)
     metrics.describe(
