@@ -178,3 +178,19 @@ def test_python_api_takes_messages(chat_bundle):
     assert generate(Session(engine), tok, messages=messages, config=config).token_ids == by_ids.token_ids
     with pytest.raises(EdgeRuntimeError, match="not both"):
         generate(engine, tok, "x", messages=messages)
+
+
+def test_a_turn_longer_than_the_window_is_chunked_with_a_one_line_notice(tmp_path):
+    """StreamingLLM takes any length; the user learns in one line that the turn's start left the window."""
+    ck = tmp_path / "demo"
+    shutil.copytree(DEMO_CHECKPOINT, ck)
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    export(ExportOptions(checkpoint=ck, out=tmp_path / "b", window=100))
+    long_line = "So foul and fair a day I have not seen. " * 20
+    args = ["--chat", "--json", "--max-tokens", "3", "--window", "60"]  # the target's window would win
+    result = _run(tmp_path / "b", *args, input=long_line + "\n")
+    assert result.exit_code == 0, result.output
+    objs = [json.loads(x) for x in result.stdout.strip().splitlines()]
+    assert "exceeds the window of 60" in objs[0].get("notice", ""), result.stdout
+    assert objs[1]["turn"] == 1

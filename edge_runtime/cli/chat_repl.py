@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import click
 from edge_runtime.chat import ChatTemplate
 from edge_runtime.errors import SnapshotError
 from edge_runtime.generate import GenerationConfig, stream_generate
-from edge_runtime.session import Session
+from edge_runtime.session import RingOverflowWarning, Session
 from edge_runtime.tokenizer import Tokenizer
 
 from .prompt_input import check_utf8
@@ -82,7 +83,11 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
         text = template.render([*head, *history], add_generation_prompt=True)
         conversation = tok.encode(text, add_special_tokens=False)
         rest = session.match(conversation)
-        reply, stats = _turn(session, tok, rest, config, echo=not opts.as_json)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RingOverflowWarning)
+            reply, stats = _turn(session, tok, rest, config, echo=not opts.as_json)
+        for w in caught:  # a turn longer than the window: StreamingLLM keeps going, the user is told in one line
+            _notice(str(w.message), opts)
         history.append({"role": "assistant", "content": reply})
         if opts.as_json:
             turn_stats = {**(stats.to_dict() if stats else {}), "cached_tokens": len(conversation) - len(rest)}
