@@ -34,6 +34,7 @@ from .tokenizer import StreamingDetokenizer, Tokenizer
 if TYPE_CHECKING:
     from .constrain import Grammar
     from .session import Session, Turn
+    from .speculative import SpeculativeDecoder
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def generate_steps(
     *,
     logits_processors: Sequence[LogitsProcessor] = (),
     logprobs: int | None = None,
+    speculative: SpeculativeDecoder | str | None = None,
 ) -> Iterator[Step]:
     """The open sampling loop: yield one `Step` per token forever; the caller decides when to stop.
 
@@ -138,7 +140,15 @@ def generate_steps(
     (fast-forward): they are fed to the model as one chunk with the token before them (or with the prompt),
     not sampled, and yielded as Steps of log-probability 0 (certain under the constraint). A Session whose
     caller stops inside such a run is rolled back to the last token yielded.
+
+    `speculative` ("lookup", or a SpeculativeDecoder: speculative.py) verifies proposed tokens up to k at
+    a time: the same tokens under greedy decoding, the same distribution under sampling.
     """
+    if speculative is not None:
+        from .speculative import resolve
+
+        yield from resolve(speculative).steps(source, prompt_ids, sampler, logits_processors, logprobs)
+        return
     processors = tuple(logits_processors)
     forcer = next((p for p in processors if hasattr(p, "forced_tokens")), None)
     forced: list[int] = list(forcer.forced_tokens(())) if forcer is not None else []
@@ -220,9 +230,10 @@ def generate_step(
     sampler: Sampler,
     *,
     logits_processors: Sequence[LogitsProcessor] = (),
+    speculative: SpeculativeDecoder | str | None = None,
 ) -> Iterator[int]:
     """Yield sampled token ids forever; the caller decides when to stop (`generate_steps` for logprobs)."""
-    steps = generate_steps(engine, prompt_ids, sampler, logits_processors=logits_processors)
+    steps = generate_steps(engine, prompt_ids, sampler, logits_processors=logits_processors, speculative=speculative)
     try:
         for step in steps:
             yield step.token
@@ -261,11 +272,13 @@ def stream_generate(
     messages: Sequence[Mapping[str, Any]] | None = None,
     response_format: Mapping[str, Any] | None = None,
     grammar: Grammar | None = None,
+    speculative: SpeculativeDecoder | str | None = None,
 ) -> Iterator[TokenEvent]:
     """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template.
 
     An Engine starts afresh; a Session appends the prompt to its conversation (session.py). `response_format`
-    (OpenAI's) or `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError first."""
+    (OpenAI's) or `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError first.
+    `speculative`: see generate_steps (a SpeculativeDecoder's `stats` count its proposals and acceptances)."""
     config = config or GenerationConfig()
     t0 = time.perf_counter()
     processors = _constraints(engine, response_format, grammar)
@@ -274,7 +287,9 @@ def stream_generate(
     detok = StreamingDetokenizer(tokenizer)
     stops = _StopMatcher(config.stop_strings)
     itl = LatencyHistogram()  # constant memory however long the stream runs
-    steps = generate_step(engine, prompt_ids, Sampler(config.sampling), logits_processors=processors)
+    steps = generate_step(
+        engine, prompt_ids, Sampler(config.sampling), logits_processors=processors, speculative=speculative
+    )
     prefill_s = first_s = 0.0
     last = t0
     index = produced = 0
@@ -343,6 +358,7 @@ def generate(
     messages: Sequence[Mapping[str, Any]] | None = None,
     response_format: Mapping[str, Any] | None = None,
     grammar: Grammar | None = None,
+    speculative: SpeculativeDecoder | str | None = None,
 ) -> GenerationResult:
     """Run a whole request (as stream_generate). Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose
     `result` is the partial GenerationResult, finish_reason 'cancelled'."""
@@ -359,7 +375,9 @@ def generate(
         if ev.stats is not None:
             final.append(ev.stats)
 
-    stream = stream_generate(engine, tokenizer, prompt_ids, config, response_format=response_format, grammar=grammar)
+    stream = stream_generate(
+        engine, tokenizer, prompt_ids, config, response_format=response_format, grammar=grammar, speculative=speculative
+    )
     try:
         for ev in stream:
             take(ev)

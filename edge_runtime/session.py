@@ -38,6 +38,7 @@ from .snapshot import Snapshot, bundle_checksum
 
 if TYPE_CHECKING:
     from .constrain import Grammar
+    from .speculative import SpeculativeDecoder
 
 _BLOCK = 256  # evicted ids per hashed block
 
@@ -206,6 +207,7 @@ class Session:
         logprobs: int | None = None,
         response_format: Mapping[str, Any] | None = None,
         grammar: Grammar | None = None,
+        speculative: SpeculativeDecoder | str | None = None,
     ) -> Iterator[Step]:
         """Append `ids` (may be empty) to the conversation and stream the reply, one Step per token.
 
@@ -213,6 +215,7 @@ class Session:
         EOS ids; the stop id is part of the conversation) or `max_tokens`; without either it runs until
         the caller stops. Every token yielded stays in the conversation. `response_format` (OpenAI's) or
         `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError at the call.
+        `speculative`: see generate_steps.
         """
         if response_format is not None or grammar is not None:
             from . import constrain  # llguidance loads only for structured output
@@ -220,7 +223,9 @@ class Session:
             logits_processors = (*logits_processors, *constrain.processors(self, response_format, grammar))
         sampler = sampling if isinstance(sampling, Sampler) else Sampler(sampling or SamplingParams())
         stops = set(self.manifest.tokenizer.eos_token_ids if stop_ids is None else stop_ids)
-        steps = generate_steps(self, ids, sampler, logits_processors=logits_processors, logprobs=logprobs)
+        steps = generate_steps(
+            self, ids, sampler, logits_processors=logits_processors, logprobs=logprobs, speculative=speculative
+        )
         return _until(steps, stops, max_tokens)
 
     def prefill(self, ids: Sequence[int]) -> None:

@@ -1,0 +1,321 @@
+"""Speculative decoding (issue 21): propose k tokens cheaply, verify them in one target call.
+
+    spec = SpeculativeDecoder(PromptLookup())                  # or "lookup"; DraftModel(load(draft_dir))
+    generate(engine_or_session, tok, prompt, config, speculative=spec); spec.stats.acceptance
+
+A step feeds the target's pending token and the k proposals as one chunk (Turn.extend), reads the k + 1
+logits rows and walks them in order. Row j decides the token after proposal j: under greedy decoding (and
+for proposals that were chosen rather than sampled: prompt lookup, a greedy draft) the target's own choice
+from that row is taken, and the walk goes on while it equals the proposal; so the tokens are exactly
+plain decoding's, given the same logits. A sampled draft uses the standard rejection rule (Leviathan et
+al. 2023, Chen et al. 2023): accept proposal d with probability min(1, p(d)/q(d)), else emit a token of
+norm(max(p - q, 0)) and stop; every token is then distributed as the target's p. The rows past the first
+disagreement are dropped from the ring (Turn.drop, exact within the slack rows, so k <= slack).
+
+Where it loses: a rejected proposal costs a (k+1)-token call instead of a 1-token one (on a 2-core x86,
+a 2-token call of the 135M int4 model costs ~1.5 decode steps, 9 tokens ~3). So each *arm* (an n-gram
+size of the lookup, the draft) keeps its k (grown while everything is accepted, shrunk on a rejection)
+and a measured gain: the tokens a step emitted, in plain-decode-step seconds, over the step's seconds.
+An arm whose gain falls below 1 is switched off for a while (doubling up to 512 tokens), then probed
+again; meanwhile the decoder decodes plainly. The switch reads the clock, so under sampling a seed fixes
+the distribution, not the very tokens; `adaptive=False` fixes k and never switches off.
+
+The first token of a reply is the prefill's; logits processors and the repetition penalty see each row
+with the tokens accepted before it; constraints that force tokens (constrain.py) decode plainly.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .engine import Engine
+from .errors import SessionError, SpeculativeError
+from .proposers import DraftModel, PromptLookup, Proposal, Proposer
+from .sampling import LogitsProcessor, Sampler, Step, token_logprobs
+
+if TYPE_CHECKING:
+    from .session import Session, Turn
+
+DEFAULT_K = 8  # most tokens one step proposes (the lookup's; a draft's default is 4: each costs a draft step)
+_GAIN_EMA = 0.25  # weight of a step's gain in its arm's average
+_BACKOFF = (16, 512)  # tokens an arm stays off after its gain fell below 1: first, most
+_PRIOR_GAIN, _PROBE_GAIN = 1.3, 1.1  # a new arm survives a bad first step; a probe after a pause does not
+
+
+@dataclass
+class SpeculativeStats:
+    steps: int = 0  # target calls: verification chunks plus plain decode steps
+    verify_steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0  # tokens after the first of each reply (that one is the prefill's)
+    switched_off: int = 0  # times an arm was switched off
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.emitted / self.steps if self.steps else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "steps": self.steps,
+            "verify_steps": self.verify_steps,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance": round(self.acceptance, 4),
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "switched_off": self.switched_off,
+        }
+
+
+@dataclass
+class _Arm:
+    k: int
+    gain: float = _PRIOR_GAIN
+    off_until: int = 0
+    backoff: int = _BACKOFF[0]
+
+
+@dataclass
+class SpeculativeDecoder:
+    """`proposer`: PromptLookup() or DraftModel(engine); `k`: most tokens proposed per step (1..slack)."""
+
+    proposer: Proposer
+    k: int = DEFAULT_K
+    adaptive: bool = True
+    stats: SpeculativeStats = field(default_factory=SpeculativeStats)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            raise SpeculativeError(f"the draft tokens per step (k) must be an integer >= 1, got {self.k!r}")
+        self._arms: dict[Hashable, _Arm] = {}
+        self._plain_s: float | None = None  # EMA of a plain decode step's seconds
+        self._position = 0  # tokens emitted by this decoder (the arms' back-off clock)
+
+    def check(self, engine: Engine) -> None:
+        """Refuse a k the target's ring (or the draft's) cannot roll back."""
+        rings = [("target", engine)]
+        if isinstance(self.proposer, DraftModel):
+            rings.append(("draft", self.proposer.engine))
+        for name, e in rings:
+            slack = e.geometry.slack
+            if self.k > slack:
+                raise SpeculativeError(
+                    f"{self.k} draft tokens per step exceed the {name} ring's {slack} slack rows (a rejected "
+                    f"proposal is rolled back within them); use at most {slack}, or load with a larger slack"
+                )
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def steps(
+        self,
+        source: Engine | Session,
+        prompt_ids: Sequence[int],
+        sampler: Sampler,
+        logits_processors: Sequence[LogitsProcessor] = (),
+        logprobs: int | None = None,
+    ) -> Iterator[Step]:
+        """generate_steps with speculation: one Step per token, forever; the caller stops."""
+        from .generate import generate_steps
+        from .session import RingOverflowWarning, Session
+
+        processors = tuple(logits_processors)
+        if any(hasattr(p, "forced_tokens") for p in processors):  # constrain.py fast-forwards on its own
+            yield from generate_steps(source, prompt_ids, sampler, logits_processors=processors, logprobs=logprobs)
+            return
+        engine = source if isinstance(source, Engine) else source.engine
+        self.check(engine)
+        if isinstance(source, Engine):
+            session = Session(engine)
+            with warnings.catch_warnings():  # a plain Engine prefill chunks a long prompt silently too
+                warnings.simplefilter("ignore", RingOverflowWarning)
+                turn = session.begin(prompt_ids)
+        else:
+            session, turn = source, source.begin(prompt_ids)
+        # What the proposer starts from: the whole prompt of a fresh stream (a draft then runs the target's
+        # very stream), else the tokens the session's ring holds (the conversation before them is gone).
+        context = list(prompt_ids) if isinstance(source, Engine) else session.recent_ids()
+        self.proposer.start(engine, context, sampler.params)
+        history = None
+        if sampler.params.repetition_penalty != 1.0:
+            history = deque(context, maxlen=engine.geometry.logical_capacity)
+        fused = (
+            engine.fused_argmax and sampler.params.greedy and history is None and not processors and logprobs is None
+        )
+        walk = _Walk(sampler, processors, history, [], logprobs)
+        ahead = 0  # tokens fed to the target beyond the last one yielded (the caller may stop any time)
+        try:
+            step = walk.select(turn.logits)
+            self.proposer.advance([step.token], 0)
+            while True:
+                turn.sampled(step.token)
+                yield step
+                walk.took(step.token)
+                t0 = time.perf_counter()
+                proposal = self.proposer.propose(self._budget) if self._plain_s is not None else Proposal([])
+                if not proposal.tokens:
+                    logits = turn.decode(step.token)
+                    step = Step(engine.decoded_argmax()) if fused else walk.select(logits)
+                    self._plain(time.perf_counter() - t0)
+                    self.proposer.advance([step.token], 0)
+                    continue
+                out = self._verify(turn, walk, proposal)
+                self._verified(proposal, len(out) - 1, time.perf_counter() - t0)
+                self.proposer.advance([s.token for s in out], len(out) - 1)
+                ahead = len(out) - 1
+                for s in out[:-1]:  # accepted proposals: fed already
+                    ahead -= 1
+                    yield s
+                    walk.took(s.token)
+                step = out[-1]
+        finally:
+            if ahead:  # the caller stopped inside an accepted run: forget what it never took
+                _unfeed(session, turn, ahead)
+
+    def _verify(self, turn: Turn, walk: _Walk, proposal: Proposal) -> list[Step]:
+        """Feed and judge `proposal`; the Steps it yields: the accepted proposals and one more token."""
+        d = proposal.tokens
+        rows = turn.extend(d)
+        out: list[Step] = []
+        for j in range(len(d) + 1):
+            if j < len(d) and proposal.q is not None:
+                accepted, step = walk.judge(rows[j], d[j], proposal.q[j], ahead=out)
+            else:  # chosen proposals (or the bonus row): the target's own choice, compared
+                step = walk.select(rows[j], ahead=out)
+                accepted = j < len(d) and step.token == d[j]
+            out.append(step)
+            if not accepted:
+                break
+        if len(out) <= len(d):
+            turn.drop(len(d) + 1 - len(out))  # the proposals after the first disagreement
+        return out
+
+    # -- adaptation ----------------------------------------------------------------------------------
+
+    def _budget(self, arm: Hashable) -> int:
+        a = self._arms.setdefault(arm, _Arm(k=min(self.k, 4) if self.adaptive else self.k))
+        if self.adaptive and self._position < a.off_until:
+            return 0
+        return a.k
+
+    def _plain(self, seconds: float) -> None:
+        self.stats.steps += 1
+        self.stats.emitted += 1
+        self._position += 1
+        s = self._plain_s
+        # Clipped: one step stalled by another process must not make every verification look cheap.
+        self._plain_s = seconds if s is None else 0.9 * s + 0.1 * min(seconds, 2 * s)
+
+    def _verified(self, proposal: Proposal, accepted: int, seconds: float) -> None:
+        st, n = self.stats, len(proposal.tokens)
+        st.steps += 1
+        st.verify_steps += 1
+        st.proposed += n
+        st.accepted += accepted
+        st.emitted += accepted + 1
+        self._position += accepted + 1
+        if not self.adaptive:
+            return
+        a = self._arms[proposal.arm]
+        a.k = min(self.k, a.k + 2) if accepted == n else max(1, a.k - 1)
+        assert self._plain_s is not None
+        gain = (accepted + 1) * self._plain_s / max(seconds, 1e-9)
+        a.gain = (1 - _GAIN_EMA) * a.gain + _GAIN_EMA * gain
+        if a.gain < 1.0:
+            a.off_until = self._position + a.backoff
+            a.backoff = min(2 * a.backoff, _BACKOFF[1])
+            a.gain, a.k = _PROBE_GAIN, 1  # the probe after the pause starts small
+            st.switched_off += 1
+        elif a.gain > 1.1:
+            a.backoff = _BACKOFF[0]
+
+
+class _Walk:
+    """Token selection for one reply: processors and penalty history see the tokens before each row."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        processors: tuple[LogitsProcessor, ...],
+        history: deque[int] | None,
+        reply: list[int],
+        logprobs: int | None,
+    ):
+        self.sampler, self.processors, self.history, self.reply, self.logprobs = (
+            sampler,
+            processors,
+            history,
+            reply,
+            logprobs,
+        )
+
+    def took(self, token: int) -> None:
+        if self.history is not None:
+            self.history.append(token)
+        if self.processors:
+            self.reply.append(token)
+
+    def _row(self, logits: np.ndarray, ahead: Sequence[Step]) -> tuple[np.ndarray, Sequence[int]]:
+        """The row as the sampler sees it, and the penalty history, with `ahead` (accepted this step) counted."""
+        extra = [s.token for s in ahead]
+        if self.processors:
+            logits = np.array(logits, dtype=np.float32)
+            reply = self.reply + extra
+            for process in self.processors:
+                logits = process(reply, logits)
+        history: Sequence[int] = ()
+        if self.history is not None:
+            history = [*self.history, *extra][-self.history.maxlen :] if extra else self.history  # type: ignore[index]
+        return logits, history
+
+    def _step(self, logits: np.ndarray, token: int) -> Step:
+        return Step(token) if self.logprobs is None else Step(token, *token_logprobs(logits, token, self.logprobs))
+
+    def select(self, logits: np.ndarray, ahead: Sequence[Step] = ()) -> Step:
+        logits, history = self._row(logits, ahead)
+        return self._step(logits, self.sampler(logits, history))
+
+    def judge(self, logits: np.ndarray, proposed: int, q: np.ndarray, ahead: Sequence[Step]) -> tuple[bool, Step]:
+        """The rejection rule for a sampled proposal: (True, its Step), or (False, the residual's token)."""
+        logits, history = self._row(logits, ahead)
+        p = self.sampler.probabilities(logits, history)
+        accepted, token = rejection_sample(p, q, proposed, self.sampler)
+        return accepted, self._step(logits, token)
+
+
+def rejection_sample(p: np.ndarray, q: np.ndarray, proposed: int, sampler: Sampler) -> tuple[bool, int]:
+    """Keep `proposed` (drawn from q) with probability min(1, p/q) at it, else draw from norm(max(p - q, 0)):
+    the token is then distributed exactly as p."""
+    if sampler.rng.random() * q[proposed] < p[proposed]:
+        return True, proposed
+    residual = np.maximum(p - q, 0.0)
+    if not residual.sum() > 0:  # p == q up to rounding: any rejection was rounding; p is the residual
+        residual = p
+    return False, sampler.draw(residual)
+
+
+def _unfeed(session: Session, turn: Turn, n: int) -> None:
+    """Roll a stopped reply back to its last yielded token, if it is still the session's latest."""
+    try:
+        turn.drop(n)
+    except SessionError:  # superseded: the session moved on, and owns its state now
+        pass
+
+
+def resolve(speculative: SpeculativeDecoder | str) -> SpeculativeDecoder:
+    """ "lookup" (prompt lookup, k 8) or a SpeculativeDecoder."""
+    if isinstance(speculative, SpeculativeDecoder):
+        return speculative
+    if speculative == "lookup":
+        return SpeculativeDecoder(PromptLookup())
+    raise SpeculativeError(f"speculative must be 'lookup' or a SpeculativeDecoder, got {speculative!r}")

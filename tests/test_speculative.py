@@ -1,0 +1,258 @@
+"""Speculative decoding (issue 21): greedy outputs equal plain greedy token for token with either proposer,
+before and after the ring wraps; the rejection rule samples the target's distribution; bad set-ups fail in
+one typed line."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from edge_runtime.engine import LoadOptions, load
+from edge_runtime.errors import DraftMismatchError, SpeculativeError
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.generate import generate_steps
+from edge_runtime.models import DEMO_CHECKPOINT
+from edge_runtime.proposers import DraftModel, PromptLookup, Proposal, check_draft
+from edge_runtime.sampling import Sampler, SamplingParams
+from edge_runtime.session import Session
+from edge_runtime.speculative import SpeculativeDecoder, rejection_sample, resolve
+
+# A small ring, so a reply of ~100 tokens wraps it several times: sinks 4 + window 24, slack 8.
+SMALL = LoadOptions(sinks=4, window=24, slack=8)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo model at fp32. (INT4 bundles on edge-runtime's kernels are left out: past the ring's wrap a
+    multi-row chunk's logits there can differ from a decode step's by ~2e-2 at some positions, enough to
+    flip a near tie; see scripts/bench_speculative.py, which reports agreement on the real model.)"""
+    out = tmp_path_factory.mktemp("demo") / "fp32"
+    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200))
+    return out
+
+
+def greedy(source, prompt, n: int, spec=None) -> list[int]:
+    steps = generate_steps(source, prompt, Sampler(SamplingParams()), speculative=spec)
+    try:
+        return [next(steps).token for _ in range(n)]
+    finally:
+        steps.close()
+
+
+def repetitive_prompt(vocab: int) -> list[int]:
+    """A random phrase said three times: lookup finds matches from the start, and a random model's
+    greedy reply soon loops too."""
+    phrase = np.random.default_rng(7).integers(3, vocab, 9).tolist()
+    return phrase * 3 + phrase[:4]
+
+
+def proposer(kind: str, bundle):
+    if kind == "lookup":
+        return PromptLookup()
+    # The target itself as the draft (everything accepted), or with a 6-token window (often rejected).
+    window = SMALL.window if kind == "draft-same" else 6
+    return DraftModel(load(bundle, dataclasses.replace(SMALL, window=window)))
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft-same", "draft-short"])
+@pytest.mark.parametrize("model", ["tiny", "demo"])
+def test_greedy_speculation_equals_plain_greedy_across_wraps(model, kind, tied_bundle, demo):
+    bundle = tied_bundle if model == "tiny" else demo
+    engine = load(bundle, SMALL)
+    prompt = repetitive_prompt(engine.manifest.model.vocab_size)
+    n = 48 if model == "demo" else 64
+    want = greedy(engine, prompt, n)
+    spec = SpeculativeDecoder(proposer(kind, bundle), k=6 if kind == "lookup" else 3, adaptive=False)
+    got = greedy(engine, prompt, n, spec)
+    assert engine.ring.written > 2 * engine.geometry.capacity  # the ring wrapped more than twice
+    assert got == want
+    st = spec.stats
+    assert st.verify_steps > 5 and st.accepted > 0
+    if kind == "draft-same":
+        assert st.accepted == st.proposed  # its own draft: every proposal stands
+    if kind == "draft-short":
+        assert st.accepted < st.proposed  # rejections, and their rollbacks, were exercised
+
+
+class Garbage:
+    """A proposer whose proposals are always wrong (token 2, which the reply never holds here)."""
+
+    def start(self, target, context, sampling) -> None: ...
+
+    def advance(self, emitted, accepted) -> None: ...
+
+    def propose(self, budget):
+        return Proposal([2] * budget("garbage"), arm="garbage")
+
+
+def test_adaptive_lookup_is_exact_and_a_losing_proposer_is_switched_off(tied_bundle):
+    engine = load(tied_bundle, SMALL)
+    prompt = repetitive_prompt(320)
+    want = greedy(engine, prompt, 120)
+    assert 2 not in want
+    lookup = SpeculativeDecoder(PromptLookup(), k=8)
+    assert greedy(engine, prompt, 120, lookup) == want
+    # Every proposal rejected: each verification costs more than the plain step it replaces, so the
+    # arm is switched off, for longer each time (16, 32, 64 tokens: a few probes in 120 tokens).
+    losing = SpeculativeDecoder(Garbage(), k=4)
+    assert greedy(engine, prompt, 120, losing) == want
+    st = losing.stats
+    assert st.accepted == 0 and st.switched_off >= 2 and st.verify_steps <= 20, st
+
+
+def test_session_turns_with_speculation_equal_plain_turns(tied_bundle):
+    """Across turns, a reply stopped inside an accepted run is rolled back to its last token."""
+    plain, fast = Session(load(tied_bundle, SMALL)), Session(load(tied_bundle, SMALL))
+    spec = SpeculativeDecoder(PromptLookup(), k=7, adaptive=False)
+    rng = np.random.default_rng(3)
+    for turn in range(6):
+        user = rng.integers(3, 320, 4).tolist() * 2
+        n = 9 + 4 * turn
+        want = [s.token for s in plain.send(user, max_tokens=n, stop_ids=())]
+        got = [s.token for s in fast.send(user, max_tokens=n, stop_ids=(), speculative=spec)]
+        assert got == want, f"turn {turn}"
+        assert fast.length == plain.length and fast.pending == plain.pending
+    assert spec.stats.accepted > 0 and fast.engine.ring.written > fast.geometry.capacity
+
+
+def test_logprobs_and_processors_see_the_same_rows(tied_bundle):
+    """Logprobs and logits processors are applied per verified row as plain decoding applies them per step."""
+    engine = load(tied_bundle, SMALL)
+    prompt = repetitive_prompt(320)
+    ban = lambda reply, logits: (logits.__setitem__(slice(0, 3), -1e9), logits)[1]  # noqa: E731
+
+    def run(spec):
+        sampler = Sampler(SamplingParams())
+        steps = generate_steps(engine, prompt, sampler, logits_processors=[ban], logprobs=2, speculative=spec)
+        out = [next(steps) for _ in range(60)]
+        steps.close()
+        return out
+
+    want, got = run(None), run(SpeculativeDecoder(PromptLookup(), k=5, adaptive=False))
+    assert [s.token for s in got] == [s.token for s in want]
+    for a, b in zip(got, want, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top_logprobs] == [t for t, _ in b.top_logprobs]
+
+
+# -- the rejection rule samples the target's distribution ---------------------------------------------
+
+
+def chi2_upper(df: int) -> float:
+    """The chi-square distribution's 99.99th percentile (Wilson-Hilferty): a false alarm 1 in 10^4."""
+    z = 3.719
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi2(counts: Counter, probs: dict, n: int) -> tuple[float, int]:
+    """Pearson's statistic over the cells expected 5+ times (the rest pooled into one cell), and its df."""
+    big = [c for c, p in probs.items() if p * n >= 5]
+    stat, rest_obs, rest_exp = 0.0, n - sum(counts[c] for c in big), n - sum(probs[c] * n for c in big)
+    for c in big:
+        stat += (counts[c] - probs[c] * n) ** 2 / (probs[c] * n)
+    cells = len(big)
+    if rest_exp >= 5:
+        stat, cells = stat + (rest_obs - rest_exp) ** 2 / rest_exp, cells + 1
+    else:
+        assert rest_obs <= max(5, 3 * rest_exp), "tokens outside the target's support"
+    return stat, cells - 1
+
+
+@pytest.mark.parametrize(
+    "p, q",
+    [
+        ([0.5, 0.2, 0.15, 0.1, 0.05, 0.0], [0.1, 0.1, 0.1, 0.2, 0.2, 0.3]),  # q puts mass where p has none
+        ([0.05, 0.05, 0.9, 0.0, 0.0, 0.0], [0.9, 0.05, 0.05, 0.0, 0.0, 0.0]),
+        ([0.3, 0.3, 0.4, 0.0, 0.0, 0.0], [0.3, 0.3, 0.4, 0.0, 0.0, 0.0]),  # q == p: always accepted
+    ],
+)
+def test_the_rejection_rule_outputs_the_target_distribution(p, q):
+    p, q = np.array(p), np.array(q)
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=11))
+    draft = np.random.default_rng(12)
+    n = 20000
+    out, kept = Counter(), 0
+    for _ in range(n):
+        d = int(draft.choice(q.size, p=q))
+        accepted, token = rejection_sample(p, q, d, sampler)
+        out[token] += 1
+        kept += accepted
+    stat, df = chi2(out, dict(enumerate(p)), n)
+    assert stat < chi2_upper(df)
+    assert kept / n == pytest.approx(np.minimum(p, q).sum(), abs=0.02)  # the rule's acceptance rate
+
+
+def test_sampled_draft_replies_follow_the_target_distribution(tied_bundle):
+    """End to end on the tiny model with a draft that disagrees (a 4-token window): the joint distribution of
+    the reply's first three tokens (the last two decided by verification) is the target's."""
+    target = load(tied_bundle)
+    draft = DraftModel(load(tied_bundle, LoadOptions(window=4)))
+    prompt = np.random.default_rng(5).integers(3, 320, 14).tolist()  # longer than the draft's 4 + 4
+    params = SamplingParams(temperature=1.0, top_k=3)
+    spec = SpeculativeDecoder(draft, k=2, adaptive=False)
+    n = 300
+    seen: Counter = Counter()
+    for seed in range(n):
+        steps = generate_steps(target, prompt, Sampler(dataclasses.replace(params, seed=seed)), speculative=spec)
+        seen[tuple(next(steps).token for _ in range(3))] += 1
+        steps.close()
+
+    # The exact joint from the target's own rows: P(a) P(b | a) P(c | a, b).
+    def dist(ids):
+        target.reset()
+        return rows.probabilities(target.prefill(ids))
+
+    probs = {}
+    rows = Sampler(params)
+    pa = dist(prompt)
+    for a in np.flatnonzero(pa):
+        pb = dist([*prompt, a])
+        for b in np.flatnonzero(pb):
+            pc = dist([*prompt, a, b])
+            for c in np.flatnonzero(pc):
+                probs[(int(a), int(b), int(c))] = pa[a] * pb[b] * pc[c]
+    stat, df = chi2(seen, probs, n)
+    assert stat < chi2_upper(df), (stat, df)
+    st = spec.stats
+    assert 0 < st.accepted < st.proposed  # both branches of the rule ran
+
+
+# -- bad input: one typed line -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [0, -2, 2.5])
+def test_k_below_one_is_refused(k):
+    with pytest.raises(SpeculativeError, match="integer >= 1") as e:
+        SpeculativeDecoder(PromptLookup(), k=k)
+    assert "\n" not in str(e.value)
+
+
+def test_k_above_the_slack_is_refused(tied_bundle):
+    engine = load(tied_bundle, LoadOptions(slack=4))
+    with pytest.raises(SpeculativeError, match="exceed the target ring's 4 slack rows") as e:
+        greedy(engine, [5, 6, 7], 3, SpeculativeDecoder(PromptLookup(), k=5))
+    assert "\n" not in str(e.value)
+    draft = DraftModel(load(tied_bundle, LoadOptions(slack=2)))
+    with pytest.raises(SpeculativeError, match="draft ring's 2 slack rows"):
+        greedy(engine, [5, 6, 7], 3, SpeculativeDecoder(draft, k=3))
+
+
+def test_a_draft_of_another_vocabulary_or_tokenizer_is_refused(tied_bundle, demo):
+    target = load(tied_bundle)
+    with pytest.raises(DraftMismatchError, match="vocabulary of 4096 tokens, the target 320") as e:
+        greedy(target, [5, 6, 7], 3, SpeculativeDecoder(DraftModel(load(demo)), k=2))
+    assert "\n" not in str(e.value)
+    m = target.manifest
+    other = dataclasses.replace(m, files={**m.files, m.tokenizer.file: "0" * 64})
+    with pytest.raises(DraftMismatchError, match="tokenizer differs"):
+        check_draft(m, other)
+
+
+def test_resolve_names_what_it_takes():
+    assert isinstance(resolve("lookup").proposer, PromptLookup)
+    with pytest.raises(SpeculativeError, match="'lookup' or a SpeculativeDecoder"):
+        resolve("ngram")
