@@ -188,10 +188,11 @@ def chat(
     tool_choice: Any = "auto",
     config: Any = None,
     *,
-    parallel_tool_calls: bool = True,
+    parallel_tool_calls: bool = False,
 ) -> dict[str, Any]:
     """One assistant turn with tools: {"role": "assistant", "content", "tool_calls", "finish_reason"} (OpenAI's
-    message, finish_reason "tool_calls" when there are calls)."""
+    message, finish_reason "tool_calls" when there are calls). One call per turn unless `parallel_tool_calls`
+    (OpenAI defaults it to true; a 135M model allowed several repeats its call until max_tokens)."""
     from .generate import generate
 
     fns = functions(tools)

@@ -275,12 +275,10 @@ def test_tool_calls_constrained_and_parsed_into_openai_tool_calls(demo):
     engine, tok = demo
     messages = [{"role": "user", "content": "Will it rain in Verona?"}]
     for seed in range(2):
-        reply = tools.chat(
-            engine, tok, messages, [WEATHER, MOVE], "required", _sampled(seed, 200), parallel_tool_calls=False
-        )
+        reply = tools.chat(engine, tok, messages, [WEATHER, MOVE], "required", _sampled(seed, 200))
         _check_calls(reply, {"get_weather", "move_to"})
     named = {"type": "function", "function": {"name": "move_to"}}
-    reply = tools.chat(engine, tok, messages, [WEATHER, MOVE], named, _sampled(5, 200), parallel_tool_calls=False)
+    reply = tools.chat(engine, tok, messages, [WEATHER, MOVE], named, _sampled(5, 200))
     _check_calls(reply, {"move_to"})
     # The round trip: the call and its result go back, and the conversation continues.
     messages += [
@@ -288,7 +286,7 @@ def test_tool_calls_constrained_and_parsed_into_openai_tool_calls(demo):
         {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "arrived"},
     ]
     for choice in ("auto", "none"):
-        after = tools.chat(engine, tok, messages, [WEATHER, MOVE], choice, _sampled(6, 20), parallel_tool_calls=False)
+        after = tools.chat(engine, tok, messages, [WEATHER, MOVE], choice, _sampled(6, 20))
         assert after["role"] == "assistant" and (choice == "auto" or "tool_calls" not in after)
         if "tool_calls" in after:
             _check_calls(after, {"get_weather", "move_to"})
