@@ -2,7 +2,7 @@
 
     python scripts/quality_table.py [--checkpoint DIR] [--text FILE] [--tokens 4088] [--context 512]
                                     [--preset all|real] [--only NAME ...] [--threads 2] [--decode 128]
-                                    [--rounds 5] [--bundles DIR] [--transformers] [--json OUT]
+                                    [--rounds 5] [--bundles DIR] [--transformers] [--no-validate] [--json OUT]
 
 Default: the demo model on its own heldout.txt. The real model (issue 17):
     python scripts/quality_table.py --checkpoint "$(python scripts/real_model.py)" --preset real \\
@@ -21,19 +21,24 @@ Each configuration is exported (ort flavor, validated against the float64 refere
     busy shared machine slows all rows alike.
 A bundle whose validation error exceeds the exporter's tolerance (pruning on the real model, issue 27)
 is still measured here and flagged in the table; edge-export itself would refuse to write it.
+--no-validate skips that float64 validation (most of an export's minutes on the real model); the table
+then says "not run". Perplexities are cached beside the bundles in --bundles.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root (exporters, models)
@@ -43,11 +48,14 @@ from heldout_eval import decode_rate, graph_perplexity, machine, read_text, text
 
 import exporters.export as export_module
 from edge_runtime.engine import LoadOptions, load
+from edge_runtime.manifest import ValidationRecord
 from exporters.export import ExportOptions, export
 from exporters.quant import QuantConfig, QuantMethod
 from models import DEMO_CHECKPOINT
 
 Q = QuantMethod
+NOT_VALIDATED = "not validated (scripts/quality_table.py --no-validate)"
+export_module_validate = export_module._validate
 CONFIGS: list[tuple[str, dict]] = [
     ("fp32", {}),
     ("int8 (per channel)", {"quant": QuantConfig(Q.INT8)}),
@@ -83,15 +91,34 @@ def _lenient_check(cases: list, tol: float, label: str) -> float:
     return max(c.max_rel_err for c in cases)
 
 
-def build(checkpoint: Path, out: Path, kw: dict) -> dict:
+def _no_validation(*_args: object, **_kw: object) -> ValidationRecord:
+    """Stands in for exporters.export._validate under --no-validate (the record says so)."""
+    return ValidationRecord(reference=NOT_VALIDATED, tolerance=0.0, max_rel_err=0.0, cases=[], seconds=0.0)
+
+
+def build(checkpoint: Path, out: Path, kw: dict, validate: bool) -> dict:
     """Export one configuration (or reuse a finished bundle); its manifest as a dict."""
     if not (out / "manifest.json").is_file():
         t0 = time.perf_counter()
-        export_module._check = _lenient_check  # type: ignore[assignment]  # measured, flagged, never shipped
-        m = export(ExportOptions(checkpoint=checkpoint, out=out, overwrite=True, **kw))
+        # Measured, flagged, never shipped: the table needs the bundle even where edge-export would refuse it.
+        export_module._check = _lenient_check  # type: ignore[assignment]
+        export_module._validate = export_module_validate if validate else _no_validation  # type: ignore[assignment]
+        export(ExportOptions(checkpoint=checkpoint, out=out, overwrite=True, **kw))
         print(f"  exported in {time.perf_counter() - t0:.0f}s", flush=True)
-        del m
     return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+def cached_ppl(path: Path, measure: Callable[[], float]) -> float:
+    """A perplexity stored at `path`, measured once (a resumed run does not measure it again)."""
+    if path.is_file():
+        return float(json.loads(path.read_text())["ppl"])
+    ppl = measure()
+    path.write_text(json.dumps({"ppl": ppl}))
+    return ppl
+
+
+def windows_digest(wins: list[np.ndarray]) -> str:
+    return hashlib.sha256(b"".join(w.tobytes() for w in wins)).hexdigest()[:16]
 
 
 def main() -> None:
@@ -107,6 +134,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="subset of configuration names (substring match; fp32 always runs)")
     ap.add_argument("--bundles", type=Path, default=None, help="keep bundles here (and reuse them) [default: temp]")
     ap.add_argument("--transformers", action="store_true", help="also the fp32 perplexity from transformers")
+    ap.add_argument(
+        "--no-validate", action="store_true", help="skip the exporter's float64 validation (minutes per export)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the rows here as well")
     args = ap.parse_args()
 
@@ -119,21 +149,28 @@ def main() -> None:
     configs = [c for c in configs if not args.only or c[0] == "fp32" or any(s in c[0] for s in args.only)]
     print(f"{len(configs)} configurations; {len(wins)} windows of {args.context} ({n_pred} predicted tokens)")
 
-    hf_ppl = transformers_perplexity(args.checkpoint, wins, args.threads) if args.transformers else None
-    if hf_ppl is not None:
-        print(f"transformers fp32 perplexity {hf_ppl:.4f}", flush=True)
-
+    digest = windows_digest(wins)
     with tempfile.TemporaryDirectory(prefix="quality-table-") as tmp:
         root = args.bundles or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        hf_ppl = None
+        if args.transformers:
+            hf_ppl = cached_ppl(
+                root / f"transformers.ppl-{digest}.json",
+                lambda: transformers_perplexity(args.checkpoint, wins, args.threads),
+            )
+            print(f"transformers fp32 perplexity {hf_ppl:.4f}", flush=True)
         rows = []
         for i, (name, kw) in enumerate(configs):
             print(f"[{i + 1}/{len(configs)}] {name}", flush=True)
             out = root / f"b{CONFIGS.index((name, kw)):02d}"
-            manifest = build(args.checkpoint, out, kw)
-            engine = load(out, LoadOptions(threads=args.threads))
+            manifest = build(args.checkpoint, out, kw, validate=not args.no_validate)
             t0 = time.perf_counter()
-            ppl = graph_perplexity(engine, wins)
-            del engine  # one bundle resident at a time while exporting (an export peaks at ~3.4 GB)
+            # One bundle resident at a time while exporting (an export peaks at ~3.4 GB).
+            ppl = cached_ppl(
+                root / f"{out.name}.ppl-{digest}.json",
+                lambda out=out: graph_perplexity(load(out, LoadOptions(threads=args.threads)), wins),
+            )
             val = manifest["validation"]
             heldout = (manifest.get("quantization") or {}).get("heldout_ppl", {})
             row = {
@@ -141,10 +178,11 @@ def main() -> None:
                 "bundle": str(out),
                 "graph_ppl": ppl,
                 "ref_ppl": heldout.get("exported"),
-                "ref_before": heldout.get("before"),
+                "ref_before": heldout.get("original"),
                 "size": sum(p.stat().st_size for p in out.iterdir()),
                 "max_rel_err": val["max_rel_err"],
                 "tolerance": val["tolerance"],
+                "validated": val["reference"] != NOT_VALIDATED,
                 "export_s": manifest["provenance"]["export_seconds"],
             }
             rows.append(row)
@@ -163,9 +201,9 @@ def main() -> None:
             row["tok_s_rounds"] = r
 
     base = rows[0]
-    before = [r["ref_before"] for r in rows if r["ref_before"] is not None]
-    if base["ref_ppl"] is None and before:  # the fp32 row's reference is every record's "before"
-        base["ref_ppl"] = before[0]
+    original = [r["ref_before"] for r in rows if r["ref_before"] is not None]
+    if base["ref_ppl"] is None and original:  # the fp32 row's reference is every record's "original"
+        base["ref_ppl"] = original[0]
     caption = (
         f"`{args.checkpoint.name}` on {text_path.name}: ORT-graph perplexity over {len(wins)} windows of "
         f"{args.context} tokens ({n_pred} predicted){'' if not prefix else ', BOS first'}; ONNX Runtime "
@@ -186,11 +224,12 @@ def main() -> None:
     for row in rows:
         ppl = row["graph_ppl"]
         flag = "" if row["max_rel_err"] <= row["tolerance"] else " **above: edge-export refuses it**"
+        check = f"{row['max_rel_err']:.2e} ({row['tolerance']:g}){flag}" if row["validated"] else "not run"
         ref = "" if not show_ref else f" {row['ref_ppl']:.3f} |" if row["ref_ppl"] is not None else " |"
         print(
             f"| {row['name']} | {ppl:.3f} | {100 * (ppl / base['graph_ppl'] - 1):+.1f}% |{ref} "
             f"{row['size'] / 1e6:.1f} | {row['tok_s']:.1f} | {row['tok_s'] / base['tok_s']:.2f}x | "
-            f"{row['max_rel_err']:.2e} ({row['tolerance']:g}){flag} |"
+            f"{check} |"
         )
     if args.json:
         args.json.write_text(json.dumps({"caption": caption, "transformers_ppl": hf_ppl, "rows": rows}, indent=2))
