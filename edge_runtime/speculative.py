@@ -31,19 +31,25 @@ import warnings
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .engine import Engine
 from .errors import SessionError, SpeculativeError
-from .proposers import DraftModel, PromptLookup, Proposal, Proposer
+from .proposers import DraftModel, PromptLookup, Proposal, Proposer, check_draft
 from .sampling import LogitsProcessor, Sampler, Step, token_logprobs
 
 if TYPE_CHECKING:
     from .session import Session, Turn
 
 DEFAULT_K = 8  # most tokens one step proposes (the lookup's; a draft's default is 4: each costs a draft step)
+# edge-runtime's MatMulQ4/Q8 kernels (graphs with the fused argmax) take 1..4 rows down the decode path's
+# arithmetic, bit for bit or within 1e-5; from 5 rows they tile K and round differently (logits ~0.5 apart
+# on the 135M int4 model, both as far from fp32), which flips greedy choices. Exact mode stays within 4.
+EXACT_ROWS = 4
+DRAFT_K = 4  # a draft's proposals per step by default: each costs one draft decode step
 _GAIN_EMA = 0.25  # weight of a step's gain in its arm's average
 _BACKOFF = (16, 512)  # tokens an arm stays off after its gain fell below 1: first, most
 _PRIOR_GAIN, _PROBE_GAIN = 1.3, 1.1  # a new arm survives a bad first step; a probe after a pause does not
@@ -93,6 +99,7 @@ class SpeculativeDecoder:
     proposer: Proposer
     k: int = DEFAULT_K
     adaptive: bool = True
+    exact: bool = True  # on edge-kernel graphs, verify at most EXACT_ROWS - 1 proposals a step (see above)
     stats: SpeculativeStats = field(default_factory=SpeculativeStats)
 
     def __post_init__(self) -> None:
@@ -101,6 +108,7 @@ class SpeculativeDecoder:
         self._arms: dict[Hashable, _Arm] = {}
         self._plain_s: float | None = None  # EMA of a plain decode step's seconds
         self._position = 0  # tokens emitted by this decoder (the arms' back-off clock)
+        self._cap = self.k  # proposals one step may verify (steps() lowers it for exact mode)
 
     def check(self, engine: Engine) -> None:
         """Refuse a k the target's ring (or the draft's) cannot roll back."""
@@ -135,6 +143,7 @@ class SpeculativeDecoder:
             return
         engine = source if isinstance(source, Engine) else source.engine
         self.check(engine)
+        self._cap = min(self.k, EXACT_ROWS - 1) if self.exact and engine.fused_argmax else self.k
         if isinstance(source, Engine):
             session = Session(engine)
             with warnings.catch_warnings():  # a plain Engine prefill chunks a long prompt silently too
@@ -206,7 +215,7 @@ class SpeculativeDecoder:
         a = self._arms.setdefault(arm, _Arm(k=min(self.k, 4) if self.adaptive else self.k))
         if self.adaptive and self._position < a.off_until:
             return 0
-        return a.k
+        return min(a.k, self._cap)
 
     def _plain(self, seconds: float) -> None:
         self.stats.steps += 1
@@ -227,7 +236,7 @@ class SpeculativeDecoder:
         if not self.adaptive:
             return
         a = self._arms[proposal.arm]
-        a.k = min(self.k, a.k + 2) if accepted == n else max(1, a.k - 1)
+        a.k = min(self._cap, a.k + 2) if accepted == n else max(1, a.k - 1)
         assert self._plain_s is not None
         gain = (accepted + 1) * self._plain_s / max(seconds, 1e-9)
         a.gain = (1 - _GAIN_EMA) * a.gain + _GAIN_EMA * gain
@@ -319,3 +328,26 @@ def resolve(speculative: SpeculativeDecoder | str) -> SpeculativeDecoder:
     if speculative == "lookup":
         return SpeculativeDecoder(PromptLookup())
     raise SpeculativeError(f"speculative must be 'lookup' or a SpeculativeDecoder, got {speculative!r}")
+
+
+def from_options(
+    engine: Engine, method: str | None, draft: str | Path | None, k: int | None, threads: int | None = None
+) -> SpeculativeDecoder | None:
+    """edge-run's --speculative lookup | --draft BUNDLE [--draft-tokens K], checked against `engine` before
+    anything runs (a draft of another tokenizer, k of 0 or above the slack: one-line errors)."""
+    if method is None and draft is None:
+        if k is not None:
+            raise SpeculativeError("--draft-tokens needs --speculative lookup or --draft BUNDLE")
+        return None
+    if method not in (None, "lookup") or (method is not None and draft is not None):
+        raise SpeculativeError("give --speculative lookup or --draft BUNDLE, not both")
+    if draft is None:
+        spec = SpeculativeDecoder(PromptLookup(), k=DEFAULT_K if k is None else k)
+    else:
+        from .engine import LoadOptions, load
+
+        d = load(draft, LoadOptions(threads=threads))
+        check_draft(engine.manifest, d.manifest, f"draft bundle '{draft}'")
+        spec = SpeculativeDecoder(DraftModel(d), k=DRAFT_K if k is None else k)
+    spec.check(engine)
+    return spec

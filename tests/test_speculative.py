@@ -5,6 +5,7 @@ one typed line."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections import Counter
 
@@ -256,3 +257,35 @@ def test_resolve_names_what_it_takes():
     assert isinstance(resolve("lookup").proposer, PromptLookup)
     with pytest.raises(SpeculativeError, match="'lookup' or a SpeculativeDecoder"):
         resolve("ngram")
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--speculative", "lookup", "--draft-tokens", "0"], "integer >= 1"),
+        (["--speculative", "lookup", "--draft-tokens", "500"], "slack rows"),
+        (["--draft-tokens", "3"], "needs --speculative lookup or --draft"),
+        (["--draft", "DEMO"], "vocabulary of 4096 tokens"),
+    ],
+)
+def test_edge_run_refuses_bad_speculation_in_one_line(tied_bundle, demo, args, needle):
+    from click.testing import CliRunner
+
+    from edge_runtime.cli.run import main
+
+    args = [str(demo) if a == "DEMO" else a for a in args]
+    r = CliRunner().invoke(main, ["--bundle", str(tied_bundle), "--target", "x86", "--prompt", "a b", *args])
+    assert r.exit_code == 1
+    lines = [line for line in r.output.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1 and needle in lines[0], r.output
+
+
+def test_edge_run_speculative_lookup_prints_the_plain_text(tied_bundle):
+    from click.testing import CliRunner
+
+    from edge_runtime.cli.run import main
+
+    base = ["--bundle", str(tied_bundle), "--target", "x86", "--prompt", "a b a b a b", "--max-tokens", "24", "--json"]
+    plain = json.loads(CliRunner().invoke(main, base).output)
+    fast = json.loads(CliRunner().invoke(main, [*base, "--speculative", "lookup"]).output)
+    assert fast["token_ids"] == plain["token_ids"] and fast["text"] == plain["text"]

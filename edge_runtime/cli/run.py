@@ -103,6 +103,15 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
 @click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
 @click.option(
+    "--speculative",
+    type=click.Choice(["lookup"]),
+    default=None,
+    help="Speculative decoding by prompt lookup (n-grams of the context): same tokens, faster on replies that "
+    "re-emit their context.",
+)
+@click.option("--draft", type=click.Path(path_type=Path), help="Speculative decoding with this draft bundle.")
+@click.option("--draft-tokens", type=int, default=None, help="Proposals per step [default: 8 lookup, 4 draft].")
+@click.option(
     "--verify",
     type=click.Choice(["sampled", "full"]),
     default="sampled",
@@ -145,6 +154,9 @@ def main(
     sinks: int | None,
     window: int | None,
     threads: int | None,
+    speculative: str | None,
+    draft: Path | None,
+    draft_tokens: int | None,
     verify: str,
     stats: bool,
     log_file: Path | None,
@@ -206,15 +218,20 @@ def main(
     opts = LoadOptions(sinks=sinks, window=window, threads=threads, verify=verify)  # type: ignore[arg-type]
     engine = load(bundle_dir, opts, target=profile)
     tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
+    from edge_runtime.speculative import from_options
+
+    spec = from_options(engine, speculative, draft, draft_tokens, threads)  # bad ones: one line, before any output
     if sampler is not None:
         sampler.mark(None)
+    if chat and spec is not None:
+        raise EdgeRuntimeError("--speculative/--draft speed up one reply; not with --chat yet")
     if chat:
         chat_repl.run(engine, tok, config, chat_repl.ChatOptions(system=system, as_json=as_json))
         return
     assert request is not None
     prompt_ids = _prompt_ids(engine, tok, request)
     ids, parts, final = [], [], None
-    stream = stream_generate(engine, tok, prompt_ids, config, grammar=constraint)
+    stream = stream_generate(engine, tok, prompt_ids, config, grammar=constraint, speculative=spec)
     if not as_json and not request.is_chat:
         click.echo(request.text, nl=False)
     marks = PhaseMarks(sampler)
@@ -273,6 +290,10 @@ def main(
             f"--- {format_energy(s)}\n--- power: {energy.label()}",
             err=True,
         )
+        if spec is not None:
+            st = spec.stats
+            rate = f"acceptance {st.acceptance:.0%}, {st.tokens_per_step:.2f} tokens per target call"
+            click.echo(f"--- speculative: {rate}", err=True)
     if cancelled is not None:
         raise cancelled
 
