@@ -335,3 +335,21 @@ def test_serve_response_format(demo, tmp_path):
         assert "unsupported JSON schema feature" in str(e.value) and e.value.body["param"] == "response_format"
     finally:
         server.stop()
+
+
+def test_real_model_robot_commands_validate(real_int4_bundle):
+    """SmolLM2-135M-Instruct int4: constrained replies validate, and a required tool call parses (the full
+    50-prompt figure, free vs constrained, is scripts/structured_eval.py's)."""
+    from edge_runtime import tools
+
+    engine = load(real_int4_bundle)
+    tok = Tokenizer.for_engine(engine)
+    rf = {"type": "json_schema", "json_schema": {"name": "robot", "schema": ROBOT}}
+    config = GenerationConfig(max_tokens=96)
+    for task in ("Pick up the cup at x 1.25, y 0.5, speed 3.", "Stop now, slowly, at (0, -1)."):
+        messages = [{"role": "user", "content": task}]
+        jsonschema.validate(
+            json.loads(generate(engine, tok, messages=messages, config=config, response_format=rf).text), ROBOT
+        )
+    reply = tools.chat(engine, tok, messages, [WEATHER, MOVE], "required", config)
+    _check_calls(reply, {"get_weather", "move_to"})
