@@ -333,8 +333,36 @@ def test_serve_response_format(demo, tmp_path):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="demo", messages=messages, response_format=bad)
         assert "unsupported JSON schema feature" in str(e.value) and e.value.body["param"] == "response_format"
+        _serve_tool_round_trip(openai, client)
     finally:
         server.stop()
+
+
+def _serve_tool_round_trip(openai, client):
+    """tools through edge-serve: the call comes back as tool_calls (whole and streamed), the tool's result goes
+    back and the conversation continues; a tool_choice naming no tool is a 400."""
+    messages = [{"role": "user", "content": "Will it rain in Verona?"}]
+    kw = {"model": "demo", "tools": [MOVE], "max_tokens": 200, "temperature": 1.0, "seed": 3}  # the window: 508
+    r = client.chat.completions.create(messages=messages, tool_choice="required", **kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, MOVE)}
+    jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
+    chunks = list(client.chat.completions.create(messages=messages, tool_choice="required", stream=True, **kw))
+    streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [tc.function.name for tc in streamed] == [call.function.name]  # same seed, same call
+    assert streamed[0].function.arguments == call.function.arguments
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "light rain"},
+    ]
+    after = client.chat.completions.create(messages=messages, tool_choice="none", **{**kw, "max_tokens": 12})
+    assert after.choices[0].message.tool_calls is None and after.choices[0].message.role == "assistant"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(messages=messages, tool_choice={"type": "function", "function": {"name": "x"}},
+                                       **kw)  # fmt: skip
+    assert e.value.body["param"] == "tool_choice"
 
 
 def test_real_model_robot_commands_validate(real_int4_bundle):

@@ -50,9 +50,9 @@ async def chat_completions(request: Request) -> Response:
     arrival = time.perf_counter()
     req = parse_chat(await state.read_json(request), state.max_tokens)
     state.check_model(req.model)
-    ids = await run_in_threadpool(_chat_prompt, state, req)
-    job = Job(ids, req.params, asyncio.get_running_loop(), arrival=arrival)
-    return await _respond(request, state, job, _ChatFormat(state, req.params))
+    ids, params, tool_format = await run_in_threadpool(_chat_prompt, state, req)
+    job = Job(ids, params, asyncio.get_running_loop(), arrival=arrival)
+    return await _respond(request, state, job, _ChatFormat(state, params, tool_format))
 
 
 async def completions(request: Request) -> Response:
@@ -75,7 +75,9 @@ async def completions(request: Request) -> Response:
     return await _respond(request, state, job, _CompletionFormat(state, req.params))
 
 
-def _chat_prompt(state: ServerState, req: ChatRequest) -> list[int]:
+def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[list[int], GenParams, str | None]:
+    """The prompt ids, the generation parameters (with the tool-call constraint) and the tool-call format to parse
+    the reply with (None: no tools, or tool_choice "none")."""
     if state.template is None:
         raise APIError(
             400,
@@ -88,8 +90,11 @@ def _chat_prompt(state: ServerState, req: ChatRequest) -> list[int]:
         messages = normalize_messages(req.messages)  # roles, content types: the client's mistake, a 400
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages", code="invalid_value") from None
+    params, tool_format, tools = req.params, None, req.tools
+    if req.tools:
+        messages, params, tool_format, tools = _with_tools(state, req, messages)
     try:
-        text = state.template.render(messages, add_generation_prompt=True, tools=req.tools)
+        text = state.template.render(messages, add_generation_prompt=True, tools=tools)
     except ChatTemplateError as e:  # the template itself refused this conversation (raise_exception)
         raise APIError(422, str(e), param="messages", code="template_refused") from None
     ids = state.tokenizer.encode(text, add_special_tokens=False)
@@ -100,7 +105,30 @@ def _chat_prompt(state: ServerState, req: ChatRequest) -> list[int]:
             param="messages",
             code="empty_prompt",
         )
-    return ids
+    return ids, params, tool_format
+
+
+def _with_tools(
+    state: ServerState, req: ChatRequest, messages: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], GenParams, str | None, list[dict[str, Any]]]:
+    """OpenAI tools through edge_runtime/tools.py: the call constrained to one of the functions (tool_choice), the
+    tools prompt and earlier calls/results rendered for templates that ignore `tools`."""
+    from dataclasses import replace
+
+    from edge_runtime import tools as tool_calls
+    from edge_runtime.errors import ConstraintError
+
+    try:
+        fns = tool_calls.functions(req.tools or [])
+        fmt = tool_calls.detect_format(state.template)
+        grammar = tool_calls.call_grammar(fns, req.tool_choice, fmt, req.parallel_tool_calls)
+    except ConstraintError as e:
+        param = "tool_choice" if "tool_choice" in str(e) else "tools"
+        raise APIError(400, str(e), param=param, code="invalid_value") from None
+    prepared = tool_calls.prepare_messages(messages, fns, state.template)
+    rendered_tools = [{"type": "function", "function": f} for f in fns]
+    parse = None if req.tool_choice == "none" else fmt
+    return prepared, replace(req.params, grammar=grammar), parse, rendered_tools
 
 
 # -- driving a job ---------------------------------------------------------------------------------
@@ -248,11 +276,28 @@ def _logprob_items(pieces: list[Piece]) -> list[TokenLogprob]:
 class _ChatFormat(_Format):
     object_whole, object_chunk, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
+    def __init__(self, state: ServerState, params: GenParams, tool_format: str | None = None):
+        super().__init__(state, params)
+        self.tool_format = tool_format  # with tools, a streamed reply is held back until it can be parsed
+        self.held: list[str] = []
+
+    def _tool_reply(self, text: str, f: Finished) -> tuple[dict[str, Any], str]:
+        from edge_runtime.tools import parse_tool_calls
+
+        content, calls = parse_tool_calls(text, self.tool_format or "hermes")
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+        return message, "tool_calls" if calls and f.finish_reason == "stop" else self._reason(f)
+
     def opening(self) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
         return [self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})]
 
     def piece(self, p: Piece) -> dict[str, Any] | None:
+        if self.tool_format is not None:
+            self.held.append(p.text)
+            return None
         if not p.text and p.logprob is None:
             return None
         logprobs = chat_logprobs([p.logprob], self.text) if p.logprob is not None else None
@@ -260,17 +305,27 @@ class _ChatFormat(_Format):
 
     def closing(self, f: Finished) -> list[dict[str, Any]]:
         out = []
-        if f.text:
+        reason = self._reason(f)
+        if self.tool_format is not None:
+            message, reason = self._tool_reply("".join(self.held) + f.text, f)
+            delta: dict[str, Any] = {"content": message["content"]}
+            if "tool_calls" in message:
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+            out.append(self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}))
+        elif f.text:
             out.append(self._chunk({"index": 0, "delta": {"content": f.text}, "logprobs": None, "finish_reason": None}))
-        last = self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": self._reason(f)})
+        last = self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason})
         out.append({**last, EXTENSION: self._extension(f)})
         return out + self._closing_usage(f)
 
     def whole(self, pieces: list[Piece], f: Finished) -> dict[str, Any]:
         text = "".join(p.text for p in pieces) + f.text
         logprobs = chat_logprobs(_logprob_items(pieces), self.text) if self.params.logprobs is not None else None
-        message = {"role": "assistant", "content": text, "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self._reason(f)}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        reason = self._reason(f)
+        if self.tool_format is not None:
+            message, reason = self._tool_reply(text, f)
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         return {
             **self._env(self.object_whole),
             "choices": [choice],

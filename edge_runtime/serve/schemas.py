@@ -40,6 +40,8 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     params: GenParams
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool = False  # OpenAI defaults to true; a 135M model allowed several repeats its call
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,13 @@ def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
     elif body.get("top_logprobs") is not None:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     params = replace(_common(body, max_tokens_limit, logprobs), grammar=grammar)
-    return ChatRequest(body.str("model"), messages, tools or None, params)
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None and not tools:
+        raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
+    if tools and grammar is not None:
+        raise bad_request("give 'tools' or a JSON 'response_format', not both", param="response_format")
+    parallel = body.bool("parallel_tool_calls", False)
+    return ChatRequest(body.str("model"), messages, tools or None, params, tool_choice or "auto", parallel)
 
 
 def _response_format(value: Any) -> Any:
