@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,9 @@ def main(
         )
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s", stream=sys.stderr)
     state, closers = _build(
-        bundle, model, target, slots, queue_size, max_tokens, api_key, model_id, sinks, window, threads, energy
+        ServeOptions(
+            bundle, model, target, slots, queue_size, max_tokens, api_key, model_id, sinks, window, threads, energy
+        )
     )
     try:
         _serve(state, host, port, shutdown_timeout, log_level)
@@ -135,20 +138,25 @@ def main(
             close()
 
 
-def _build(
-    bundle: Path | None,
-    model: str | None,
-    target: str,
-    slots: int,
-    queue_size: int,
-    max_tokens: int,
-    api_key: str | None,
-    model_id: str | None,
-    sinks: int | None,
-    window: int | None,
-    threads: int | None,
-    energy: bool,
-) -> tuple[Any, list[Any]]:
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `_build` needs from the command line, in one value."""
+
+    bundle: Path | None
+    model: str | None
+    target: str
+    slots: int
+    queue_size: int
+    max_tokens: int
+    api_key: str | None
+    model_id: str | None
+    sinks: int | None
+    window: int | None
+    threads: int | None
+    energy: bool
+
+
+def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime import __version__
     from edge_runtime.bench.runner import open_sampler
     from edge_runtime.chat import ChatTemplate
@@ -163,8 +171,9 @@ def _build(
     from .scheduler import Scheduler
     from .slots import SlotPool, check_budget, memory_needed
 
+    bundle, model, slots, max_tokens, model_id = opts.bundle, opts.model, opts.slots, opts.max_tokens, opts.model_id
     log = logging.getLogger("edge_serve")
-    detection = resolve_target(target)
+    detection = resolve_target(opts.target)
     profile = detection.profile
     if profile.backend.name != "onnxruntime":
         raise EdgeRuntimeError(
@@ -181,7 +190,7 @@ def _build(
 
         bundle = ensure_bundle(resolve_checkpoint(model), profile)
     assert bundle is not None
-    engine = load(bundle, LoadOptions(sinks=sinks, window=window, threads=threads), target=profile)
+    engine = load(bundle, LoadOptions(sinks=opts.sinks, window=opts.window, threads=opts.threads), target=profile)
     check_budget(engine, slots, profile.memory_budget_bytes)
     tokenizer = Tokenizer.for_engine(engine)
     try:
@@ -191,7 +200,7 @@ def _build(
         template = None
     closers: list[Any] = []
     power = None
-    if energy:
+    if opts.energy:
         power, notes = open_sampler(profile)
         for note in notes:
             log.info("power: %s", note)
@@ -199,7 +208,7 @@ def _build(
     metrics = Metrics()
     pool = SlotPool(engine, slots)
     scheduler = Scheduler(
-        pool, tokenizer, engine.manifest.tokenizer.eos_token_ids, metrics, queue_size=queue_size, power=power
+        pool, tokenizer, engine.manifest.tokenizer.eos_token_ids, metrics, queue_size=opts.queue_size, power=power
     )
     name = model_id or (Path(model).name if model is not None else bundle.name)
     g = engine.geometry
@@ -223,7 +232,7 @@ def _build(
         model_id=name,
         fingerprint=f"edge-runtime-{__version__}-{bundle_checksum(engine.manifest)[:12]}",
         max_tokens=max_tokens,
-        api_key=api_key,
+        api_key=opts.api_key,
         extra={
             "target": profile.name,
             "cache": {"sinks": g.sinks, "window": g.window},
