@@ -83,18 +83,12 @@ def real_int4_bundle(tmp_path_factory, real_model_dir):
 @pytest.fixture(scope="session")
 def serve_bundle(tmp_path_factory):
     """The demo model with tests/serve_util.py's chat template (ring window 100), for the edge-serve tests."""
-    import json
-    import shutil
-
     from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.models import DEMO_CHECKPOINT
 
     from .serve_util import SERVE_TEMPLATE
+    from .tiny_models import demo_with_template
 
-    ck = tmp_path_factory.mktemp("serve-ck") / "demo"
-    shutil.copytree(DEMO_CHECKPOINT, ck)
-    config = json.loads((ck / "tokenizer_config.json").read_text())
-    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": SERVE_TEMPLATE}))
+    ck = demo_with_template(tmp_path_factory.mktemp("serve-ck") / "demo", SERVE_TEMPLATE)
     out = tmp_path_factory.mktemp("serve-b") / "shakespeare"
     export(ExportOptions(checkpoint=ck, out=out, window=100))
     return out

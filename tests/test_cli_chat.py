@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -12,7 +11,8 @@ from click.testing import CliRunner
 
 from edge_runtime.cli.run import main as run_cli
 from edge_runtime.exporters.export import ExportOptions, export
-from edge_runtime.models import DEMO_CHECKPOINT
+
+from .tiny_models import demo_with_template
 
 TEMPLATE = (
     "{% for m in messages %}{{ 'ROMEO' if m['role'] == 'assistant' else m['role'] | upper }}.\n"
@@ -24,10 +24,7 @@ TEMPLATE = (
 @pytest.fixture(scope="module")
 def chat_bundle(tmp_path_factory):
     """The demo model with a chat template of its own (it ships none: it is not an instruct model)."""
-    ck = tmp_path_factory.mktemp("ck") / "demo"
-    shutil.copytree(DEMO_CHECKPOINT, ck)
-    config = json.loads((ck / "tokenizer_config.json").read_text())
-    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    ck = demo_with_template(tmp_path_factory.mktemp("ck") / "demo", TEMPLATE)
     out = tmp_path_factory.mktemp("b") / "b"
     export(ExportOptions(checkpoint=ck, out=out, window=100))
     return out
@@ -182,10 +179,7 @@ def test_python_api_takes_messages(chat_bundle):
 
 def test_a_turn_longer_than_the_window_is_chunked_with_a_one_line_notice(tmp_path):
     """StreamingLLM takes any length; the user learns in one line that the turn's start left the window."""
-    ck = tmp_path / "demo"
-    shutil.copytree(DEMO_CHECKPOINT, ck)
-    config = json.loads((ck / "tokenizer_config.json").read_text())
-    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    ck = demo_with_template(tmp_path / "demo", TEMPLATE)
     export(ExportOptions(checkpoint=ck, out=tmp_path / "b", window=100))
     long_line = "So foul and fair a day I have not seen. " * 20
     args = ["--chat", "--json", "--max-tokens", "3", "--window", "60"]  # the target's window would win

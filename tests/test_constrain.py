@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -15,10 +14,11 @@ from edge_runtime.engine import load
 from edge_runtime.errors import ConstraintError
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.generate import GenerationConfig, generate
-from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.sampling import SamplingParams
 from edge_runtime.session import Session
 from edge_runtime.tokenizer import Tokenizer
+
+from .tiny_models import demo_with_template
 
 llguidance = pytest.importorskip("llguidance")
 llg_numpy = pytest.importorskip("llguidance.numpy")
@@ -58,10 +58,7 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    ck = tmp_path_factory.mktemp("ck") / "demo"
-    shutil.copytree(DEMO_CHECKPOINT, ck)
-    config = json.loads((ck / "tokenizer_config.json").read_text())
-    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    ck = demo_with_template(tmp_path_factory.mktemp("ck") / "demo", CHATML)
     out = tmp_path_factory.mktemp("b") / "demo"
     export(ExportOptions(checkpoint=ck, out=out, window=200))
     engine = load(out)

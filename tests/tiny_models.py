@@ -121,3 +121,17 @@ def save_tiny_checkpoint(
     saved.save_pretrained(directory, safe_serialization=True, **kwargs)
     write_tiny_tokenizer(Path(directory) / "tokenizer.json", model.config.vocab_size)
     return saved.to(torch.float32)
+
+
+def demo_with_template(directory: str | Path, template: str) -> Path:
+    """A copy of the demo checkpoint with `template` as its chat template (it ships none: not an instruct model)."""
+    import json
+    import shutil
+
+    from edge_runtime.models import DEMO_CHECKPOINT
+
+    ck = Path(directory)
+    shutil.copytree(DEMO_CHECKPOINT, ck)
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    return ck
