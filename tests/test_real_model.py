@@ -93,3 +93,23 @@ def test_int4_greedy_prefix_is_reported(real_int4_bundle, real_fp32_bundle):
     matched = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
     print(f"int4 vs fp32 greedy: {matched} of 32 tokens match")
     assert matched >= 4
+
+
+def test_session_turns_equal_a_full_reprefill(real_fp32_bundle):
+    """Three chat turns in one Session (each feeds only the new tokens) against generating each turn from the
+    whole conversation prefilled afresh: the same greedy replies (fp32: chunk boundaries move rounding only)."""
+    from edge_runtime.session import Session
+
+    engine = load(real_fp32_bundle, LoadOptions(threads=2))
+    tok = Tokenizer.for_engine(engine)
+    fresh = load(real_fp32_bundle, LoadOptions(threads=2))
+    session, history = Session(engine), []
+    config = GenerationConfig(max_tokens=16)
+    for question in ("What is the capital of France?", "And of Italy?", "Which one is larger?"):
+        history.append({"role": "user", "content": question})
+        ids = encode_messages(engine, tok, history)
+        rest = session.match(ids)
+        assert len(rest) < len(ids) or len(history) == 1  # later turns reuse the ring
+        reply = generate(session, tok, rest, config)
+        assert reply.token_ids == generate(fresh, tok, ids, config).token_ids
+        history.append({"role": "assistant", "content": reply.text})
