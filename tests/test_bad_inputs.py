@@ -141,8 +141,11 @@ def test_existing_output_without_overwrite_is_one_line(ckpt, bundle, tmp_path):
 
 # -- item 6: signals during export and dead exporters' partials --------------------------------------
 
+# The child starts with SIGHUP at its default action, as an exporter in a terminal or under systemd has it: a
+# runner started with nohup passes SIGHUP on ignored, and the exporter rightly leaves an ignored signal alone.
 _HOLD_PARTIAL = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 from pathlib import Path
 from edge_runtime.exporters.bundle_writer import atomic_directory
 with atomic_directory(Path(sys.argv[1]), overwrite=False) as tmp:
