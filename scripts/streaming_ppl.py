@@ -114,8 +114,8 @@ def main() -> None:
 
     caption = (
         f"`{args.bundle.name}` ({manifest.graph.weight_dtype} weights), {len(ids)} tokens of {args.text.name} fed one "
-        f"at a time ({len(ids) - 1} predicted); max_position_embeddings {context}; {machine()}, "
-        f"{args.threads} threads."
+        f"at a time ({len(ids) - 1} predicted){'; dense scored by chunked prefill' if args.dense_by_prefill else ''}; "
+        f"max_position_embeddings {context}; {machine()}."
     )
     print("\n" + caption + "\n")
     print(f"| cache | perplexity, all tokens | vs dense | perplexity, tokens {start}+ (evicting) | vs dense |")
