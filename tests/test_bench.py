@@ -361,3 +361,24 @@ def test_edge_run_stats_error_stops_the_sampler(tmp_path):
     r = CliRunner().invoke(run_cli, ["--bundle", str(tmp_path / "missing"), "--target", "x86", "--stats"])
     assert r.exit_code == 1 and "missing" in r.output.strip().splitlines()[-1]
     assert not [t for t in threading.enumerate() if t.name == "power-sampler"]
+
+
+def test_plot_ticks_are_round_and_trials_and_estimates_are_labelled(estimate_run):
+    import re
+
+    from edge_runtime.bench.plot import nice_ticks
+
+    assert nice_ticks(0, 30.8) == [0, 10, 20, 30, 40]
+    assert nice_ticks(0, 6.16 * 5) == nice_ticks(0, 30.8)
+    assert nice_ticks(0, 0.9) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert nice_ticks(0, 12.5) == [0, 2.5, 5, 7.5, 10, 12.5]
+    run, report, _ = estimate_run
+    page = power_html(run.named_reports(), estimate=True, boundary="b", summary="x" * 500, idle_watts=1.0)
+    labels = [float(v) for v in re.findall(r'text-anchor="end">([0-9.e+-]+)</text>', page)]
+    assert labels and all(v == round(v, 2) for v in labels)  # no 6.16, 12.32 ...
+    names = [n for n, _r in run.named_reports()]
+    assert all(f">{name}</text>" in page for name in names)  # every trial named on the plot
+    assert 'class="estimate-note"' in page and 'stroke-dasharray="5 4"' in page
+    assert "white-space:pre-wrap" in page  # the summary wraps instead of being cut off
+    measured = power_html(run.named_reports(), estimate=False, boundary="b", summary="s")
+    assert 'class="estimate-note"' not in measured and 'stroke-dasharray="5 4"' not in measured

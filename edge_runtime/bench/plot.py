@@ -8,6 +8,7 @@ and the report's text summary underneath. An estimate says so in the title and o
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 
 from edge_runtime.telemetry import EnergyReport
@@ -24,9 +25,25 @@ _W, _H = 960, 380
 _LEFT, _RIGHT, _TOP, _BOTTOM = 70, 20, 40, 50
 
 
-def _ticks(lo: float, hi: float, n: int = 6) -> list[float]:
-    step = (hi - lo) / (n - 1) if hi > lo else 1.0
-    return [lo + i * step for i in range(n)]
+def nice_step(span: float, target: int = 5) -> float:
+    """A tick step of 1, 2, 2.5 or 5 times a power of ten giving about `target` intervals over `span`:
+    ticks at 0, 2, 4, 6 W rather than 0, 6.16, 12.32."""
+    if span <= 0 or not math.isfinite(span):
+        return 1.0
+    raw = span / target
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+
+
+def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
+    """Ticks from the multiple of the step at or below `lo` to the one at or above `hi`."""
+    step = nice_step(hi - lo, target)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(i * step, 10) for i in range(first, last + 1)]
+
+
+def _label(v: float) -> str:
+    return f"{v:g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
 
 
 def phase_spans(runs: Sequence[tuple[str, EnergyReport]]) -> list[tuple[str, float, float]]:
@@ -49,7 +66,9 @@ def power_svg(
     watts = [w for tr in traces for _t, w in tr] + ([idle_watts] if idle_watts is not None else [])
     t0, t1 = min(times), max(times)
     t1 = t1 if t1 > t0 else t0 + 1.0
-    w1 = max([*watts, 1e-3]) * 1.1
+    w_ticks = nice_ticks(0.0, max([*watts, 1e-3]) * 1.05)
+    w1 = w_ticks[-1]
+    flat = len({round(w, 6) for tr in traces for _t, w in tr}) <= 1  # a constant model, not a measurement
     pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
 
     def x(t: float) -> float:
@@ -60,7 +79,7 @@ def power_svg(
 
     tag = " (estimate)" if estimate else ""
     out = [
-        f'<svg viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" role="img" font-family="sans-serif" '
+        f'<svg viewBox="0 0 {_W} {_H}" width="100%" style="max-width:{_W}px" role="img" font-family="sans-serif" '
         f'font-size="12"><title>{html.escape(title + tag)}</title>',
         f'<text x="{_LEFT}" y="22" font-size="15">{html.escape(title)}{tag}</text>',
     ]
@@ -73,10 +92,11 @@ def power_svg(
             f"{a - t0:.3f} to {b - t0:.3f} s</title></rect>"
         )
     out.append(f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
-    for t in _ticks(t0, t1):
-        out.append(f'<text x="{x(t):.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{t - t0:.2f}</text>')
-    for w in _ticks(0.0, w1):
-        out.append(f'<text x="{_LEFT - 6}" y="{y(w) + 4:.1f}" text-anchor="end">{w:.2f}</text>')
+    for t in nice_ticks(0.0, t1 - t0, 8):
+        if t <= t1 - t0 + 1e-9:
+            out.append(f'<text x="{x(t0 + t):.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{_label(t)}</text>')
+    for w in w_ticks:
+        out.append(f'<text x="{_LEFT - 6}" y="{y(w) + 4:.1f}" text-anchor="end">{_label(w)}</text>')
         out.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{y(w):.1f}" y2="{y(w):.1f}" stroke="#0001"/>')
     out.append(f'<text x="{_LEFT + pw / 2}" y="{_H - 10}" text-anchor="middle">time, s</text>')
     out.append(f'<text transform="translate(16 {_TOP + ph / 2}) rotate(-90)" text-anchor="middle">power, W{tag}</text>')
@@ -86,10 +106,26 @@ def power_svg(
             f'stroke="#555" stroke-dasharray="6 4"/><text x="{_LEFT + pw - 4}" y="{y(idle_watts) - 4:.1f}" '
             f'text-anchor="end">idle {idle_watts:.2f} W{tag}</text>'
         )
-    for tr in traces:
+    dash = ' stroke-dasharray="5 4"' if estimate else ""  # an estimate must not look like a measured trace
+    for (name, report), tr in zip(runs, traces, strict=True):
         if tr:
             points = " ".join(f"{x(t):.2f},{y(w):.2f}" for t, w in tr)
-            out.append(f'<polyline class="power" fill="none" stroke="#b71c1c" stroke-width="1.5" points="{points}"/>')
+            out.append(
+                f'<polyline class="power" fill="none" stroke="#b71c1c" stroke-width="1.5"{dash} points="{points}"/>'
+            )
+        # Each run (warmup, trial 1, ...) named where it starts, so trials can be told apart.
+        a = max(report.total.start, t0)
+        out.append(
+            f'<text class="run" x="{x(a) + 3:.1f}" y="{_TOP + 13}" font-size="11" fill="#333">'
+            f"{html.escape(name)}</text>"
+        )
+    if estimate:
+        what = "a constant" if flat else "an"
+        out.append(
+            f'<text class="estimate-note" x="{_LEFT + pw / 2}" y="{_TOP + ph / 2}" text-anchor="middle" font-size="14" '
+            f'fill="#b71c1c">no power sensor: the dashed line is {what} estimate from CPU utilisation and TDP, '
+            "not a measurement</text>"
+        )
     names = list(dict.fromkeys(n for n, _a, _b in spans))  # legend in order of first appearance
     lx = _LEFT + 320
     for i, name in enumerate(names):
@@ -123,7 +159,9 @@ def power_html(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}{tag}</title>"
-        "<style>body{font-family:sans-serif;margin:1.5em}pre{background:#f5f5f5;padding:1em}</style>"
+        # pre-wrap: the summary's long lines wrap instead of running off a narrow window.
+        "<style>body{font-family:sans-serif;margin:1.5em;max-width:1100px}"
+        "pre{background:#f5f5f5;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}</style>"
         f"</head><body><h1>{html.escape(title)}{tag}</h1>{note}"
         f"<p>Measurement boundary: {html.escape(boundary)}</p>\n{svg}\n"
         f"<pre>{html.escape(summary)}</pre></body></html>\n"
