@@ -53,7 +53,7 @@ def phase_spans(runs: Sequence[tuple[str, EnergyReport]]) -> list[tuple[str, flo
         if report.phases:
             spans += [(p.name, p.start, p.end) for p in report.phases]
         else:
-            spans.append((name, report.total.start, report.total.end))
+            spans.append((name.rstrip("0123456789 ") or name, report.total.start, report.total.end))  # "warmup 2"
     return spans
 
 

@@ -162,7 +162,8 @@ class BenchRun:
     def named_reports(self) -> list[tuple[str, EnergyReport]]:
         """Every sampler run in time order, each with the phase name for a run that marked none (idle)."""
         runs = [("load", self.load), *([("idle", self.idle)] if self.idle else [])]
-        return [*runs, *(("warmup", r) for r in self.warmups), *(("trial", r) for r in self.trials)]
+        warmups = [(f"warmup {i}" if len(self.warmups) > 1 else "warmup", r) for i, r in enumerate(self.warmups, 1)]
+        return [*runs, *warmups, *((f"trial {i}", r) for i, r in enumerate(self.trials, 1))]
 
 
 def run_bench(
