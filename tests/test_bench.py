@@ -372,7 +372,7 @@ def test_plot_ticks_are_round_and_trials_and_estimates_are_labelled(estimate_run
     assert nice_ticks(0, 6.16 * 5) == nice_ticks(0, 30.8)
     assert nice_ticks(0, 0.9) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert nice_ticks(0, 12.5) == [0, 2.5, 5, 7.5, 10, 12.5]
-    run, report, _ = estimate_run
+    run, _report, _ = estimate_run
     page = power_html(run.named_reports(), estimate=True, boundary="b", summary="x" * 500, idle_watts=1.0)
     labels = [float(v) for v in re.findall(r'text-anchor="end">([0-9.e+-]+)</text>', page)]
     assert labels and all(v == round(v, 2) for v in labels)  # no 6.16, 12.32 ...
