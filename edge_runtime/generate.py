@@ -241,7 +241,7 @@ def generate_step(
         steps.close()
 
 
-class _StopMatcher:
+class StopMatcher:
     """Finds stop strings across token boundaries; holds back text that may be the start of one."""
 
     def __init__(self, stops: Sequence[str]):
@@ -285,7 +285,7 @@ def stream_generate(
     prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
-    stops = _StopMatcher(config.stop_strings)
+    stops = StopMatcher(config.stop_strings)
     itl = LatencyHistogram()  # constant memory however long the stream runs
     steps = generate_step(
         engine, prompt_ids, Sampler(config.sampling), logits_processors=processors, speculative=speculative

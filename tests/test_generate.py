@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from edge_runtime.cli.run import main as run_cli
 from edge_runtime.engine import load
 from edge_runtime.errors import EdgeRuntimeError
-from edge_runtime.generate import GenerationCancelled, GenerationConfig, _StopMatcher, generate, stream_generate
+from edge_runtime.generate import GenerationCancelled, GenerationConfig, StopMatcher, generate, stream_generate
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -77,11 +77,11 @@ def test_bad_sampling_values_are_named(kwargs):
 
 
 def test_stop_string_across_pieces_is_held_back_and_cut():
-    m = _StopMatcher(["END"])
+    m = StopMatcher(["END"])
     assert m.push("hello E") == ("hello ", False)  # "E" may start "END": held back
     assert m.push("N") == ("", False)
     assert m.push("D and more") == ("", True)
-    m = _StopMatcher(["END"])
+    m = StopMatcher(["END"])
     assert m.push("hello E") == ("hello ", False)
     assert m.push("X") == ("EX", False)  # not a stop after all: released
 

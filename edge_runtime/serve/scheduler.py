@@ -21,7 +21,7 @@ from typing import Any
 
 from edge_runtime.errors import EdgeRuntimeError, RingOverflowError
 from edge_runtime.generate import (
-    _StopMatcher,  # stream_generate's stop-string matcher, across token boundaries
+    StopMatcher,  # stream_generate's stop-string matcher, across token boundaries
     generate_steps,
 )
 from edge_runtime.sampling import Sampler
@@ -212,7 +212,7 @@ class Scheduler:
         if power is not None:
             power.start()
             power.mark("prefill")
-        detok, stops = StreamingDetokenizer(self.tok), _StopMatcher(p.stop)
+        detok, stops = StreamingDetokenizer(self.tok), StopMatcher(p.stop)
         generated: list[int] = []
         reason, tail = "length", ""
         first = last = t_start
