@@ -362,7 +362,10 @@ def generate(
 ) -> GenerationResult:
     """Run a whole request (as stream_generate). Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose
     `result` is the partial GenerationResult, finish_reason 'cancelled'."""
-    _constraints(engine, response_format, grammar)  # a bad constraint fails before the prompt is encoded
+    if response_format is not None or grammar is not None:  # a bad constraint fails before the prompt is encoded
+        from . import constrain
+
+        grammar, response_format = constrain.resolve(response_format, grammar), None  # compiled once, not twice
     prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
     ids: list[int] = []
     parts: list[str] = []
