@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from edge_runtime.bench.environment import cpu_model
 
 GROUNDED = (
     'Rewrite this JSON exactly as given, with two changes: set "status" of the task "charge battery" to '
@@ -35,15 +36,6 @@ GROUNDED = (
 )
 FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_once(engine: Any, tok: Any, messages: list[dict[str, str]], max_tokens: int, spec: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import threading
 import time
@@ -24,6 +23,8 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from edge_runtime.bench.environment import cpu_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -46,15 +47,6 @@ TOPICS = [
     "a ship",
 ]
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _median(values: list) -> float | None:
@@ -188,7 +180,7 @@ def main() -> None:
     tokens = sum(r["tokens"] for r in ok)
     budget = info.get("memory_budget_bytes")
     report = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "model": info["id"],
         "server": {k: info.get(k) for k in ("target", "cache", "slots", "memory_needed_bytes", "memory_budget_bytes")},
         "clients": args.clients,

@@ -13,11 +13,11 @@ prefilled from scratch, alternating the two in each round; TTFT includes the res
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from pathlib import Path
 
+from edge_runtime.bench.environment import cpu_model
 from edge_runtime.chat import ChatTemplate
 from edge_runtime.engine import LoadOptions, load
 from edge_runtime.generate import GenerationConfig, stream_generate
@@ -55,12 +55,6 @@ def rss_mb() -> float:
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     return pages * 4096 / 2**20
 
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def first_token_ms(session: Session, tok: Tokenizer, ids: list[int], config: GenerationConfig) -> tuple[float, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import jsonschema
 
 from edge_runtime import constrain
+from edge_runtime.bench.environment import cpu_model
 from edge_runtime.engine import load
 from edge_runtime.generate import GenerationConfig, generate
 from edge_runtime.tokenizer import Tokenizer
@@ -93,15 +93,6 @@ def valid(text: str, lenient: bool) -> bool:
         return False
     return True
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Timed:

@@ -19,20 +19,22 @@ def _read(path: Path) -> str:
         return ""
 
 
+def cpu_model(root: Path | str = "/", default: str | None = None) -> str:
+    """/proc/cpuinfo's `model name` (what every benchmark figure is recorded with), else `default`, else the
+    platform's processor or machine type."""
+    for line in _read(Path(root) / "proc/cpuinfo").splitlines():
+        if line.partition(":")[0].strip() == "model name":
+            return line.partition(":")[2].strip()
+    return default if default is not None else (platform.processor() or platform.machine() or "unknown")
+
+
 def device_name(root: Path | str = "/") -> str:
     """The board's device-tree model (Jetson, Pi), else DMI product and CPU model (x86), else the machine type."""
     root = Path(root)
     model = _read(root / "proc/device-tree/model")
     if model:
         return model
-    cpu = next(
-        (
-            line.partition(":")[2].strip()
-            for line in _read(root / "proc/cpuinfo").splitlines()
-            if line.partition(":")[0].strip() == "model name"
-        ),
-        "",
-    )
+    cpu = cpu_model(root, default="")
     product = _read(root / "sys/class/dmi/id/product_name")
     parts = [p for p in (product, cpu) if p]
     return " / ".join(parts) if parts else platform.machine() or "unknown"
