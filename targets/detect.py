@@ -15,7 +15,6 @@ cores) get the generic `x86` profile, and so does anything undecided; the reason
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,6 @@ from pathlib import Path
 from edge_runtime.errors import DetectionError
 from edge_runtime.targets.loader import known_targets, load_target
 from edge_runtime.targets.schema import TargetProfile
-
-log = logging.getLogger(__name__)
 
 GENERIC_X86 = "x86"
 _SCORE_COMPATIBLE, _SCORE_MODEL, _SCORE_VENDOR, _SCORE_DMI, _SCORE_SENSOR = 100, 50, 20, 5, 1
@@ -222,8 +219,7 @@ def detect_target(root: Path = Path("/")) -> Detection:
             f"{facts.x86_class()[1]}; using the generic '{GENERIC_X86}' profile; pass --target NAME or a profile "
             "path to choose"
         )
-        log.warning(reason)
-        return Detection(load_target(GENERIC_X86), reason, fallback=True)
+        return Detection(load_target(GENERIC_X86), reason, fallback=True)  # the caller prints the reason
     what = f"device-tree model {facts.model!r}" if facts.model else "no device-tree model, not an x86 CPU"
     raise DetectionError(
         f"cannot detect the target ({what}); pass --target with one of: {', '.join(known_targets())}, "
