@@ -36,6 +36,8 @@ class Checkpoint:
 
 def read_config(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"'{directory}' is a file, not a checkpoint directory (or a .gguf file)")
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory '{directory}' does not exist")
     path = directory / "config.json"
