@@ -174,13 +174,13 @@ static void column_task(void *data, size_t i) {
     int64_t n1 = n0 + w->cols_per_task < w->N ? n0 + w->cols_per_task : w->N;
     /* A prompt's rows meet the columns 16 pairs of blocks (1024 of K) at a time, so eight rows' share stays
      * in L1 across the chunk's columns: +27% at K = 8192 single-threaded. Decode has one row: K in one go. */
-    int64_t pairs = w->K / 64, step = w->M > 4 && pairs > 16 ? 16 : pairs;
+    int64_t pairs = w->K / 64, step = w->M > 4 && pairs > QGEMM_K_CHUNK_PAIRS ? QGEMM_K_CHUNK_PAIRS : pairs;
     for (int64_t p0 = 0; p0 < pairs; p0 += step) {
         int64_t p1 = p0 + step < pairs ? p0 + step : pairs;
         for (int64_t r0 = 0; r0 < w->M; r0 += w->impl->rows) {
             int m = w->M - r0 < w->impl->rows ? (int)(w->M - r0) : w->impl->rows;
             w->impl->tile(w->scratch, r0, m, w->b, w->scales, w->fp16_scales, w->K, w->N, n0, n1, p0, p1,
-                          w->y + r0 * w->N);
+                          w->y + r0 * w->N, w->M);
         }
     }
     if (w->best) /* the chunk's columns are still in this core's cache */

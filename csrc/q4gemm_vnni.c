@@ -93,6 +93,10 @@ static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m25
         }                                                                                                    \
     }
 
+/* Each column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs also when a call covers all of K, so
+ * a row's result is bit for bit the same at decode (1 row), in a verification chunk of k + 1 rows and in a
+ * prompt chunked along K (speculative decoding's greedy exactness rests on it). */
+
 /* Columns [n0, n1) against the ROWS rows of ROWS / 4 full tiles `stride` bytes apart, or (ROWS < 4) against
  * one partial tile of ROWS rows, over the pairs [0, pairs) of the quads t0 starts at; b and s point at
  * column 0's first pair and its scales, columns nb blocks apart. The column loop is inside the function so
@@ -106,22 +110,82 @@ static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m25
         for (int64_t n = n0; n < n1; n++) {                                                                  \
             const uint8_t *bn = b + n * nb * 16;                                                             \
             const void *sn = s + (size_t)(n * nb) * scale_bytes;                                             \
-            __m256 acc[ROWS];                                                                                \
-            for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                     \
-            int64_t p = 0;                                                                                   \
-            for (; p + 4 <= pairs; p += 4) {                                                                 \
-                if (ROWS == 1) { /* 1 KB ahead, as the AVX2 kernel (+3-5% there); here 1-4 KB or none:  \
-                                  * within noise in paired runs at 1B shapes */                             \
-                    _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);                           \
-                    _mm_prefetch((const char *)(bn + p * 32 + 1088), _MM_HINT_T0);                           \
+            float sum[ROWS];                                                                                 \
+            for (int r = 0; r < ROWS; r++) sum[r] = add ? y[r * N + n] : 0.0f;                               \
+            for (int64_t c0 = 0; c0 < pairs; c0 += QGEMM_K_CHUNK_PAIRS) {                                           \
+                int64_t c1 = c0 + QGEMM_K_CHUNK_PAIRS < pairs ? c0 + QGEMM_K_CHUNK_PAIRS : pairs, p = c0;                  \
+                __m256 acc[ROWS];                                                                            \
+                for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                 \
+                for (; p + 4 <= c1; p += 4) {                                                                \
+                    if (ROWS == 1) { /* 1 KB ahead, as the AVX2 kernel (+3-5% there); here 1-4 KB or none: \
+                                      * within noise in paired runs at 1B shapes */                         \
+                        _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);                       \
+                        _mm_prefetch((const char *)(bn + p * 32 + 1088), _MM_HINT_T0);                       \
+                    }                                                                                        \
+                    step_##ROWS##_##FMT(t0 + p / 4 * quad_bytes, stride, bn + p * 32, sn, p, 4, acc);        \
                 }                                                                                            \
-                step_##ROWS##_##FMT(t0 + p / 4 * quad_bytes, stride, bn + p * 32, sn, p, 4, acc);            \
+                if (p < c1)                                                                                  \
+                    step_##ROWS##_##FMT(t0 + p / 4 * quad_bytes, stride, bn + p * 32, sn, p, (int)(c1 - p), acc); \
+                for (int r = 0; r < ROWS; r++) sum[r] += hsum8(acc[r]);                                      \
             }                                                                                                \
-            if (p < pairs)                                                                                   \
-                step_##ROWS##_##FMT(t0 + p / 4 * quad_bytes, stride, bn + p * 32, sn, p, (int)(pairs - p), acc); \
-            for (int r = 0; r < ROWS; r++) y[r * N + n] = (add ? y[r * N + n] : 0.0f) + hsum8(acc[r]);       \
+            for (int r = 0; r < ROWS; r++) y[r * N + n] = sum[r];                                            \
         }                                                                                                    \
     }
+/* 4 + REST rows (5..7) with the weights unpacked once: the full tile's rows `stride` bytes from the partial
+ * tile's (which packs REST rows a quad), as a speculative verification chunk of 5-7 rows has them (two
+ * calls, a 4-row and a REST-row one, unpacked the weights twice: 5 rows cost 1.26x 4 rows). */
+#define QUAD_SPLIT(REST, FMT)                                                                                \
+    static inline __attribute__((always_inline)) void step_4p##REST##_##FMT(                                 \
+        const char *t0, const char *t1, const uint8_t *bq, const void *sn, int64_t p, int q, __m256 *acc) {  \
+        const __m256i low4 = _mm256_set1_epi8(0x0F);                                                         \
+        __m256i lo[4], hi[4];                                                                                \
+        for (int j = 0; j < 4; j++) {                                                                        \
+            __m256i v = j < q ? _mm256_loadu_si256((const __m256i *)(bq + j * 32)) : _mm256_setzero_si256(); \
+            lo[j] = _mm256_and_si256(v, low4);                                                               \
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                         \
+        }                                                                                                    \
+        __m256 sw = quad_scales_##FMT(sn, p, q);                                                             \
+        _Pragma("GCC unroll 8") for (int r = 0; r < 4 + REST; r++) {                                        \
+            const char *row = r < 4 ? t0 + (size_t)(p / 4) * 4 * QUAD_ROW + r * QUAD_ROW                     \
+                                    : t1 + (size_t)(p / 4) * REST * QUAD_ROW + (r - 4) * QUAD_ROW;           \
+            __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps((const float *)(row + 288)));                       \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_dot(row, lo, hi)), s, acc[r]);                  \
+        }                                                                                                    \
+    }                                                                                                        \
+    static void column_4p##REST##_##FMT(const char *t0, const char *t1, const uint8_t *b, const char *s,     \
+                                        size_t scale_bytes, int64_t nb, int64_t n0, int64_t n1, int64_t pairs, \
+                                        float *y, int64_t N, int add) {                                      \
+        enum { ROWS = 4 + REST };                                                                            \
+        for (int64_t n = n0; n < n1; n++) {                                                                  \
+            const uint8_t *bn = b + n * nb * 16;                                                             \
+            const void *sn = s + (size_t)(n * nb) * scale_bytes;                                             \
+            float sum[ROWS];                                                                                 \
+            for (int r = 0; r < ROWS; r++) sum[r] = add ? y[r * N + n] : 0.0f;                               \
+            for (int64_t c0 = 0; c0 < pairs; c0 += QGEMM_K_CHUNK_PAIRS) {                                    \
+                int64_t c1 = c0 + QGEMM_K_CHUNK_PAIRS < pairs ? c0 + QGEMM_K_CHUNK_PAIRS : pairs, p = c0;    \
+                __m256 acc[ROWS];                                                                            \
+                for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                 \
+                for (; p + 4 <= c1; p += 4) step_4p##REST##_##FMT(t0, t1, bn + p * 32, sn, p, 4, acc);       \
+                if (p < c1) step_4p##REST##_##FMT(t0, t1, bn + p * 32, sn, p, (int)(c1 - p), acc);           \
+                for (int r = 0; r < ROWS; r++) sum[r] += hsum8(acc[r]);                                      \
+            }                                                                                                \
+            for (int r = 0; r < ROWS; r++) y[r * N + n] = sum[r];                                            \
+        }                                                                                                    \
+    }
+QUAD_SPLIT(1, f32)
+QUAD_SPLIT(2, f32)
+QUAD_SPLIT(3, f32)
+QUAD_SPLIT(1, f16)
+QUAD_SPLIT(2, f16)
+QUAD_SPLIT(3, f16)
+
+typedef void (*SplitFn)(const char *, const char *, const uint8_t *, const char *, size_t, int64_t, int64_t, int64_t,
+                        int64_t, float *, int64_t, int);
+static const SplitFn k_split[2][3] = { /* [fp16][rest - 1] of a 4 + rest row call */
+    {column_4p1_f32, column_4p2_f32, column_4p3_f32},
+    {column_4p1_f16, column_4p2_f16, column_4p3_f16},
+};
+
 QUAD_COLUMN(1, f32)
 QUAD_COLUMN(2, f32)
 QUAD_COLUMN(3, f32)
@@ -146,12 +210,20 @@ static const ColumnFn k_part[2][3] = { /* [fp16][rows - 1] of the last, partial 
 
 /* p0 is a multiple of 4 (column_task's K chunks are 16 pairs). */
 static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
-                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
+                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y,
+                 int64_t M) {
+    (void)M; /* every row count rounds alike (avx512vnni) or is capped by kernels.py (avx2) */
     int64_t nb = K / 32, pairs = p1 - p0;
     size_t scale_bytes = fp16_scales ? 2 : 4, stride = (size_t)quads_of(K) * 4 * QUAD_ROW;
     int add = p0 > 0, full = m / 4, rest = m % 4, f16 = fp16_scales != 0;
     const uint8_t *b0 = B + p0 * 32;
     const char *s0 = (const char *)scales + (size_t)(2 * p0) * scale_bytes;
+    if (full == 1 && rest) {
+        const char *t0 = quad_tile(scratch, K, r0) + (p0 / 4) * 4 * QUAD_ROW;
+        const char *t1 = quad_tile(scratch, K, r0 + 4) + (p0 / 4) * rest * QUAD_ROW;
+        k_split[f16][rest - 1](t0, t1, b0, s0, scale_bytes, nb, n0, n1, pairs, y, N, add);
+        return;
+    }
     for (int part = 0; part < 2; part++) {
         int rows = part ? rest : full * 4;
         if (!rows) continue;

@@ -16,7 +16,9 @@
  *     1-3 rows:  d_0..d_7 ─► sum tree ─► u [8 blocks] ─► acc_row += float(u) * sx_row[8 blocks]
  *     4-8 rows:  acc_row += float(d_j) * sx_row[j]: no shuffles, and a partial last quad costs only its
  *                blocks (+18-54% at M = 128 single-threaded, K = 1536 and 576); one row's chain of 8 FMAs
- *                a quad would stall decode, which the tree's one FMA a quad does not
+ *                a quad would stall decode, which the tree's one FMA a quad does not. Calls of at most
+ *                Q8_TREE_ROWS rows keep the tree for every row: a speculative verification chunk then
+ *                rounds each row exactly as a decode step (the integer sums are exact in both modes)
  *   y[row][n] = scales[n] * hsum(acc_row)                       the weight scale applied once a column
  *
  * Activations, in quad.h's layout: per row and quad
@@ -96,46 +98,56 @@ Q8_QUAD_FNS(p)
 Q8_ROW_FNS(d)
 Q8_ROW_FNS(p)
 
-/* One quad (`blocks` of its 8 inside K) of one column against ROWS rows: the weights are loaded once. */
-#define Q8_STEP(ROWS, MODE)                                                                                  \
-    static inline __attribute__((always_inline)) void step_##ROWS##_##MODE(                                  \
+/* One quad (`blocks` of its 8 inside K) of one column against ROWS rows: the weights are loaded once.
+ * NAME's rows go through the sum tree (TREE, or fewer than 4 rows) or per block. */
+#define Q8_STEP(ROWS, MODE, NAME, TREE)                                                                      \
+    static inline __attribute__((always_inline)) void step_##ROWS##_##NAME(                                  \
         const char *tq, size_t stride, const uint8_t *bq, int blocks, __m256 *acc) {                         \
         Q8W w;                                                                                               \
         q8_load_##MODE(bq, blocks, &w);                                                                      \
         _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++) {                                            \
             const char *row = tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW;                            \
-            acc[r] = ROWS >= 4 ? q8_lanes_##MODE(row, &w, blocks, acc[r]) : q8_tree_##MODE(row, &w, acc[r]);  \
+            acc[r] = ROWS >= 4 && !(TREE) ? q8_lanes_##MODE(row, &w, blocks, acc[r])                         \
+                                          : q8_tree_##MODE(row, &w, acc[r]);                                 \
         }                                                                                                    \
     }
 
 /* Columns [n0, n1) against the ROWS rows of ROWS / 4 full tiles `stride` bytes apart, or (ROWS < 4) one
  * partial tile of ROWS rows, over the pairs [0, pairs) of the quads t0 starts at; b points at column 0's
- * first pair, columns K bytes apart. */
-#define Q8_COLUMN(ROWS, MODE)                                                                                \
-    Q8_STEP(ROWS, MODE)                                                                                      \
-    static void column_##ROWS##_##MODE(const char *t0, size_t stride, const uint8_t *b, const float *s, int64_t K,     \
+ * first pair, columns K bytes apart. A column's sum is closed (and scaled) every QGEMM_K_CHUNK_PAIRS pairs,
+ * where matmul_op.c splits a prompt's K, so a call over all of K rounds as the split calls do. */
+#define Q8_COLUMN(ROWS, MODE, NAME, TREE)                                                                    \
+    Q8_STEP(ROWS, MODE, NAME, TREE)                                                                          \
+    static void column_##ROWS##_##NAME(const char *t0, size_t stride, const uint8_t *b, const float *s, int64_t K,     \
                               int64_t n0, int64_t n1, int64_t pairs, float *y, int64_t N, int add) {         \
         const int64_t quad_bytes = (ROWS < 4 ? ROWS : 4) * QUAD_ROW;                                         \
         for (int64_t n = n0; n < n1; n++) {                                                                  \
             const uint8_t *bn = b + n * K;                                                                   \
-            __m256 acc[ROWS];                                                                                \
-            for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                     \
-            int64_t p = 0;                                                                                   \
-            for (; p + 4 <= pairs; p += 4)                                                                   \
-                step_##ROWS##_##MODE(t0 + p / 4 * quad_bytes, stride, bn + p * 64, 8, acc);                  \
-            if (p < pairs)                                                                                   \
-                step_##ROWS##_##MODE(t0 + p / 4 * quad_bytes, stride, bn + p * 64, (int)(pairs - p) * 2, acc); \
-            for (int r = 0; r < ROWS; r++) y[r * N + n] = (add ? y[r * N + n] : 0.0f) + s[n] * hsum8(acc[r]); \
+            float sum[ROWS];                                                                                 \
+            for (int r = 0; r < ROWS; r++) sum[r] = add ? y[r * N + n] : 0.0f;                               \
+            for (int64_t c0 = 0; c0 < pairs; c0 += QGEMM_K_CHUNK_PAIRS) {                                    \
+                int64_t c1 = c0 + QGEMM_K_CHUNK_PAIRS < pairs ? c0 + QGEMM_K_CHUNK_PAIRS : pairs, p = c0;    \
+                __m256 acc[ROWS];                                                                            \
+                for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                 \
+                for (; p + 4 <= c1; p += 4)                                                                  \
+                    step_##ROWS##_##NAME(t0 + p / 4 * quad_bytes, stride, bn + p * 64, 8, acc);              \
+                if (p < c1)                                                                                  \
+                    step_##ROWS##_##NAME(t0 + p / 4 * quad_bytes, stride, bn + p * 64, (int)(c1 - p) * 2, acc); \
+                for (int r = 0; r < ROWS; r++) sum[r] += s[n] * hsum8(acc[r]);                               \
+            }                                                                                                \
+            for (int r = 0; r < ROWS; r++) y[r * N + n] = sum[r];                                            \
         }                                                                                                    \
     }
-Q8_COLUMN(1, d)
-Q8_COLUMN(2, d)
-Q8_COLUMN(3, d)
-Q8_COLUMN(1, p)
-Q8_COLUMN(2, p)
-Q8_COLUMN(3, p)
-Q8_COLUMN(4, p)
-Q8_COLUMN(8, p)
+Q8_COLUMN(1, d, d, 1)
+Q8_COLUMN(2, d, d, 1)
+Q8_COLUMN(3, d, d, 1)
+Q8_COLUMN(1, p, p, 1)
+Q8_COLUMN(2, p, p, 1)
+Q8_COLUMN(3, p, p, 1)
+Q8_COLUMN(4, p, p, 0)
+Q8_COLUMN(8, p, p, 0)
+Q8_COLUMN(4, p, t, 1) /* full tiles of a call of at most Q8_TREE_ROWS rows: decode's arithmetic */
+Q8_COLUMN(8, p, t, 1)
 
 /* Eight rows against two columns at a time, block by block: each row's activation load and scale
  * broadcast then serve two columns' vpdpbusd (loads, not arithmetic, bound the one-column loop). */
@@ -147,6 +159,8 @@ static void column_8x2_p(const char *t0, size_t stride, const uint8_t *b, const 
         const uint8_t *b0 = b + n * K, *b1 = b0 + K;
         __m256 a0[8], a1[8];
         for (int r = 0; r < 8; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+        float sum0[8], sum1[8];
+        for (int r = 0; r < 8; r++) sum0[r] = add ? y[r * N + n] : 0.0f, sum1[r] = add ? y[r * N + n + 1] : 0.0f;
         for (int64_t p = 0; p < pairs; p += 4) {
             int blocks = pairs - p >= 4 ? 8 : (int)(pairs - p) * 2;
             const char *tq = t0 + p / 4 * quad_bytes;
@@ -159,11 +173,13 @@ static void column_8x2_p(const char *t0, size_t stride, const uint8_t *b, const 
                     a1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_blk_dot_p(row, w1, j)), sx, a1[r]);
                 }
             }
+            if ((p + 4) % QGEMM_K_CHUNK_PAIRS == 0 || p + 4 >= pairs) /* close the sums where a chunk ends */
+                for (int r = 0; r < 8; r++) {
+                    sum0[r] += s[n] * hsum8(a0[r]), sum1[r] += s[n + 1] * hsum8(a1[r]);
+                    a0[r] = a1[r] = _mm256_setzero_ps();
+                }
         }
-        for (int r = 0; r < 8; r++) {
-            y[r * N + n] = (add ? y[r * N + n] : 0.0f) + s[n] * hsum8(a0[r]);
-            y[r * N + n + 1] = (add ? y[r * N + n + 1] : 0.0f) + s[n + 1] * hsum8(a1[r]);
-        }
+        for (int r = 0; r < 8; r++) y[r * N + n] = sum0[r], y[r * N + n + 1] = sum1[r];
     }
     if (n < n1) column_8_p(t0, stride, b, s, K, n, n1, pairs, y, N, add);
 }
@@ -171,10 +187,16 @@ static void column_8x2_p(const char *t0, size_t stride, const uint8_t *b, const 
 typedef void (*Q8ColumnFn)(const char *, size_t, const uint8_t *, const float *, int64_t, int64_t, int64_t,
                            int64_t, float *, int64_t, int);
 
+/* Calls of at most this many rows use decode's arithmetic (the sum tree) for every row, so a verification
+ * chunk of k + 1 rows rounds each row as a decode step does (kernels.py's exact_rows); above it, prompts
+ * take the per-block FMAs. */
+#define Q8_TREE_ROWS 16
+
 /* p0 is a multiple of 4 (matmul_op.c's K chunks are 16 pairs). M < 4 (decode mode) is one call with r0 = 0. */
 static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
-                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y) {
-    static const Q8ColumnFn full_tiles[2] = {column_4_p, column_8x2_p};
+                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y,
+                 int64_t M) {
+    static const Q8ColumnFn full_tiles[2][2] = {{column_4_p, column_8x2_p}, {column_4_t, column_8_t}};
     static const Q8ColumnFn part_tile[2][3] = {{column_1_p, column_2_p, column_3_p}, {column_1_d, column_2_d, column_3_d}};
     (void)fp16_scales; /* float only: matmul_op.c checks */
     size_t stride = (size_t)quads_of(K) * 4 * QUAD_ROW;
@@ -183,7 +205,7 @@ static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const
         int rows = part ? rest : full * 4;
         if (!rows) continue;
         const char *t = quad_tile(scratch, K, r0 + part * full * 4) + (p0 / 4) * (rows < 4 ? rows : 4) * QUAD_ROW;
-        Q8ColumnFn column = part ? part_tile[decode][rest - 1] : full_tiles[full - 1];
+        Q8ColumnFn column = part ? part_tile[decode][rest - 1] : full_tiles[M <= Q8_TREE_ROWS][full - 1];
         column(t, stride, B + p0 * 64, scales, K, n0, n1, p1 - p0, y + (int64_t)part * full * 4 * N, N, add);
     }
 }

@@ -7,6 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A prompt's rows meet the columns this many pairs of blocks (1024 of K) at a time (matmul_op.c); the
+ * kernels close a column's float sum at the same boundaries when they take all of K in one call, so the
+ * split does not change the rounding (the AVX2 MatMulQ4 decode path aside: kernels.py's exact_rows). */
+#define QGEMM_K_CHUNK_PAIRS 16
+
 /* One implementation (q4gemm_avx2.c, q4gemm_vnni.c, q8gemm_avx2.c, q8gemm_vnni.c): quantize and tile share
  * its own scratch layout, so they are always used as a pair. */
 typedef struct {
@@ -23,9 +28,10 @@ typedef struct {
     /* y[r][n] for rows [r0, r0 + m) (r0 % rows == 0, m = min(rows, M - r0)) and columns [n0, n1), over
      * the pairs of blocks [p0, p1) of K (64 values each): stored when p0 == 0, added to y otherwise (K in
      * chunks keeps a prompt's rows in L1 across columns). y points at row r0, stride N. `scales` is the
-     * op's scales input; `fp16_scales` says it is float16 (MatMulQ4 only). */
+     * op's scales input; `fp16_scales` says it is float16 (MatMulQ4 only); M is the call's row count
+     * (an implementation may round differently above some M: kernels.py's exact_rows says where). */
     void (*tile)(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
-                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y);
+                 int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y, int64_t M);
 } QImpl;
 
 /* The implementation named `isa` ("avx2", "avx512vnni"), or the fastest this CPU runs when `isa` is NULL

@@ -12,6 +12,7 @@ decode step's whole row (logits_check.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,14 @@ class Engine:
     def fused_argmax(self) -> bool:
         """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4/Q8)."""
         return self.pool.next_token is not None
+
+    @cached_property
+    def exact_rows(self) -> int | None:
+        """Most rows one chunk computes bit for bit as that many decode steps (None: any); below it the
+        graph's kernels round a multi-row chunk differently (kernels.exact_rows)."""
+        from . import kernels
+
+        return kernels.exact_rows(self.backend.kernel_ops())
 
     def decoded_argmax(self) -> int:
         """numpy.argmax of the last decode step's logits, as the graph computed it (fused_argmax only)."""

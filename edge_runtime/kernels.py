@@ -34,6 +34,17 @@ OPS = (MATMUL_Q4, MATMUL_Q8, SILU_MUL, LINEAR_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
 ISA_VARIABLE = "EDGE_KERNELS_ISA"
 ISAS = ("avx2", "avx512vnni")
+# Most rows one call of an op computes bit for bit as that many one-row calls (None: any number), per
+# implementation; tests/test_kernels_q8.py holds each entry to it. Both close a column's float sums at the
+# same K chunks at every row count; MatMulQ8 keeps decode's sum tree up to 16 rows (csrc/q8kernel.h); the
+# AVX2 MatMulQ4 decodes one row down its own two-accumulator path, which no multi-row call shares. SiluMul
+# and LinearAttention work row by row.
+_EXACT_ROWS: dict[tuple[str, str], int | None] = {
+    (MATMUL_Q4, "avx512vnni"): None,
+    (MATMUL_Q4, "avx2"): 1,
+    (MATMUL_Q8, "avx512vnni"): 16,
+    (MATMUL_Q8, "avx2"): 16,
+}
 
 
 @cache
@@ -81,6 +92,16 @@ def check_pin() -> None:
             f"{ISA_VARIABLE}={pinned} is not a MatMulQ4 implementation this CPU runs (it runs: "
             f"{', '.join(_runnable())}); unset {ISA_VARIABLE} to pick the fastest"
         )
+
+
+def exact_rows(ops: set[str], implementation: str | None = None) -> int | None:
+    """Most rows a chunk of a graph using these edge ops computes bit for bit as one-row decode steps
+    (None: any), under `implementation` (default: the one sessions created now run). Speculative
+    decoding's greedy exactness verifies at most this many rows a step."""
+    implementation = implementation or isa()
+    caps = [_EXACT_ROWS.get((op, implementation or ""), 1) for op in ops if op in (MATMUL_Q4, MATMUL_Q8)]
+    caps = [c for c in caps if c is not None]
+    return min(caps) if caps else None
 
 
 def _runnable() -> list[str]:

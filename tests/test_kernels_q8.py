@@ -325,3 +325,30 @@ def test_fold_norms_leaves_norms_it_cannot_fold():
     for g, outputs in ((graph(extra_reader=True), {"y"}), (graph(), {"y", "h"}), (graph(axis=1), {"y"})):
         fold_norms(g, outputs=outputs)
         assert len(g.nodes) >= 2 and g.nodes[1].input[0] == "h"  # left as it was
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+@pytest.mark.parametrize("isa", ISAS)
+def test_rows_up_to_exact_rows_are_bit_for_bit_decode_steps(op, isa, monkeypatch):
+    """kernels.exact_rows, which caps speculative verification chunks, is true: a chunk of up to that many
+    rows (24 where it says any) equals one-row calls bit for bit, K chunked (2048, 1536) or not (576)."""
+    from .test_kernels import _graph as q4_graph
+    from .test_kernels import _weights as q4_weights
+
+    _pin_isa(monkeypatch, isa)
+    cap = kernels.exact_rows({op})
+    rng = np.random.default_rng(5)
+    for k in (576, 1536, 2048):
+        n = 80
+        if op == kernels.MATMUL_Q4:
+            b, s = q4_weights(rng, k, n)
+            sess = _session(q4_graph(op, k, n, b, s.astype(np.float16), 2))
+        else:
+            sess = _session(_graph(op, k, n, *_weights(rng, k, n), 2))
+        x = rng.standard_normal((24, k)).astype(np.float32)
+        one = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(24)])
+        for m in range(1, (cap or 24) + 1):
+            assert np.array_equal(sess.run(None, {"x": x[:m]})[0], one[:m]), (k, m)
+        if cap is not None:  # the cap is the kernel's, not a loose bound: one row more rounds differently
+            assert not np.array_equal(sess.run(None, {"x": x[: cap + 1]})[0], one[: cap + 1])

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from edge_runtime import kernels
@@ -93,12 +94,26 @@ class OrtBackend:
                 ) from e
             raise BundleError(f"ONNX Runtime cannot load '{graph}': {e}") from e
         self.pool = pool
+        self.graph_file = graph
         self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds
         self.layers = manifest.model.num_layers
         self.host_copy = manifest.graph.kv["update"] == "host_copy"
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
         self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
         self._decode_binding = self._bind_decode()
+
+    def kernel_ops(self) -> set[str]:
+        """The edge-runtime ops (kernels.DOMAIN) the graph runs, subgraphs included."""
+        model = onnx.load(str(self.graph_file), load_external_data=False)
+        ops: set[str] = set()
+        graphs = [model.graph]
+        while graphs:
+            g = graphs.pop()
+            for node in g.node:
+                if node.domain == kernels.DOMAIN:
+                    ops.add(node.op_type)
+                graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+        return ops
 
     def _bind_kv(self, io: ort.IOBinding, kv: list[tuple[ort.OrtValue, ort.OrtValue]]) -> None:
         for i, (k, v) in enumerate(kv):
