@@ -13,11 +13,14 @@ norm(max(p - q, 0)) and stop; every token is then distributed as the target's p.
 disagreement are dropped from the ring (Turn.drop, exact within the slack rows, so k <= slack).
 
 Where it loses: a rejected proposal costs a (k+1)-token call instead of a 1-token one (on a 2-core x86,
-a 2-token call of the 135M int4 model costs ~1.5 decode steps, 9 tokens ~3). So each *arm* (an n-gram
-size of the lookup, the draft) keeps its k (grown while everything is accepted, shrunk on a rejection)
-and a measured gain: the tokens a step emitted, in plain-decode-step seconds, over the step's seconds.
-An arm whose gain falls below 1 is switched off for a while (doubling up to 512 tokens), then probed
-again; meanwhile the decoder decodes plainly. The switch reads the clock, so under sampling a seed fixes
+a 2-token call of the 135M int4 model costs ~1.5 decode steps, 9 tokens ~3.4: small models verify
+compute-bound). So k is chosen per step from what was measured: the decoder keeps each call size's cost
+in plain decode steps (seconds over the plain step's, proposing included), and each *arm* (an n-gram size
+of the lookup, the draft) its per-token acceptance a; the k taken maximises the expected tokens a call
+emits, (1 - a^(k+1)) / (1 - a), over that cost. Each arm also keeps a measured gain: the tokens a step
+emitted, in plain-decode-step seconds, over the step's seconds. An arm whose gain falls below 1 is
+switched off for a while (doubling up to 512 tokens), then probed again; meanwhile the decoder decodes
+plainly. The switch reads the clock, so under sampling a seed fixes
 the distribution, not the very tokens; `adaptive=False` fixes k and never switches off.
 
 The first token of a reply is the prefill's; logits processors and the repetition penalty see each row
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import kernels
 from .engine import Engine
 from .errors import SessionError, SpeculativeError
 from .proposers import DraftModel, PromptLookup, Proposal, Proposer, check_draft
@@ -45,14 +49,17 @@ if TYPE_CHECKING:
     from .session import Session, Turn
 
 DEFAULT_K = 8  # most tokens one step proposes (the lookup's; a draft's default is 4: each costs a draft step)
-# edge-runtime's MatMulQ4/Q8 kernels (graphs with the fused argmax) take 1..4 rows down the decode path's
-# arithmetic, bit for bit or within 1e-5; from 5 rows they tile K and round differently (logits ~0.5 apart
-# on the 135M int4 model, both as far from fp32), which flips greedy choices. Exact mode stays within 4.
-EXACT_ROWS = 4
 DRAFT_K = 4  # a draft's proposals per step by default: each costs one draft decode step
 _GAIN_EMA = 0.25  # weight of a step's gain in its arm's average
 _BACKOFF = (16, 512)  # tokens an arm stays off after its gain fell below 1: first, most
 _PRIOR_GAIN, _PROBE_GAIN = 1.3, 1.1  # a new arm survives a bad first step; a probe after a pause does not
+_ACCEPT_DECAY = 0.9  # per verification, the weight of an arm's past acceptance counts
+_COST_EMA = 0.2  # weight of a call's measured cost in its size's average
+_PRIOR_SLOPE = 0.3  # plain steps each verified row adds, until measured (135M int4, 2-core x86: ~0.3)
+
+
+class SpeculationOffWarning(RuntimeWarning):
+    """Exact speculation cannot verify even one proposal on this bundle here; it decodes plainly."""
 
 
 @dataclass
@@ -86,10 +93,20 @@ class SpeculativeStats:
 
 @dataclass
 class _Arm:
-    k: int
+    k: int  # the fixed k (adaptive=False); else the last k chosen
     gain: float = _PRIOR_GAIN
     off_until: int = 0
     backoff: int = _BACKOFF[0]
+    hits: float = 1.0  # accepted proposals and rejections, decayed: the per-token acceptance estimate
+    misses: float = 1.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def judged(self, accepted: int, proposed: int) -> None:
+        self.hits = _ACCEPT_DECAY * self.hits + accepted
+        self.misses = _ACCEPT_DECAY * self.misses + (accepted < proposed)
 
 
 @dataclass
@@ -99,7 +116,7 @@ class SpeculativeDecoder:
     proposer: Proposer
     k: int = DEFAULT_K
     adaptive: bool = True
-    exact: bool = True  # on edge-kernel graphs, verify at most EXACT_ROWS - 1 proposals a step (see above)
+    exact: bool = True  # verify at most engine.exact_rows - 1 proposals a step (rows its kernels round alike)
     stats: SpeculativeStats = field(default_factory=SpeculativeStats)
 
     def __post_init__(self) -> None:
@@ -107,6 +124,7 @@ class SpeculativeDecoder:
             raise SpeculativeError(f"the draft tokens per step (k) must be an integer >= 1, got {self.k!r}")
         self._arms: dict[Hashable, _Arm] = {}
         self._plain_s: float | None = None  # EMA of a plain decode step's seconds
+        self._cost: dict[int, float] = {}  # rows of a verification call -> EMA of its seconds / _plain_s
         self._position = 0  # tokens emitted by this decoder (the arms' back-off clock)
         self._cap = self.k  # proposals one step may verify (steps() lowers it for exact mode)
 
@@ -143,7 +161,16 @@ class SpeculativeDecoder:
             return
         engine = source if isinstance(source, Engine) else source.engine
         self.check(engine)
-        self._cap = min(self.k, EXACT_ROWS - 1) if self.exact and engine.fused_argmax else self.k
+        rows = engine.exact_rows if self.exact else None
+        self._cap = self.k if rows is None else min(self.k, rows - 1)
+        if self._cap == 0:
+            warnings.warn(
+                "speculation is off: this bundle's kernels round a multi-row chunk differently from decode "
+                f"here (kernel implementation {kernels.isa()}), so verified tokens could differ from plain "
+                "greedy ones; pass exact=False to speculate anyway (greedy then equal up to float rounding)",
+                SpeculationOffWarning,
+                stacklevel=2,
+            )
         if isinstance(source, Engine):
             session = Session(engine)
             with warnings.catch_warnings():  # a plain Engine prefill chunks a long prompt silently too
@@ -212,10 +239,33 @@ class SpeculativeDecoder:
     # -- adaptation ----------------------------------------------------------------------------------
 
     def _budget(self, arm: Hashable) -> int:
-        a = self._arms.setdefault(arm, _Arm(k=min(self.k, 4) if self.adaptive else self.k))
-        if self.adaptive and self._position < a.off_until:
+        a = self._arms.setdefault(arm, _Arm(k=self.k))
+        if not self.adaptive:
+            return min(a.k, self._cap)
+        if self._position < a.off_until:
             return 0
-        return min(a.k, self._cap)
+        a.k = self._best_k(a.acceptance)
+        return a.k
+
+    def _best_k(self, alpha: float) -> int:
+        """The k in 1..cap with the most expected tokens per plain-step cost (1 where none beats plain
+        decoding: the arm's measured gain then switches it off)."""
+        best_k, best = 1, 0.0
+        for k in range(1, self._cap + 1):
+            tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
+            value = tokens / self._call_cost(k + 1)
+            if value > best:
+                best_k, best = k, value
+        return best_k
+
+    def _call_cost(self, rows: int) -> float:
+        """A verification call of `rows` rows in plain decode steps: measured, else from the measured
+        sizes' mean cost per added row (a prior slope until any is)."""
+        if rows in self._cost:
+            return self._cost[rows]
+        slopes = [(c - 1) / (r - 1) for r, c in self._cost.items() if r > 1]
+        slope = sum(slopes) / len(slopes) if slopes else _PRIOR_SLOPE
+        return 1 + max(slope, 0.0) * (rows - 1)
 
     def _plain(self, seconds: float) -> None:
         self.stats.steps += 1
@@ -236,14 +286,19 @@ class SpeculativeDecoder:
         if not self.adaptive:
             return
         a = self._arms[proposal.arm]
-        a.k = min(self._cap, a.k + 2) if accepted == n else max(1, a.k - 1)
+        a.judged(accepted, n)
         assert self._plain_s is not None
+        cost = seconds / self._plain_s
+        last = self._cost.get(n + 1)
+        # Clipped as the plain step's average is: one call stalled by another process is not its size's cost.
+        self._cost[n + 1] = cost if last is None else (1 - _COST_EMA) * last + _COST_EMA * min(cost, 2 * last)
         gain = (accepted + 1) * self._plain_s / max(seconds, 1e-9)
         a.gain = (1 - _GAIN_EMA) * a.gain + _GAIN_EMA * gain
         if a.gain < 1.0:
             a.off_until = self._position + a.backoff
             a.backoff = min(2 * a.backoff, _BACKOFF[1])
-            a.gain, a.k = _PROBE_GAIN, 1  # the probe after the pause starts small
+            a.gain = _PROBE_GAIN
+            a.hits, a.misses = 1.0, 1.0  # the probe after the pause starts from the prior: small k
             st.switched_off += 1
         elif a.gain > 1.1:
             a.backoff = _BACKOFF[0]

@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from edge_runtime import kernels
 from edge_runtime.engine import LoadOptions, load
 from edge_runtime.errors import DraftMismatchError, SpeculativeError
 from edge_runtime.exporters.export import ExportOptions, export
@@ -20,7 +21,7 @@ from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.proposers import DraftModel, PromptLookup, Proposal, check_draft
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.session import Session
-from edge_runtime.speculative import SpeculativeDecoder, rejection_sample, resolve
+from edge_runtime.speculative import SpeculationOffWarning, SpeculativeDecoder, rejection_sample, resolve
 
 # A small ring, so a reply of ~100 tokens wraps it several times: sinks 4 + window 24, slack 8.
 SMALL = LoadOptions(sinks=4, window=24, slack=8)
@@ -28,9 +29,7 @@ SMALL = LoadOptions(sinks=4, window=24, slack=8)
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """The demo model at fp32. (INT4 bundles on edge-runtime's kernels are left out: past the ring's wrap a
-    multi-row chunk's logits there can differ from a decode step's by ~2e-2 at some positions, enough to
-    flip a near tie; see scripts/bench_speculative.py, which reports agreement on the real model.)"""
+    """The demo model at fp32. (INT4 bundles on edge-runtime's kernels: test_edge_int4_... below.)"""
     out = tmp_path_factory.mktemp("demo") / "fp32"
     export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200))
     return out
@@ -289,3 +288,33 @@ def test_edge_run_speculative_lookup_prints_the_plain_text(tied_bundle):
     plain = json.loads(CliRunner().invoke(main, base).output)
     fast = json.loads(CliRunner().invoke(main, [*base, "--speculative", "lookup"]).output)
     assert fast["token_ids"] == plain["token_ids"] and fast["text"] == plain["text"]
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
+def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(tmp_path, recwarn):
+    """On the edge kernels a verification chunk is as wide as engine.exact_rows allows (any width on
+    VNNI's MatMulQ4 with MatMulQ8's LM head: 16 rows), and greedy speculation with k = 8 equals plain
+    greedy while the ring is linear. (Past the wrap the ring attention is ONNX Runtime's, whose
+    multi-row rounding differs from its one-row rounding by ~1e-6: README, "Speculative decoding".)"""
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    quant = QuantConfig(QuantMethod.INT4, 32, kernel=MatMulKernel.EDGE)  # the LM head at int8: MatMulQ8
+    out = tmp_path / "int4"
+    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200, quant=quant))
+    engine = load(out)
+    assert engine.backend.kernel_ops() >= {kernels.MATMUL_Q4, kernels.MATMUL_Q8}
+    if kernels.isa() != "avx512vnni":
+        assert engine.exact_rows == 1  # AVX2's MatMulQ4 decodes down its own path: speculation is off
+        spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
+        prompt = repetitive_prompt(engine.manifest.model.vocab_size)
+        assert greedy(engine, prompt, 20, spec) == greedy(engine, prompt, 20)
+        assert spec.stats.verify_steps == 0 and any(w.category is SpeculationOffWarning for w in recwarn)
+        return
+    assert engine.exact_rows == 16
+    prompt = repetitive_prompt(engine.manifest.model.vocab_size)
+    want = greedy(engine, prompt, 96)
+    spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
+    assert greedy(engine, prompt, 96, spec) == want
+    st = spec.stats
+    assert engine.ring.written < engine.geometry.capacity  # linear throughout
+    assert st.verify_steps > 5 and st.proposed / st.verify_steps > 4  # chunks past the old 4-row cap
