@@ -33,7 +33,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,12 +79,17 @@ class SpeculativeStats:
     def tokens_per_step(self) -> float:
         return self.emitted / self.steps if self.steps else 0.0
 
+    def since(self, before: SpeculativeStats) -> SpeculativeStats:
+        """What was counted after `before` (a copy of these stats taken earlier)."""
+        return SpeculativeStats(*(getattr(self, f.name) - getattr(before, f.name) for f in fields(self)))
+
     def to_dict(self) -> dict[str, float]:
         return {
             "steps": self.steps,
             "verify_steps": self.verify_steps,
             "proposed": self.proposed,
             "accepted": self.accepted,
+            "emitted": self.emitted,
             "acceptance": round(self.acceptance, 4),
             "tokens_per_step": round(self.tokens_per_step, 4),
             "switched_off": self.switched_off,
@@ -127,6 +132,12 @@ class SpeculativeDecoder:
         self._cost: dict[int, float] = {}  # rows of a verification call -> EMA of its seconds / _plain_s
         self._position = 0  # tokens emitted by this decoder (the arms' back-off clock)
         self._cap = self.k  # proposals one step may verify (steps() lowers it for exact mode)
+
+    def describe(self) -> str:
+        """What proposes and how many at most, for reports: "prompt lookup, k <= 8"."""
+        p = self.proposer
+        what = f"draft {p.engine.bundle.path}" if isinstance(p, DraftModel) else "prompt lookup"
+        return f"{what}, k {'<=' if self.adaptive else '='} {self.k}"
 
     def check(self, engine: Engine) -> None:
         """Refuse a k the target's ring (or the draft's) cannot roll back."""

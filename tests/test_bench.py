@@ -328,6 +328,39 @@ def test_edge_bench_cli_writes_report_plot_and_log(bundle, profile, tmp_path):
     assert "prefill" in plot.read_text() and "decode" in plot.read_text()
 
 
+def test_edge_bench_speculative_reports_acceptance_and_tokens_per_call(bundle, tmp_path):
+    """The bench prompt is a passage cycled to length, so prompt lookup finds it: every trial reports its own
+    acceptance and tokens per target call, and the median line says what proposed them."""
+    out = tmp_path / "r.json"
+    args = [str(bundle), "--target", "x86", "--prompt-tokens", "60", "--gen-tokens", "40", "--trials", "2"]
+    r = CliRunner().invoke(bench_cli, [*args, "--speculative", "lookup", "--json-out", str(out)])
+    assert r.exit_code == 0, r.output
+    report = read_report(out)
+    assert report["settings"]["speculative"] == "prompt lookup, k <= 8"
+    for trial in report["trials"]:
+        spec = trial["speculative"]
+        assert spec["emitted"] == 39  # every token after the prefill's, counted once
+        assert spec["proposed"] >= spec["accepted"] >= 0 and spec["steps"] <= 39
+        assert spec["tokens_per_step"] == pytest.approx(39 / spec["steps"], abs=1e-4)
+    assert "speculative (prompt lookup, k <= 8)" in r.stdout and "tokens per target call" in r.stdout
+    plain = CliRunner().invoke(bench_cli, [*args, "--json-out", str(out)])
+    assert plain.exit_code == 0 and "speculative" not in read_report(out)["trials"][0]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--draft-tokens", "3"], "--draft-tokens needs --speculative lookup or --draft BUNDLE"),
+        (["--speculative", "lookup", "--draft-tokens", "0"], "k) must be an integer >= 1"),
+        (["--speculative", "lookup", "--draft-tokens", "999"], "slack rows"),
+    ],
+)
+def test_edge_bench_bad_speculation_is_one_line(bundle, extra, message):
+    r = CliRunner().invoke(bench_cli, [str(bundle), "--target", "x86", "--gen-tokens", "4", *extra])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert message in r.output.strip().splitlines()[-1]
+
+
 def test_edge_run_stats_show_bandwidth_and_energy_and_log_a_record(bundle, tmp_path):
     log = tmp_path / "f.jsonl"
     args = ["--bundle", str(bundle), "--target", "x86", "--prompt", "To be", "--max-tokens", "6"]

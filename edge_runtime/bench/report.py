@@ -91,6 +91,7 @@ def build_report(run: BenchRun, target: Mapping[str, Any], env_root: Path | str 
             "sample_hz": run.sample_hz,
             "threads": run.load_options.threads,  # None: ONNX Runtime's default (all cores)
             "cache": {"sinks": g.sinks, "window": g.window},
+            "speculative": run.speculative,
         },
         "measurement": measurement(run),
         "load": _phase_block(run.load, "load"),
@@ -157,6 +158,12 @@ def format_report(report: Mapping[str, Any]) -> str:
         i = report["idle"]
         lines.append(f"idle        {i['watts']:.3f} W ± {i['stdev_watts']:.3f}{tag} over {i['duration_s']:.1f} s")
     lines.append(f"median      {format_speed(med)}")
+    spec = med.get("speculative")
+    if spec is not None:
+        lines.append(
+            f"            speculative ({s['speculative']}): {spec['acceptance']:.0%} of proposals accepted, "
+            f"{spec['tokens_per_step']:.2f} tokens per target call"
+        )
     lines.append(f"            {format_energy(med)}")
     return "\n".join(lines)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_runtime.engine import Engine, LoadOptions, apply_target, load
 from edge_runtime.errors import EdgeRuntimeError
@@ -21,6 +21,9 @@ from edge_runtime.telemetry import EnergyReport, IdleBaseline, MeterOptions, Pow
 from edge_runtime.tokenizer import Tokenizer
 
 from .figures import run_figures
+
+if TYPE_CHECKING:
+    from edge_runtime.speculative import SpeculativeDecoder
 
 # A fixed public-domain passage: real text gives the tokenizer's usual merges, cycled to any length.
 PROMPT_TEXT = (
@@ -121,7 +124,12 @@ def open_sampler(
 
 
 def sampled_generation(
-    engine: Engine, tokenizer: Tokenizer, prompt_ids: Sequence[int], config: GenerationConfig, sampler: Sampler
+    engine: Engine,
+    tokenizer: Tokenizer,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    sampler: Sampler,
+    speculative: SpeculativeDecoder | None = None,
 ) -> tuple[GenerationStats, EnergyReport]:
     """One generation inside its own sampler run, marked into prefill and decode."""
     marks = PhaseMarks(sampler)
@@ -129,7 +137,7 @@ def sampled_generation(
     sampler.start()
     try:
         marks.begin()
-        for event in stream_generate(engine, tokenizer, prompt_ids, config):
+        for event in stream_generate(engine, tokenizer, prompt_ids, config, speculative=speculative):
             marks.see(event)
             final = event.stats or final
     finally:
@@ -154,6 +162,7 @@ class BenchRun:
     warmups: list[EnergyReport] = field(default_factory=list)
     trials: list[EnergyReport] = field(default_factory=list)
     trial_figures: list[dict[str, Any]] = field(default_factory=list)
+    speculative: str | None = None  # SpeculativeDecoder.describe() of the decoder every run used
 
     def energy_reports(self) -> list[EnergyReport]:
         """Every sampler run in time order."""
@@ -176,10 +185,13 @@ def run_bench(
     meter_options: MeterOptions | None = None,
     on_trial: Callable[[int, dict[str, Any], EnergyReport], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    speculative: Callable[[Engine], SpeculativeDecoder | None] | None = None,
 ) -> BenchRun:
     """Benchmark `bundle_dir` on `profile`'s meters (or the given `meter`); `on_trial(i, figures, energy)` per trial.
 
-    `meter_options` reach the meters (tests point them at fixture trees).
+    `meter_options` reach the meters (tests point them at fixture trees). `speculative` makes the decoder
+    every run uses from the loaded engine (one decoder for all runs: its measured costs carry over, as in
+    a long-lived process); each trial's figures then hold its acceptance and tokens per target step.
     """
     say = progress or (lambda _msg: None)
     sampler, notes = open_sampler(profile, meter, settings.sample_hz, meter_options)
@@ -205,6 +217,8 @@ def run_bench(
             idle=idle_report,
             idle_baseline=baseline,
         )
+        spec = speculative(engine) if speculative is not None else None
+        run.speculative = spec.describe() if spec is not None else None
         m = engine.manifest
         prompt = deterministic_prompt(tokenizer, settings.prompt_tokens, m.tokenizer.eos_token_ids)
         config = GenerationConfig(max_tokens=settings.gen_tokens, stop_on_eos=False)
@@ -212,12 +226,15 @@ def run_bench(
             say(f"warm-up {i + 1}/{settings.warmup} (not counted)")
             sampler.start()
             sampler.mark("warmup")
-            for _event in stream_generate(engine, tokenizer, prompt, config):
+            for _event in stream_generate(engine, tokenizer, prompt, config, speculative=spec):
                 pass
             run.warmups.append(sampler.stop())
         for i in range(settings.trials):
-            stats, report = sampled_generation(engine, tokenizer, prompt, config, sampler)
+            before = replace(spec.stats) if spec is not None else None
+            stats, report = sampled_generation(engine, tokenizer, prompt, config, sampler, spec)
             figures = run_figures(stats, m.graph.weight_bytes, report)
+            if spec is not None and before is not None:
+                figures["speculative"] = spec.stats.since(before).to_dict()
             run.trials.append(report)
             run.trial_figures.append(figures)
             say(f"trial {i + 1}/{settings.trials}: {stats.decode_tps:.1f} decode tok/s")

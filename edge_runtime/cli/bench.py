@@ -2,6 +2,7 @@
 
 edge-bench BUNDLE --target auto [--prompt-tokens 128 --gen-tokens 128 --trials 3 --warmup 1]
            [--idle-seconds 30] [--json-out report.json] [--plot power.html] [--log field.jsonl]
+           [--speculative lookup | --draft BUNDLE [--draft-tokens K]]
 edge-bench compare A.json B.json
 edge-bench summary field.jsonl
 """
@@ -10,10 +11,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from .common import debug_option, friendly_errors
+from .common import debug_option, friendly_errors, speculative_options
+
+if TYPE_CHECKING:
+    from edge_runtime.engine import Engine
+    from edge_runtime.speculative import SpeculativeDecoder
 
 
 class _DefaultToRun(click.Group):
@@ -45,6 +51,7 @@ def main() -> None:
 @click.option("--json-out", type=click.Path(path_type=Path), help="Write the versioned JSON report here.")
 @click.option("--plot", type=click.Path(path_type=Path), help="Write an HTML page with the power-over-time plot.")
 @click.option("--log", "log_file", type=click.Path(path_type=Path), help="Append one record per trial (JSONL).")
+@speculative_options
 @debug_option
 @friendly_errors
 def run(
@@ -62,6 +69,9 @@ def run(
     json_out: Path | None,
     plot: Path | None,
     log_file: Path | None,
+    speculative: str | None,
+    draft: Path | None,
+    draft_tokens: int | None,
 ) -> None:
     """Benchmark BUNDLE: fixed prompt and generation lengths, warm-up excluded, medians over trials."""
     from edge_runtime.bench.environment import bundle_info, environment
@@ -73,6 +83,7 @@ def run(
     from edge_runtime.engine import LoadOptions
     from edge_runtime.errors import EdgeRuntimeError
     from edge_runtime.manifest import MANIFEST_FILE, Manifest
+    from edge_runtime.speculative import from_options
     from edge_runtime.targets import resolve_target
     from edge_runtime.telemetry import EnergyReport
 
@@ -110,6 +121,9 @@ def run(
         )
         append_record(log_file, record)
 
+    def decoder(engine: Engine) -> SpeculativeDecoder | None:  # checked once the bundle is loaded
+        return from_options(engine, speculative, draft, draft_tokens, threads)
+
     result = run_bench(
         bundle,
         profile,
@@ -117,6 +131,7 @@ def run(
         opts,
         on_trial=log_trial if log_file is not None else None,
         progress=lambda msg: click.echo(msg, err=True),
+        speculative=decoder,
     )
     report = build_report(result, target_info)
     text = format_report(report)

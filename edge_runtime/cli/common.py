@@ -8,6 +8,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -15,6 +16,22 @@ import click
 from edge_runtime.errors import EdgeRuntimeError
 
 debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+
+
+def speculative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--speculative lookup | --draft BUNDLE [--draft-tokens K], as edge-run, edge-bench and edge-serve take
+    them (speculative.from_options checks them against the loaded bundle)."""
+    k_help = "Proposals per step [default: 8 lookup, 4 draft]."
+    fn = click.option("--draft-tokens", type=int, default=None, help=k_help)(fn)
+    draft_help = "Speculative decoding with this draft bundle."
+    fn = click.option("--draft", type=click.Path(path_type=Path), help=draft_help)(fn)
+    return click.option(
+        "--speculative",
+        type=click.Choice(["lookup"]),
+        default=None,
+        help="Speculative decoding by prompt lookup (n-grams of the context): same tokens, faster on replies that "
+        "re-emit their context.",
+    )(fn)
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *_args: Any, **_kwargs: Any) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import chat_repl, prompt_input
-from .common import debug_option, friendly_errors, require_stdout
+from .common import debug_option, friendly_errors, require_stdout, speculative_options
 
 if TYPE_CHECKING:
     from edge_runtime.targets import TargetProfile
@@ -102,15 +102,7 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option("--sinks", type=int, default=None, help="Attention sinks [default: target, then bundle].")
 @click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
 @click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
-@click.option(
-    "--speculative",
-    type=click.Choice(["lookup"]),
-    default=None,
-    help="Speculative decoding by prompt lookup (n-grams of the context): same tokens, faster on replies that "
-    "re-emit their context.",
-)
-@click.option("--draft", type=click.Path(path_type=Path), help="Speculative decoding with this draft bundle.")
-@click.option("--draft-tokens", type=int, default=None, help="Proposals per step [default: 8 lookup, 4 draft].")
+@speculative_options
 @click.option(
     "--verify",
     type=click.Choice(["sampled", "full"]),
