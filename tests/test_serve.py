@@ -223,3 +223,53 @@ def test_routing_takes_a_slot_only_when_it_gains_more_than_it_loses(serve_bundle
     pool.slots[2].tokens, pool.slots[2].last_used = [*range(600, 640)], 3
     pool.slots[0].last_used = 4
     assert pool.route([*head, 1, 2, 3]) == (pool.slots[1], 0)  # all full, nothing worth it: the least recent
+
+
+def test_speculative_server_replies_as_plain_greedy_and_counts_its_proposals(serve_bundle, tmp_path):
+    """edge-serve --speculative lookup: the same greedy text as generate() without speculation, the
+    proposals and acceptances in /metrics, the setting in /v1/models; bad options fail at start-up."""
+    import subprocess
+
+    from .conftest import SERVE_ARGS
+    from .serve_util import Server, serve_command
+
+    engine = load(serve_bundle, LoadOptions(window=100, threads=1), target="x86")
+    tok = Tokenizer.for_engine(engine)
+    # A line said three times: the reply's continuation of it is in the prompt, so lookup proposes.
+    messages = _user("Once more unto the breach, dear friends, once more. " * 3)
+    expected = generate(engine, tok, encode_messages(engine, tok, messages), GenerationConfig(max_tokens=40))
+    server = Server(serve_bundle, *SERVE_ARGS, "--speculative", "lookup", log=tmp_path / "spec.log")
+    try:
+        c = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        got = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0)
+        assert got.choices[0].message.content == expected.text
+        assert got.usage.completion_tokens == len(expected.token_ids)
+        assert c.models.retrieve(MODEL).model_extra["speculative"] == "prompt lookup, k <= 8"
+        m = _metrics(server)
+        proposed = sample_value(
+            m, "edge_serve_speculative_proposed_tokens", "edge_serve_speculative_proposed_tokens_total"
+        )
+        accepted = sample_value(
+            m, "edge_serve_speculative_accepted_tokens", "edge_serve_speculative_accepted_tokens_total"
+        )
+        calls = sample_value(m, "edge_serve_target_calls", "edge_serve_target_calls_total")
+        assert proposed > 0 and 0 < accepted <= proposed
+        assert 0 < calls < len(expected.token_ids) - 1  # fewer target calls than tokens after the first
+    finally:
+        server.stop()
+    bad = subprocess.run(
+        [
+            *serve_command(),
+            "--bundle",
+            str(serve_bundle),
+            *SERVE_ARGS,
+            "--speculative",
+            "lookup",
+            "--draft-tokens",
+            "999",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "slack rows" in bad.stderr.strip().splitlines()[-1] and "Traceback" not in bad.stderr

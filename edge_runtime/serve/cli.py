@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from edge_runtime.cli.common import debug_option, friendly_errors
+from edge_runtime.cli.common import debug_option, friendly_errors, speculative_options
 
 
 def is_loopback(host: str) -> bool:
@@ -87,6 +87,7 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
 )
+@speculative_options
 @debug_option
 @friendly_errors
 def main(
@@ -106,6 +107,9 @@ def main(
     energy: bool,
     shutdown_timeout: float,
     log_level: str,
+    speculative: str | None,
+    draft: Path | None,
+    draft_tokens: int | None,
 ) -> None:
     """Serve a model over the OpenAI API (chat and completions, streaming), with Prometheus /metrics."""
     from edge_runtime.errors import EdgeRuntimeError
@@ -127,7 +131,19 @@ def main(
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s", stream=sys.stderr)
     state, closers = _build(
         ServeOptions(
-            bundle, model, target, slots, queue_size, max_tokens, api_key, model_id, sinks, window, threads, energy
+            bundle,
+            model,
+            target,
+            slots,
+            queue_size,
+            max_tokens,
+            api_key,
+            model_id,
+            sinks,
+            window,
+            threads,
+            energy,
+            SpeculativeChoice(speculative, draft, draft_tokens),
         )
     )
     try:
@@ -136,6 +152,15 @@ def main(
         state.scheduler.close()
         for close in closers:
             close()
+
+
+@dataclass(frozen=True)
+class SpeculativeChoice:
+    """--speculative / --draft / --draft-tokens as given (speculative.from_options checks them at load)."""
+
+    method: str | None = None
+    draft: Path | None = None
+    k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +179,7 @@ class ServeOptions:
     window: int | None
     threads: int | None
     energy: bool
+    speculative: SpeculativeChoice = SpeculativeChoice()
 
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
@@ -163,6 +189,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import ChatTemplateError, EdgeRuntimeError
     from edge_runtime.snapshot import bundle_checksum
+    from edge_runtime.speculative import from_options
     from edge_runtime.targets import resolve_target
     from edge_runtime.tokenizer import Tokenizer
 
@@ -192,6 +219,10 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     assert bundle is not None
     engine = load(bundle, LoadOptions(sinks=opts.sinks, window=opts.window, threads=opts.threads), target=profile)
     check_budget(engine, slots, profile.memory_budget_bytes)
+    sc = opts.speculative
+    spec = from_options(engine, sc.method, sc.draft, sc.k, opts.threads)  # bad ones: one line, nothing served
+    if spec is not None:
+        log.info("speculative decoding: %s", spec.describe())
     tokenizer = Tokenizer.for_engine(engine)
     try:
         template: ChatTemplate | None = ChatTemplate.for_bundle(engine.bundle)
@@ -208,7 +239,13 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     metrics = Metrics()
     pool = SlotPool(engine, slots)
     scheduler = Scheduler(
-        pool, tokenizer, engine.manifest.tokenizer.eos_token_ids, metrics, queue_size=opts.queue_size, power=power
+        pool,
+        tokenizer,
+        engine.manifest.tokenizer.eos_token_ids,
+        metrics,
+        queue_size=opts.queue_size,
+        power=power,
+        speculative=spec,
     )
     name = model_id or (Path(model).name if model is not None else bundle.name)
     g = engine.geometry
@@ -239,6 +276,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
             "slots": slots,
             "memory_needed_bytes": need,
             "memory_budget_bytes": profile.memory_budget_bytes,
+            "speculative": spec.describe() if spec is not None else None,
         },
     )
     log.info(

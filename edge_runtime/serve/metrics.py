@@ -51,6 +51,18 @@ class Metrics:
             p + "cached_tokens", "Prompt tokens found in a slot's ring, not fed again.", registry=r
         )
         self.generated_tokens = Counter(p + "generated_tokens", "Tokens generated.", registry=r)
+        self.speculative_proposed = Counter(
+            p + "speculative_proposed_tokens", "Tokens proposed to speculative verification.", registry=r
+        )
+        self.speculative_accepted = Counter(
+            p + "speculative_accepted_tokens", "Proposed tokens the target model accepted.", registry=r
+        )
+        self.target_calls = Counter(
+            p + "target_calls",
+            "Target model calls after each reply's first token (decode steps and "
+            "verifications): generated tokens past the first over this are tokens per call.",
+            registry=r,
+        )
         self.ttft = Histogram(
             p + "time_to_first_token_seconds",
             "Request arrival to its first token (queue wait, slot switch and prefill included).",

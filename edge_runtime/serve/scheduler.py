@@ -16,8 +16,8 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from edge_runtime.errors import EdgeRuntimeError, RingOverflowError
 from edge_runtime.generate import (
@@ -32,6 +32,9 @@ from .errors import APIError
 from .metrics import Metrics
 from .schemas import GenParams, TokenLogprob
 from .slots import SlotPool
+
+if TYPE_CHECKING:
+    from edge_runtime.speculative import SpeculativeDecoder
 
 log = logging.getLogger("edge_serve")
 
@@ -93,9 +96,13 @@ class Scheduler:
         *,
         queue_size: int,
         power: PowerSampler | None = None,
+        speculative: SpeculativeDecoder | None = None,
     ):
         self.pool, self.tok, self.eos, self.metrics = pool, tokenizer, frozenset(eos_ids), metrics
         self.power = power
+        # One decoder for every slot: the worker runs one generation at a time, and each starts its
+        # proposer from that slot's ring; its measured call costs carry over between requests.
+        self.speculative = speculative
         self.queue_size = queue_size
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -219,7 +226,11 @@ class Scheduler:
         cached = 0
         # The open loop on the session (it feeds only `rest`); max_tokens, EOS and stop strings end it here.
         processors = [] if p.grammar is None else [_constraint(session, p.grammar)]
-        steps = generate_steps(session, rest, Sampler(p.sampling), logits_processors=processors, logprobs=p.logprobs)
+        spec = self.speculative
+        before = replace(spec.stats) if spec is not None else None
+        steps = generate_steps(
+            session, rest, Sampler(p.sampling), logits_processors=processors, logprobs=p.logprobs, speculative=spec
+        )
         try:
             for i, step in enumerate(steps):
                 now = time.perf_counter()
@@ -254,6 +265,11 @@ class Scheduler:
         finally:
             steps.close()
             report = power.stop() if power is not None and power.running else None
+            if spec is not None and before is not None:
+                d = spec.stats.since(before)
+                m.speculative_proposed.inc(d.proposed)
+                m.speculative_accepted.inc(d.accepted)
+                m.target_calls.inc(d.steps)
         end = time.perf_counter()
         slot.tokens = [*slot.tokens, *rest, *generated] if generated else slot.tokens
         n = len(generated)
