@@ -1,5 +1,6 @@
-/* What edge-runtime's ONNX Runtime ops share (ort_ops.c registers them; matmul_op.c holds MatMulQ4/Q8):
- * the API table, status helpers, per-thread growing buffers and the op description boilerplate. */
+/* What edge-runtime's ONNX Runtime ops share (ort_ops.c registers them; matmul_op.c holds MatMulQ4/Q8,
+ * ring_attention_op.c RingAttention): the API table, status helpers, per-thread growing buffers and the op
+ * description boilerplate. */
 #ifndef EDGE_OP_COMMON_H
 #define EDGE_OP_COMMON_H
 
@@ -58,5 +59,7 @@ static inline void kernel_destroy(void *k) { free(k); }
 
 /* In matmul_op.c. */
 extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op;
+/* In ring_attention_op.c. */
+extern const OrtCustomOp edge_ring_attention_op;
 
 #endif

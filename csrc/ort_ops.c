@@ -1,6 +1,6 @@
 /* edge-runtime's ONNX Runtime custom ops (domain ai.edge_runtime; README, "edge-runtime's own kernels").
  *
- * MatMulQ4 and MatMulQ8: matmul_op.c.
+ * MatMulQ4 and MatMulQ8: matmul_op.c. RingAttention (the full ring's attention): ring_attention_op.c.
  *
  * SiluMul, over silu_mul.h:  X [..., 2I] = gate | up  ─► Y [..., I] = silu(gate) * up
  *
@@ -196,7 +196,8 @@ static const OrtCustomOp silu_op =
     EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type, op_required, one_io, float_type, op_required);
 static const OrtCustomOp attn_op = EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type,
                                            op_required, attn_outputs, float_type, op_required);
-static const OrtCustomOp *const g_ops[] = {&edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op};
+static const OrtCustomOp *const g_ops[] = {&edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op,
+                                           &edge_ring_attention_op};
 
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where
  * EDGE_KERNELS_ISA names one this CPU lacks or the CPU runs none (kernels.isa(), for reports). */

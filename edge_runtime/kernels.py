@@ -1,7 +1,8 @@
 """edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime` ops MatMulQ4 (INT4 x int8
 matmul on MatMulNBits' bytes), MatMulQ8 (INT8 per-channel x int8), SiluMul (silu(gate) * up of a fused
-gate|up row) and LinearAttention (GroupQueryAttention's packed-qkv decode/prefill over the ring while it is
-a linear cache).
+gate|up row), LinearAttention (GroupQueryAttention's packed-qkv decode/prefill over the ring while it is
+a linear cache) and RingAttention (the ring at any fill: wrapped rows, the window as a mask, sinks seeing
+the query at its cache-logical position).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
 cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are refused and bundles that need
@@ -30,15 +31,16 @@ MATMUL_Q4 = "MatMulQ4"
 MATMUL_Q8 = "MatMulQ8"
 SILU_MUL = "SiluMul"
 LINEAR_ATTENTION = "LinearAttention"
-OPS = (MATMUL_Q4, MATMUL_Q8, SILU_MUL, LINEAR_ATTENTION)
+RING_ATTENTION = "RingAttention"
+OPS = (MATMUL_Q4, MATMUL_Q8, SILU_MUL, LINEAR_ATTENTION, RING_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
 ISA_VARIABLE = "EDGE_KERNELS_ISA"
 ISAS = ("avx2", "avx512vnni")
 # Most rows one call of an op computes bit for bit as that many one-row calls (None: any number), per
 # implementation; tests/test_kernels_q8.py holds each entry to it. Both close a column's float sums at the
 # same K chunks at every row count; MatMulQ8 keeps decode's sum tree up to 16 rows (csrc/q8kernel.h); the
-# AVX2 MatMulQ4 decodes one row down its own two-accumulator path, which no multi-row call shares. SiluMul
-# and LinearAttention work row by row.
+# AVX2 MatMulQ4 decodes one row down its own two-accumulator path, which no multi-row call shares. SiluMul,
+# LinearAttention and RingAttention work row by row.
 _EXACT_ROWS: dict[tuple[str, str], int | None] = {
     (MATMUL_Q4, "avx512vnni"): None,
     (MATMUL_Q4, "avx2"): 1,

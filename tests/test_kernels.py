@@ -244,10 +244,13 @@ def test_silu_mul_refuses_an_odd_width():
         _silu_session("W").run(None, {"x": np.ones((1, 2, 7), np.float32)})
 
 
-def _cache_copies() -> int:
+def _cache_copies(op: str = kernels.LINEAR_ATTENTION) -> int:
+    """Calls of attention op `op` in this process that copied a whole cache (present_* not on past_*)."""
     lib = ctypes.CDLL(str(kernels.library()))
-    lib.edge_linear_attention_cache_copies.restype = ctypes.c_int64
-    return lib.edge_linear_attention_cache_copies()
+    count = {kernels.LINEAR_ATTENTION: lib.edge_linear_attention_cache_copies,
+             kernels.RING_ATTENTION: lib.edge_ring_attention_cache_copies}[op]  # fmt: skip
+    count.restype = ctypes.c_int64
+    return count()
 
 
 def _attention_graph(op: str, hq: int, hkv: int, d: int) -> bytes:

@@ -1,0 +1,33 @@
+/* Attention over the StreamingLLM ring (edge_runtime/ring.py) for edge-runtime's `RingAttention` op: any
+ * fill, wrapped rows, sinks and the window given by an additive mask, the sink columns seeing the query
+ * rotated at its cache-logical position. */
+#ifndef EDGE_RING_ATTENTION_H
+#define EDGE_RING_ATTENTION_H
+
+#include <stdint.h>
+
+/* A mask entry at or below this skips its column: it would contribute exactly 0 (ring.MASKED is -1e30). */
+#define RING_MASKED_BELOW (-1e29f)
+
+typedef struct {
+    int64_t T, hq, hkv, d, rot_half, capacity;
+    int64_t write_index;                      /* buffer row of token 0 of the call; rows never wrap inside it */
+    int64_t sinks;                            /* columns [0, sinks) take the sink-rotated query */
+    float scale;
+    const float *qkv;                         /* [T, (hq + 2 hkv) * d] */
+    float *keys, *values;                     /* [hkv, capacity, d] */
+    const float *cos, *sin;                   /* [T, rot_half] at each row's absolute position */
+    const float *cos_sink, *sin_sink;         /* [T, rot_half] at its cache-logical position */
+    const float *mask;                        /* [T, capacity] additive */
+    float *out;                               /* [T, hq * d] */
+    int out_of_memory;                        /* set by a task that could not get its scratch */
+} RingArgs;
+
+/* Rotate token i's key at its absolute position and write it and its value into row write_index + i. */
+void ring_write_kv(const RingArgs *a, int64_t i);
+
+/* Output of query head `h` of token `i` over every unmasked buffer row, using `scores` and `cols`
+ * [capacity] as scratch. Reads nothing of the other tokens of the call but the rows the mask shows. */
+void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols);
+
+#endif

@@ -1,0 +1,146 @@
+/* AVX2 kernels for ring_attention.h, in fp32: half-split RoPE on the first 2 * rot_half dims (the rest pass
+ * through), scores q.k * scale + mask over the unmasked columns, a max-subtracted softmax and the weighted
+ * sum of value rows.
+ *
+ * A task walks its row's unmasked columns in buffer order with LinearAttention's exact arithmetic
+ * (attention_avx2.c: keys four at a time, the same sum trees, exp and value order). While the ring is
+ * linear those columns are rows 0..pos, so a chunk that crosses into the full ring computes its
+ * still-linear rows bit for bit as the decode steps that ran LinearAttention did. */
+#include "ring_attention.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "simd.h"
+
+/* y = RoPE(x) with one row of cos/sin (x, y [d]; may not alias). */
+static void rope(const float *x, const float *c, const float *s, int64_t half, int64_t d, float *y) {
+    for (int64_t j = 0; j < half; j++) {
+        y[j] = x[j] * c[j] - x[j + half] * s[j];
+        y[j + half] = x[j + half] * c[j] + x[j] * s[j];
+    }
+    for (int64_t j = 2 * half; j < d; j++) y[j] = x[j];
+}
+
+void ring_write_kv(const RingArgs *a, int64_t i) {
+    int64_t width = (a->hq + 2 * a->hkv) * a->d, row = a->write_index + i;
+    const float *src = a->qkv + i * width, *c = a->cos + i * a->rot_half, *s = a->sin + i * a->rot_half;
+    for (int64_t j = 0; j < a->hkv; j++) {
+        const float *k = src + (a->hq + j) * a->d, *v = src + (a->hq + a->hkv + j) * a->d;
+        float *kd = a->keys + (j * a->capacity + row) * a->d, *vd = a->values + (j * a->capacity + row) * a->d;
+        rope(k, c, s, a->rot_half, a->d, kd);
+        memcpy(vd, v, (size_t)a->d * sizeof(float));
+    }
+}
+
+/* The four scores q.k_j * scale as LinearAttention's four-key step sums them. */
+static __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int64_t d,
+                   float scale) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t e = 0; e < d; e += 8) {
+        __m256 qe = _mm256_loadu_ps(q + e);
+        a0 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k0 + e), a0);
+        a1 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k1 + e), a1);
+        a2 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k2 + e), a2);
+        a3 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k3 + e), a3);
+    }
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(scale));
+}
+
+/* dot4 with a query per key: the one group of a row that holds both sink and window columns. */
+static __m128 dot4_mixed(const float *const q[4], const float *const k[4], int64_t d, float scale) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t e = 0; e < d; e += 8) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + e), _mm256_loadu_ps(k[0] + e), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + e), _mm256_loadu_ps(k[1] + e), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + e), _mm256_loadu_ps(k[2] + e), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + e), _mm256_loadu_ps(k[3] + e), a3);
+    }
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(scale));
+}
+
+void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols) {
+    int64_t d = a->d, cap = a->capacity, kvh = h / (a->hq / a->hkv);
+    const float *x = a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, *mask = a->mask + i * cap;
+    float *o = a->out + i * a->hq * d + h * d;
+    int64_t n = 0, n_sink = 0;
+    for (int64_t c = 0; c < cap; c++)
+        if (mask[c] > RING_MASKED_BELOW) cols[n++] = (int32_t)c;
+    while (n_sink < n && cols[n_sink] < a->sinks) n_sink++;
+    if (n == 0) { /* no column to attend: nothing to average (the host never masks a token's own row) */
+        memset(o, 0, (size_t)d * sizeof(float));
+        return;
+    }
+    float q[512], qs[512]; /* d <= 512, checked when the op runs */
+    rope(x, a->cos + i * a->rot_half, a->sin + i * a->rot_half, a->rot_half, d, q);
+    if (n_sink) rope(x, a->cos_sink + i * a->rot_half, a->sin_sink + i * a->rot_half, a->rot_half, d, qs);
+    const float *keys = a->keys + kvh * cap * d, *values = a->values + kvh * cap * d;
+    float best = -INFINITY;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k[4] = {keys + cols[j] * d, keys + cols[j + 1] * d, keys + cols[j + 2] * d, keys + cols[j + 3] * d};
+        __m128 sc;
+        if (j >= n_sink || j + 4 <= n_sink) {
+            sc = dot4(j >= n_sink ? q : qs, k[0], k[1], k[2], k[3], d, a->scale);
+        } else {
+            const float *qj[4];
+            for (int m = 0; m < 4; m++) qj[m] = j + m < n_sink ? qs : q;
+            sc = dot4_mixed(qj, k, d, a->scale);
+        }
+        _mm_storeu_ps(scores + j, sc);
+        for (int m = 0; m < 4; m++) {
+            scores[j + m] += mask[cols[j + m]];
+            best = scores[j + m] > best ? scores[j + m] : best;
+        }
+    }
+    for (; j < n; j++) {
+        const float *k = keys + cols[j] * d, *qj = j < n_sink ? qs : q;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + e), _mm256_loadu_ps(k + e), acc);
+        float sc = hsum8(acc) * a->scale + mask[cols[j]];
+        scores[j] = sc;
+        best = sc > best ? sc : best;
+    }
+    __m256 sum = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j), top));
+        _mm256_storeu_ps(scores + j, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    float total = hsum8(sum);
+    if (j < n) { /* the last < 8 scores, through a padded copy */
+        float tail[8];
+        int64_t m = n - j;
+        for (int64_t e = 0; e < 8; e++) tail[e] = e < m ? scores[j + e] - best : -INFINITY;
+        _mm256_storeu_ps(tail, exp256(_mm256_loadu_ps(tail)));
+        for (int64_t e = 0; e < m; e++) {
+            scores[j + e] = tail[e];
+            total += tail[e];
+        }
+    }
+    /* Value rows in column order, 64 dims at a time in eight registers (attention_avx2.c says why). */
+    __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int64_t e0 = 0; e0 < d; e0 += 64) {
+        int w = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
+        __m256 acc[8];
+        for (int m = 0; m < 8; m++) acc[m] = _mm256_setzero_ps();
+        const float *v = values + e0;
+        if (w == 8) {
+            for (int64_t r = 0; r < n; r++) {
+                const float *vr = v + cols[r] * d;
+                __m256 p = _mm256_set1_ps(scores[r]);
+                for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * m), acc[m]);
+            }
+        } else {
+            for (int64_t r = 0; r < n; r++) {
+                const float *vr = v + cols[r] * d;
+                __m256 p = _mm256_set1_ps(scores[r]);
+                for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * m), acc[m]);
+            }
+        }
+        for (int m = 0; m < w; m++) _mm256_storeu_ps(o + e0 + 8 * m, _mm256_mul_ps(acc[m], inv));
+    }
+}

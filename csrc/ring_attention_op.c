@@ -1,0 +1,148 @@
+/* RingAttention, over ring_attention.h: the full ring's attention in one node (exporters/blocks_ort.py).
+ *
+ *   inputs:  qkv [1, T, (Hq + 2 Hkv) * D], past_key, past_value [1, Hkv, C, D], write_index [1] int64,
+ *            cos, sin, cos_sink, sin_sink [T, R/2], sink_rows [1] int64, attn_mask [T, C] (or [1, 1, T, C])
+ *   outputs: out [1, T, Hq * D], present_key, present_value [1, Hkv, C, D]
+ *   attributes: num_heads, kv_num_heads, scale
+ *
+ * Every new key (rotated at its absolute position) and value is written at rows write_index.. first, then
+ * each (row, head) attends the whole buffer under its mask row, so a row's result depends on the cache and
+ * its own inputs only, never on how many rows share the call. Bound with present_* on past_*'s buffers, it
+ * writes only the new rows. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "op_common.h"
+#include "ring_attention.h"
+
+enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, N_IN };
+
+typedef struct {
+    int64_t hq, hkv;
+    float scale;
+} RingKernel;
+
+static const char *ring_name(const OrtCustomOp *op) { (void)op; return "RingAttention"; }
+static size_t ring_inputs(const OrtCustomOp *op) { (void)op; return N_IN; }
+static size_t ring_outputs(const OrtCustomOp *op) { (void)op; return 3; }
+static int ring_input_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == IN_WRITE || i == IN_SINKS ? ONNX_INT64 : ONNX_FLOAT;
+}
+
+static OrtStatus *ring_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    RingKernel k = {0, 0, 0.0f};
+    TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "num_heads", &k.hq));
+    TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "kv_num_heads", &k.hkv));
+    TRY(ORT_KernelInfoGetAttribute_float(g_api)(info, "scale", &k.scale));
+    if (k.hq <= 0 || k.hkv <= 0 || k.hq % k.hkv != 0)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: num_heads must be a positive multiple of kv_num_heads");
+    RingKernel *p = malloc(sizeof *p);
+    if (!p) return fail(ORT_FAIL, "RingAttention: out of memory");
+    *p = k;
+    *out = p;
+    return NULL;
+}
+
+static int64_t g_cache_copies; /* calls that had to copy the cache (present_* not on past_*'s buffers) */
+
+/* For tests (ctypes): how many RingAttention calls in this process copied a whole cache. */
+__attribute__((visibility("default"))) int64_t edge_ring_attention_cache_copies(void) {
+    return __atomic_load_n(&g_cache_copies, __ATOMIC_RELAXED);
+}
+
+/* Per-thread scratch: a row's scores and its unmasked columns, [capacity] each. */
+static _Thread_local Grown t_scratch;
+
+static void ring_task(void *data, size_t index) {
+    RingArgs *a = data;
+    int64_t i = (int64_t)index / a->hq, h = (int64_t)index % a->hq;
+    size_t cap = (size_t)a->capacity;
+    float *scores = grown(&t_scratch, cap * (sizeof(float) + sizeof(int32_t)));
+    if (!scores) {
+        __atomic_store_n(&a->out_of_memory, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    ring_head(a, i, h, scores, (int32_t *)(scores + cap));
+}
+
+static int same_dims(const int64_t *a, const int64_t *b, size_t rank) {
+    for (size_t i = 0; i < rank; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
+    const RingKernel *k = kernel;
+    const OrtValue *in[N_IN];
+    for (size_t i = 0; i < N_IN; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
+    int64_t dims[N_IN][8];
+    size_t rank[N_IN], count[N_IN];
+    for (size_t i = 0; i < N_IN; i++) TRY(element_count(in[i], &count[i], dims[i], &rank[i], NULL));
+    const int64_t *qd = dims[IN_QKV], *kd = dims[IN_PAST_K], *cd = dims[IN_COS], *md = dims[IN_MASK];
+    if (rank[IN_QKV] != 3 || qd[0] != 1 || rank[IN_PAST_K] != 4 || kd[0] != 1 || kd[1] != k->hkv ||
+        rank[IN_PAST_V] != 4 || !same_dims(kd, dims[IN_PAST_V], 4))
+        return fail(ORT_INVALID_ARGUMENT,
+                    "RingAttention: expects qkv [1, T, W] and past_key, past_value of one shape [1, kv_num_heads, C, D]");
+    RingArgs a = {0};
+    a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.d = kd[3], a.scale = k->scale;
+    if (qd[2] != (a.hq + 2 * a.hkv) * a.d || a.d % 8 != 0 || a.d > 512)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: qkv width is not (num_heads + 2 kv_num_heads) * D, or D "
+                                          "is not a multiple of 8 up to 512");
+    int trig_ok = rank[IN_COS] == 2 && cd[0] == a.T && 2 * cd[1] <= a.d;
+    for (size_t i = IN_SIN; i <= IN_SIN_SINK; i++) trig_ok = trig_ok && rank[i] == 2 && same_dims(cd, dims[i], 2);
+    if (!trig_ok)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: cos, sin, cos_sink and sin_sink must all be [T, R/2] with "
+                                          "R <= D");
+    a.rot_half = cd[1];
+    size_t mr = rank[IN_MASK];
+    if (!((mr == 2 || (mr == 4 && md[0] == 1 && md[1] == 1)) && md[mr - 2] == a.T && md[mr - 1] == a.capacity))
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: attn_mask must be [T, C] or [1, 1, T, C]");
+    if (count[IN_WRITE] != 1 || count[IN_SINKS] != 1)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: write_index and sink_rows must hold one value each");
+    int64_t *write_index, *sink_rows;
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_WRITE], (void **)&write_index));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_SINKS], (void **)&sink_rows));
+    a.write_index = write_index[0], a.sinks = sink_rows[0];
+    if (a.write_index < 0 || a.write_index > a.capacity - a.T)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: write_index puts the new rows outside the cache");
+    if (a.sinks < 0 || a.sinks > a.capacity)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: sink_rows is outside the cache");
+    int64_t out_dims[3] = {1, a.T, a.hq * a.d};
+    OrtValue *out_v, *pk_v, *pv_v;
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 0, out_dims, 3, &out_v));
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 1, kd, 4, &pk_v));
+    TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 2, kd, 4, &pv_v));
+    float *past_k, *past_v;
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_QKV], (void **)&a.qkv));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_PAST_K], (void **)&past_k));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_PAST_V], (void **)&past_v));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_COS], (void **)&a.cos));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_SIN], (void **)&a.sin));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_COS_SINK], (void **)&a.cos_sink));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_SIN_SINK], (void **)&a.sin_sink));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_MASK], (void **)&a.mask));
+    TRY(ORT_GetTensorMutableData(g_api)(out_v, (void **)&a.out));
+    TRY(ORT_GetTensorMutableData(g_api)(pk_v, (void **)&a.keys));
+    TRY(ORT_GetTensorMutableData(g_api)(pv_v, (void **)&a.values));
+    /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
+     * cache is copied first (correct, but a full copy per call). */
+    if (a.keys != past_k || a.values != past_v) __atomic_add_fetch(&g_cache_copies, 1, __ATOMIC_RELAXED);
+    if (a.keys != past_k) memcpy(a.keys, past_k, count[IN_PAST_K] * sizeof(float));
+    if (a.values != past_v) memcpy(a.values, past_v, count[IN_PAST_V] * sizeof(float));
+    for (int64_t i = 0; i < a.T; i++) ring_write_kv(&a, i);
+    size_t tasks = (size_t)(a.T * a.hq);
+    if (tasks == 0) return NULL;
+    if (a.T == 1 && a.capacity < 64) { /* a few microseconds of work: less than waking the pool */
+        for (size_t t = 0; t < tasks; t++) ring_task(&a, t);
+    } else {
+        TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, ring_task, tasks, 0, &a));
+    }
+    if (__atomic_load_n(&a.out_of_memory, __ATOMIC_RELAXED))
+        return fail(ORT_FAIL, "RingAttention: out of memory for the attention scores");
+    return NULL;
+}
+
+const OrtCustomOp edge_ring_attention_op = EDGE_OP(ring_create, ring_compute, ring_name, ring_inputs, ring_input_type,
+                                                   op_required, ring_outputs, float_type, op_required);
