@@ -11,6 +11,8 @@ decode back on small models (issue 7), so a layer is 10 nodes while the ring is 
     cache write and causal attention in one kernel) until some token is past S + W - 1; after that the
     general ring path (RoPE as RotaryEmbedding, TensorScatter, ONNX `Attention` with the sink term).
     Models whose head or rotary size GroupQueryAttention refuses (`gqa_can_run`) get the general path only.
+    With edge-runtime's ops (`edge_ops`) the linear branch is LinearAttention and the general path is one
+    RingAttention node (`ring_attention_can_run`), which computes a chunk's rows as decode steps bit for bit.
 
 The cache is [1, Hkv, C, D] (GroupQueryAttention's layout), bound by the host as both past_* and
 present_*: both branches write it in place.
@@ -42,18 +44,26 @@ def gqa_can_run(head_dim: int, rotary_dim: int) -> bool:
     return head_dim % 16 == 0 and (rotary_dim // 2) % 8 == 0 and rotary_dim <= head_dim
 
 
+def ring_attention_can_run(head_dim: int, rotary_dim: int) -> bool:
+    """The shapes edge-runtime's RingAttention takes (csrc/ring_attention_op.c refuses the others)."""
+    return head_dim % 8 == 0 and head_dim <= 512 and rotary_dim % 2 == 0 and rotary_dim <= head_dim
+
+
 @dataclass(frozen=True)
 class OrtStep:
     """Graph tensors every layer shares (edge_runtime.ring.StepInputs; computed once per call)."""
 
     cos: str  # [T, R/2] at absolute positions
     sin: str
-    dcos: str  # [T, R/2]: (cos_sink - cos) / sqrt(D), the sink query's rotation minus the window one's
-    dsin: str
+    cos_sink: str  # [T, R/2] at cache-logical positions (the sink columns' query rotation)
+    sin_sink: str
     attn_mask: str  # [T, C] additive
-    sink_pad: str  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,C-S]
     sink_rows: str  # [1] int64: S, at least 1
     write_index: str  # [1] int64: buffer row of the first new token
+    # The general path's sink term, declared only where some layer builds it (None otherwise):
+    dcos: str | None = None  # [T, R/2]: (cos_sink - cos) / sqrt(D), the sink query's rotation minus the window one's
+    dsin: str | None = None
+    sink_pad: str | None = None  # [8] int64 Pad amounts [0,0,0,0, 0,0,0,C-S]
     # GroupQueryAttention's inputs, declared only where `gqa_can_run` (None otherwise):
     ring_full: str | None = None  # [] bool: some token of this call is past S + W - 1
     seqlens_k: str | None = None  # [1] int32: past rows + T - 1 (while not ring_full)
@@ -172,6 +182,8 @@ def _general_path(
     """The ring at any fill, sinks included: (out [1, T, Hq*D], keys, values) over the whole buffer.
     `cache_outs` names the scattered buffers (the graph's present_* outputs: TensorScatter then writes
     the bound buffer in place instead of copying it)."""
+    if step.dcos is None or step.dsin is None or step.sink_pad is None:
+        raise ValueError(f"{prefix}: the general path's sink inputs were not declared")  # a builder bug
     d = head_dim
     qkv = g.op("Reshape", [qkv, g.const([1, -1, hq + 2 * hkv, d])], f"{prefix}/qkv/Reshape")
     qkv = g.op("Transpose", [qkv], f"{prefix}/qkv/Transpose", perm=[0, 2, 1, 3])  # [1, Hq + 2 Hkv, T, D]
@@ -216,6 +228,56 @@ def _general_path(
     )  # [1, Hq, T, D]
     out = g.op("Transpose", [out], f"{prefix}/out/Transpose", perm=[0, 2, 1, 3])
     return g.op("Reshape", [out, g.const([1, -1, hq * d])], f"{prefix}/out/Reshape"), keys, values
+
+
+# ------------------------------------------------------------------------------------------------
+#  edge-runtime's ops: the general path as one node
+#     RingAttention(qkv, past_key, past_value, write_index, cos, sin, cos_sink, sin_sink, sink_rows,
+#                   attn_mask): new keys rotated at their absolute position and written with their values
+#     at rows [write_index, write_index + T) in place, then per (row, head) the same attention as above over
+#     every unmasked buffer row, the first S columns with the query at its cache-logical rotation.
+#  One task per (row, head) in a fixed order: a T-row chunk is T decode steps bit for bit (ONNX Attention's
+#  T-row rounding differs from its one-row rounding by ~1e-6, which the next layer's int8 activations
+#  amplify), and a decode step is one node a layer instead of ~15.
+# ------------------------------------------------------------------------------------------------
+def _ring_attention(
+    g: GraphBuilder,
+    prefix: str,
+    qkv: str,
+    step: OrtStep,
+    *,
+    layer: int,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    rotary_dim: int,
+    cache_outs: tuple[str, str] | None = None,
+) -> list[str]:
+    """What `_general_path` computes, as edge-runtime's RingAttention: (out [1, T, Hq*D], keys, values);
+    `cache_outs` names the written buffers (the graph's present_* outputs)."""
+    g.domains[kernels.DOMAIN] = 1
+    name = f"{prefix}/{kernels.RING_ATTENTION}"
+    return g.op_multi(
+        kernels.RING_ATTENTION,
+        [qkv, f"past_key.{layer}", f"past_value.{layer}", step.write_index, step.cos, step.sin, step.cos_sink,
+         step.sin_sink, step.sink_rows, step.attn_mask],
+        name,
+        n_out=3,
+        outs=[f"{name}/output_0", *cache_outs] if cache_outs else None,
+        domain=kernels.DOMAIN,
+        num_heads=hq,
+        kv_num_heads=hkv,
+        scale=float(1.0 / np.sqrt(head_dim)),
+    )  # fmt: skip
+
+
+def _full_ring(
+    g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, edge: bool, **general
+) -> tuple[str, str, str] | list[str]:
+    """The ring at any fill: RingAttention with `edge` where it takes the shapes, else the general path."""
+    if edge and ring_attention_can_run(general["head_dim"], general["rotary_dim"]):
+        return _ring_attention(g, prefix, qkv, step, **general)
+    return _general_path(g, prefix, qkv, step, **general)
 
 
 def cache_io(g: GraphBuilder, layer: int, hkv: int, head_dim: int) -> tuple[str, str, list[str]]:
@@ -286,7 +348,8 @@ def attention(
     takes the general path only); keys/values are then the graph's present_* outputs (None here).
     True / False: inside a branch of the decoder-wide If (the caller declares the I/O and collects the
     returned keys/values): GroupQueryAttention while the ring is linear, else the general path.
-    `edge_ops`: edge-runtime's LinearAttention in place of GroupQueryAttention."""
+    `edge_ops`: edge-runtime's LinearAttention in place of GroupQueryAttention and RingAttention in place of
+    the general path (where it takes the shapes: `ring_attention_can_run`)."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     qkv = wf.matmul_concat(
@@ -297,15 +360,15 @@ def attention(
         if linear:
             out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops)
         else:
-            out, keys, values = _general_path(g, prefix, qkv, step, **general)
+            out, keys, values = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
 
     _, _, present = cache_io(g, layer, hkv, d)
     if not gqa_can_run(d, rotary_dim):  # the general path at every fill
-        out, _, _ = _general_path(g, prefix, qkv, step, **general, cache_outs=present)
+        out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general, cache_outs=tuple(present))
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
     full = g.branch(f"{prefix}/ring_full/then")
-    ring = _general_path(full, prefix, qkv, step, **general)
+    ring = _full_ring(full, prefix, qkv, step, edge=edge_ops, **general)
     lin = g.branch(f"{prefix}/ring_full/else")
     gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops)
     out, _, _ = g.op_multi(

@@ -5,9 +5,10 @@
 
 `ort` (opset 24 + com.microsoft ops, blocks_ort.py) attends with GroupQueryAttention while the ring is
 still a linear cache, then scatters the new rows into the bound buffer in place (TensorScatter) and
-attends the whole ring with ONNX `Attention`; norms, projections and RoPE run as ONNX Runtime's fused
-CPU kernels. `trt` (opset 21, ops TensorRT 10.3 parses, blocks.py) attends [past rows, new rows] and
-outputs the new rows for the host to place. Both keep the cache [1, Hkv, capacity, D].
+attends the whole ring with ONNX `Attention` (with --kernel edge: LinearAttention, then RingAttention);
+norms, projections and RoPE run as ONNX Runtime's fused CPU kernels. `trt` (opset 21, ops TensorRT 10.3
+parses, blocks.py) attends [past rows, new rows] and outputs the new rows for the host to place. Both keep
+the cache [1, Hkv, capacity, D].
 """
 
 from __future__ import annotations
@@ -186,19 +187,26 @@ def _ort_body(
     cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))
     mask = g.input("attn_mask", g.dtype, ["tokens", "capacity"])
     sink_rows = g.input("sink_rows", np.int64, [1])  # S, at least 1 (ring.RingGeometry.sink_rows)
-    scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
-    capacity = g.op("Shape", [mask], "/model/capacity/Shape", start=-1)  # [1]: C
-    pad_cols = g.op("Sub", [capacity, sink_rows], "/model/sink_pad/Sub")
     step = blocks_ort.OrtStep(
         cos=cos,
         sin=sin,
-        dcos=g.op("Mul", [g.op("Sub", [cos_s, cos], "/model/rotary/dcos/Sub"), scale], "/model/rotary/dcos/Mul"),
-        dsin=g.op("Mul", [g.op("Sub", [sin_s, sin], "/model/rotary/dsin/Sub"), scale], "/model/rotary/dsin/Mul"),
+        cos_sink=cos_s,
+        sin_sink=sin_s,
         attn_mask=mask,
-        sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
         sink_rows=sink_rows,
         write_index=g.input("write_index", np.int64, [1]),
     )
+    if not (edge_ops and blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim)):
+        # the general path's sink term (RingAttention rotates the sink query itself)
+        scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
+        capacity = g.op("Shape", [mask], "/model/capacity/Shape", start=-1)  # [1]: C
+        pad_cols = g.op("Sub", [capacity, sink_rows], "/model/sink_pad/Sub")
+        step = replace(
+            step,
+            dcos=g.op("Mul", [g.op("Sub", [cos_s, cos], "/model/rotary/dcos/Sub"), scale], "/model/rotary/dcos/Mul"),
+            dsin=g.op("Mul", [g.op("Sub", [sin_s, sin], "/model/rotary/dsin/Sub"), scale], "/model/rotary/dsin/Mul"),
+            sink_pad=g.op("Concat", [g.const([0, 0, 0, 0, 0, 0, 0]), pad_cols], "/model/sink_pad/Concat", axis=0),
+        )
     if blocks_ort.gqa_can_run(args.head_dim, args.rotary_dim):  # else no layer reads these
         step = replace(
             step,
@@ -230,8 +238,9 @@ def _ort_body(
 # ------------------------------------------------------------------------------------------------
 #  `ort` with edge-runtime's ops: one If on ring_full around every layer instead of one per layer
 #
-#    x ─► If ring_full ─┬ then: layers 0..L-1 with the general ring path ─┬─► h (final norm), present_*
-#                       └ else: layers 0..L-1 with GroupQueryAttention ───┘
+#    x ─► If ring_full ─┬ then: layers 0..L-1 with RingAttention ────┬─► h (final norm), present_*
+#                       └ else: layers 0..L-1 with LinearAttention ──┘
+#    (the general ring path in `then` where RingAttention does not take the shapes: head size > 512)
 #
 #  An If costs ~20 us of ONNX Runtime per run on the 135M shape; one per step instead of one per
 #  layer. Both branches read the same outer-scope weights (one copy), which MatMulQ4/Q8 read as they

@@ -319,6 +319,15 @@ def tiny_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny_ckpt_d8(tmp_path_factory):
+    from .tiny_models import save_tiny_checkpoint
+
+    d = tmp_path_factory.mktemp("kernels-ckpt-d8")
+    save_tiny_checkpoint("qwen2", d, intermediate_size=128)  # head size 8: GroupQueryAttention refuses it
+    return d
+
+
+@pytest.fixture(scope="module")
 def tiny_ckpt_k96(tmp_path_factory):
     from .tiny_models import save_tiny_checkpoint
 
@@ -361,8 +370,10 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
     assert branches["else_branch"].count(kernels.LINEAR_ATTENTION) == 2  # the ring is still a linear cache
     assert "GroupQueryAttention" not in branches["else_branch"]
-    then = branches["then_branch"]
-    assert then.count("TensorScatter") == 4 and kernels.LINEAR_ATTENTION not in then
+    then = branches["then_branch"]  # the full ring: one RingAttention a layer, none of ONNX's attention ops
+    assert then.count(kernels.RING_ATTENTION) == 2 and kernels.LINEAR_ATTENTION not in then
+    assert not {"TensorScatter", "Attention", "RotaryEmbedding"} & set(then)
+    assert not {"Sub", "Concat", "Shape"} & set(top)  # nor the general path's sink-term inputs
     # scripts/matmul_floor.py finds the layer products inside the If, each weight once: 2 x 4 + the LM head
     spec = importlib.util.spec_from_file_location("matmul_floor", SCRIPTS / "matmul_floor.py")
     floor = importlib.util.module_from_spec(spec)
@@ -428,6 +439,34 @@ def test_edge_kernel_keeps_per_layer_ifs_where_some_product_stays_matmulnbits(ti
     assert ops.count("MatMulQ4") == 2 * 3 + 1 and ops.count(kernels.SILU_MUL) == 2
 
 
+@needs_kernels
+def test_edge_kernel_attends_with_ring_attention_at_every_fill_where_gqa_cannot_run(tiny_ckpt_d8, tmp_path):
+    """Head size 8 has no GroupQueryAttention branch: RingAttention serves every fill (dense prefills, the
+    chunks that write the sinks, the wrapped ring), and a chunk is its rows as decode steps bit for bit."""
+    import onnx
+
+    from edge_runtime.engine import LoadOptions, load
+
+    edge = _export(tiny_ckpt_d8, tmp_path / "edge", "edge")
+    assert edge.validation.max_rel_err <= edge.validation.tolerance
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count(kernels.RING_ATTENTION) == 2 and "If" not in ops and "TensorScatter" not in ops
+    engine = load(tmp_path / "edge", LoadOptions(sinks=4, window=20, slack=8))
+    if engine.exact_rows is not None and engine.exact_rows < 9:
+        pytest.skip(f"this CPU's MatMulQ4 ({kernels.isa()}) rounds multi-row chunks differently")
+    ids = list(range(3, 70))
+    for start in (0, 2, 20, 33, 50):  # the sinks' chunk; S + W = 24; capacity 32
+        engine.reset()
+        if start:
+            engine.prefill(ids[:start])
+        chunk = engine.prefill(ids[start : start + 9], all_logits=True)
+        engine.reset()
+        if start:
+            engine.prefill(ids[:start])
+        steps = np.stack([engine.decode(t).copy() for t in ids[start : start + 9]])
+        assert np.array_equal(chunk, steps), f"chunk at token {start}"
+
+
 def test_edge_kernel_export_is_refused_where_the_op_cannot_run(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "unavailable_reason", lambda: "no library in this test")
     with pytest.raises(ExportError, match=r"--kernel edge cannot be used: no library in this test.*--kernel mlas"):
@@ -462,17 +501,18 @@ def test_edge_bundle_on_a_machine_without_the_kernel_says_how_to_fix_it(tiny_ckp
 
 
 @needs_kernels
-@pytest.mark.parametrize("ckpt", ["tiny_ckpt", "tiny_ckpt_k96"])
+@pytest.mark.parametrize("ckpt", ["tiny_ckpt", "tiny_ckpt_k96", "tiny_ckpt_d8"])
 def test_edge_bundle_writes_the_pool_in_place(ckpt, tmp_path, capfd, request):
-    """Both branches of the decoder-wide If (tiny_ckpt) or of each layer's (tiny_ckpt_k96) write the bound
-    K/V buffers themselves: LinearAttention while the ring is linear, TensorScatter once it is full."""
+    """Both branches of the decoder-wide If (tiny_ckpt) or of each layer's (tiny_ckpt_k96), or the one
+    RingAttention a layer (tiny_ckpt_d8), write the bound K/V buffers themselves: LinearAttention while the
+    ring is linear, RingAttention once it is full."""
     from edge_runtime.backends.onnxruntime import OrtBackend
     from edge_runtime.engine import LoadOptions, load
 
     _export(request.getfixturevalue(ckpt), tmp_path / "edge", "edge")
     engine = load(tmp_path / "edge", LoadOptions(sinks=4, window=28))
     engine.backend = OrtBackend(engine.bundle.graph_file, engine.manifest, engine.pool, log_severity=1)
-    copies_before = _cache_copies()
+    copies_before = _cache_copies(), _cache_copies(kernels.RING_ATTENTION)
     keys = engine.pool.keys[1][0]  # the last layer's [Hkv, capacity, D]
     pointer = keys.ctypes.data
     engine.prefill([0, 5, 9])
@@ -488,7 +528,9 @@ def test_edge_bundle_writes_the_pool_in_place(ckpt, tmp_path, capfd, request):
     assert changed.tolist() == [engine.geometry.slot(engine.ring.tokens - 1)]  # that one reused row, in place
     assert keys.ctypes.data == pointer
     assert "in-place" not in capfd.readouterr().err.lower()
-    assert _cache_copies() == copies_before  # LinearAttention was handed the pool buffers as its outputs
+    assert kernels.RING_ATTENTION in engine.backend.kernel_ops()
+    # LinearAttention and RingAttention were handed the pool buffers as their outputs
+    assert (_cache_copies(), _cache_copies(kernels.RING_ATTENTION)) == copies_before
 
 
 def test_one_weight_name_cannot_hold_two_tensors():

@@ -290,19 +290,63 @@ def test_edge_run_speculative_lookup_prints_the_plain_text(tied_bundle):
     assert fast["token_ids"] == plain["token_ids"] and fast["text"] == plain["text"]
 
 
-@pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
-def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(tmp_path, recwarn):
-    """On the edge kernels a verification chunk is as wide as engine.exact_rows allows (any width on
-    VNNI's MatMulQ4 with MatMulQ8's LM head: 16 rows), and greedy speculation with k = 8 equals plain
-    greedy while the ring is linear. (Past the wrap the ring attention is ONNX Runtime's, whose
-    multi-row rounding differs from its one-row rounding by ~1e-6: README, "Speculative decoding".)"""
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
+
+
+@pytest.fixture(scope="module")
+def edge_int4(tmp_path_factory):
+    """The demo model at INT4 on edge-runtime's kernels (LinearAttention, then RingAttention)."""
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
     quant = QuantConfig(QuantMethod.INT4, 32, kernel=MatMulKernel.EDGE)  # the LM head at int8: MatMulQ8
-    out = tmp_path / "int4"
+    out = tmp_path_factory.mktemp("edge") / "int4"
     export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200, quant=quant))
-    engine = load(out)
-    assert engine.backend.kernel_ops() >= {kernels.MATMUL_Q4, kernels.MATMUL_Q8}
+    return out
+
+
+def _chunk_calls(engine) -> list[tuple[int, bool]]:
+    """Record (rows, ring_full) of every multi-token graph call the engine makes from now on."""
+    calls, run_chunk = [], engine.backend.run_chunk
+
+    def recording(ids, plan, keep):
+        calls.append((len(ids), bool(plan.ring_full)))
+        return run_chunk(ids, plan, keep)
+
+    engine.backend.run_chunk = recording
+    return calls
+
+
+@needs_kernels
+def test_edge_int4_chunks_are_decode_steps_bit_for_bit_across_the_wrap(edge_int4):
+    """A prefill chunk's logits equal decode()'s of the same tokens bit for bit while the ring is linear, in
+    the chunk that turns it full (its first rows still linear), past S + W - 1 and past the buffer's wrap:
+    RingAttention computes each row as a one-row call does."""
+    engine = load(edge_int4, SMALL)
+    if engine.exact_rows is not None and engine.exact_rows < 9:
+        pytest.skip(f"this CPU's MatMulQ4 ({kernels.isa()}) rounds multi-row chunks differently")
+    assert kernels.RING_ATTENTION in engine.backend.kernel_ops()
+    ids = np.random.default_rng(1).integers(3, engine.manifest.model.vocab_size, 80).tolist()
+    calls = _chunk_calls(engine)
+    for start in (10, 24, 30, 40, 60):  # S + W = 28, capacity 36
+        engine.reset()
+        engine.prefill(ids[:start])
+        del calls[:]
+        chunk = engine.prefill(ids[start : start + 9], all_logits=True)
+        assert all(full == (start + 9 > SMALL.sinks + SMALL.window) for _, full in calls)
+        engine.reset()
+        engine.prefill(ids[:start])
+        steps = np.stack([engine.decode(t).copy() for t in ids[start : start + 9]])
+        assert np.array_equal(chunk, steps), f"chunk at token {start}: {np.abs(chunk - steps).max():.3g} apart"
+
+
+@needs_kernels
+def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(edge_int4, recwarn):
+    """On the edge kernels a verification chunk is as wide as engine.exact_rows allows (any width on
+    VNNI's MatMulQ4 with MatMulQ8's LM head: 16 rows), and greedy speculation with k = 8 equals plain
+    greedy on a small ring wrapped several times: past S + W - 1 RingAttention computes a chunk's rows
+    as decode steps do, bit for bit."""
+    engine = load(edge_int4, SMALL)
+    assert engine.backend.kernel_ops() >= {kernels.MATMUL_Q4, kernels.MATMUL_Q8, kernels.RING_ATTENTION}
     if kernels.isa() != "avx512vnni":
         assert engine.exact_rows == 1  # AVX2's MatMulQ4 decodes down its own path: speculation is off
         spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
@@ -314,7 +358,9 @@ def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(tmp_path, re
     prompt = repetitive_prompt(engine.manifest.model.vocab_size)
     want = greedy(engine, prompt, 96)
     spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
+    calls = _chunk_calls(engine)
     assert greedy(engine, prompt, 96, spec) == want
     st = spec.stats
-    assert engine.ring.written < engine.geometry.capacity  # linear throughout
+    assert engine.ring.written > 3 * engine.geometry.capacity  # the ring wrapped three times
     assert st.verify_steps > 5 and st.proposed / st.verify_steps > 4  # chunks past the old 4-row cap
+    assert sum(rows > 1 and full for rows, full in calls) > 5  # verified on the full ring
