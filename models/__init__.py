@@ -25,6 +25,9 @@ CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
 DEMO_CHECKPOINT = CHECKPOINTS_DIR / DEMO_MODEL
 # Checkpoints shipped with the package, by name, wherever it is installed: `edge-export demo`, `--model demo`.
 NAMED_CHECKPOINTS: dict[str, Path] = {"demo": DEMO_CHECKPOINT, DEMO_MODEL: DEMO_CHECKPOINT}
+# The calibration text for checkpoints that ship none: general technical English and Python code
+# (scripts/make_calibration_text.py; its source and licence in the README beside it).
+GENERAL_CALIBRATION = Path(__file__).resolve().parent / "calibration" / "general_en_code.txt"
 
 
 def resolve_checkpoint(spec: str | Path) -> Path:
@@ -56,6 +59,7 @@ __all__ = [
     "CHECKPOINTS_DIR",
     "DEMO_CHECKPOINT",
     "DEMO_MODEL",
+    "GENERAL_CALIBRATION",
     "NAMED_CHECKPOINTS",
     "Architecture",
     "LayerWeights",

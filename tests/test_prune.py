@@ -17,7 +17,7 @@ from edge_runtime.exporters.prune import PruneConfig, prune_model
 from edge_runtime.exporters.quant import QuantConfig, QuantMethod
 from edge_runtime.exporters.quant_pipeline import pruning_unit
 from edge_runtime.exporters.validate import rel_err
-from edge_runtime.models import DEMO_CHECKPOINT, ModelWeights
+from edge_runtime.models import GENERAL_CALIBRATION, ModelWeights
 
 from .tiny_models import _TEXT, save_tiny_checkpoint
 
@@ -128,10 +128,11 @@ def test_unreachable_ratio_names_the_limit(ckpt, acts):
         prune_model(ckpt.args, ckpt.weights, acts, PruneConfig(0.95, unit=32))
 
 
-def test_without_calib_the_demo_models_calibration_text_is_used(ckpt, tmp_path):
+def test_without_calib_the_general_calibration_text_is_used(ckpt, tmp_path):
+    """Not the demo model's Shakespeare: a checkpoint without its own text gets general English + code."""
     d = tmp_path / "ck"
     shutil.copytree(ckpt.path, d, ignore=shutil.ignore_patterns("calibration.txt"))
     calib = load_calibration(load_checkpoint(d))
-    assert calib.path == DEMO_CHECKPOINT / "calibration.txt"
+    assert calib.path == GENERAL_CALIBRATION and calib.record()["file"].endswith("general_en_code.txt")
     assert calib.tokens <= 2048 + len(calib.sequences) and all(s[0] == ckpt.args.bos_token_id for s in calib.sequences)
     assert max(len(s) for s in calib.sequences) <= 512

@@ -101,7 +101,7 @@ def main() -> None:
     type=click.Path(path_type=Path),
     default=None,
     help="Calibration text for int4-awq/int4-gptq/--prune [default: calibration.txt beside the checkpoint, "
-    "else the demo model's].",
+    "else edge-runtime's general English + code text].",
 )
 @click.option("--fp-embeddings", is_flag=True, help="Keep the embedding table and LM head unquantized.")
 @click.option(
