@@ -2,9 +2,9 @@
 
 Decode binds every buffer once (`_decode_binding`) and then only the arrays' contents change; each
 layer's K/V OrtValue is bound as both `past_*` input and `present_*` output, so the `ort` graph's
-GroupQueryAttention (until the ring is full) or TensorScatter (after) writes the new row in place, no
-cache copy. Host-copy (`trt`) bundles bind the new rows to small pool buffers and the caller copies
-them into their slots.
+GroupQueryAttention (until the ring is full) or TensorScatter (after), or with --kernel edge
+LinearAttention and then RingAttention, writes the new row in place, no cache copy. Host-copy (`trt`)
+bundles bind the new rows to small pool buffers and the caller copies them into their slots.
 """
 
 from __future__ import annotations
