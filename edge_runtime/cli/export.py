@@ -116,8 +116,8 @@ def main() -> None:
     type=click.Choice(["mlas", "edge"]),
     default=None,
     help="Kernels of quantized bundles: ONNX Runtime's own (every platform) or edge-runtime's ops where they "
-    "apply (MatMulQ4 for INT4 block-32 products, MatMulQ8 for INT8 ones, SiluMul, LinearAttention; x86-64 AVX2, "
-    "the matmuls on AVX-512 VNNI where the CPU has it; faster decode; the bundle then runs only where "
+    "apply (MatMulQ4 for INT4 block-32 products, MatMulQ8 for INT8 ones, SiluMul, LinearAttention, RingAttention; "
+    "x86-64 AVX2, the matmuls on AVX-512 VNNI where the CPU has it; faster decode; the bundle then runs only where "
     "edge-runtime's kernel library is built) [default: mlas, or the target's where the library runs here].",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
