@@ -99,6 +99,7 @@ class ValidationCase:
     name: str
     tokens: int
     max_rel_err: float
+    float32_rel_err: float | None = None  # a numpy float32 forward of the same weights and tokens (fp32 dense cases)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,9 @@ class ValidationRecord:
     max_rel_err: float
     cases: list[ValidationCase]
     seconds: float
+    # How `tolerance` was set: fixed per compute type, or measured from the weights' float32 error
+    # (exporters/validate.py fp32_tolerance); empty in bundles written before it was recorded.
+    tolerance_basis: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

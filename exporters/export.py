@@ -41,7 +41,7 @@ from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .tokenizer_export import bundle_tokenizer, read_json
-from .validate import TOLERANCE, tolerance_for, validation_grid
+from .validate import CaseResult, Tolerance, fixed_tolerance, float32_probe, fp32_tolerance, validation_grid
 
 GRAPH_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 DEFAULT_SINKS = 4
@@ -132,7 +132,7 @@ def _validate(
     reference = ReferenceModel(ckpt.args, prepared.weights)
     kv_heads = [lw.num_kv_heads(ckpt.args.head_dim) for lw in prepared.weights.layers]
 
-    def grid(session: ort.InferenceSession) -> list:
+    def grid(session: ort.InferenceSession, probe: ReferenceModel | None = None) -> list[CaseResult]:
         return validation_grid(
             session,
             reference,
@@ -141,33 +141,50 @@ def _validate(
             kv_heads=kv_heads,
             sliding_window=ckpt.args.sliding_window,
             progress=progress,
+            probe=probe,
         )
 
     q = prepared.quantized
     int8_act = q is not None and built.flavor is Flavor.ORT and q.config.accuracy_level == 4
+    precision = built.precision.value
+    fp32 = built.precision is Precision.FP32
+    probe = float32_probe(ckpt.args, prepared.weights, reference) if fp32 else None
     if int8_act:
         progress("validating the same integer weights at accuracy_level 0 (fp32 compute) against the reference")
         twin = build_decoder(ckpt.args, prepared.weights, built.flavor, built.precision, exact_twin(q))
-        exact = grid(_session(twin.model.SerializeToString(), twin))
-        _check(exact, TOLERANCE[built.precision.value], f"{built.precision.value} (accuracy_level 0 twin)")
+        twin_cases = grid(_session(twin.model.SerializeToString(), twin), probe)
+        exact = fp32_tolerance(twin_cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
+        _check(twin_cases, exact.value, _label(precision, exact) + ", accuracy_level 0 twin,")
         prepared.record["exact_parity"] = {  # into the manifest's `quantization` record
             "accuracy_level": 0,
-            "tolerance": TOLERANCE[built.precision.value],
-            "max_rel_err": max(c.max_rel_err for c in exact),
+            "tolerance": exact.value,
+            "tolerance_basis": exact.basis,
+            "max_rel_err": max(c.max_rel_err for c in twin_cases),
         }
     reference_dtype = reference.dtype.name
     progress(f"validating against the {reference_dtype} reference (ONNX Runtime {ort.__version__} CPU)")
-    cases = grid(_session(str(graph), built))
-    tol = tolerance_for(built.precision.value, int8_activations=int8_act)
-    worst = _check(cases, tol, built.precision.value + (" with int8 activations" if int8_act else ""))
+    if int8_act:
+        cases = grid(_session(str(graph), built))
+        tol = fixed_tolerance(precision, int8_activations=True)
+        worst = _check(cases, tol.value, f"{precision} with int8 activations")
+    else:
+        cases = grid(_session(str(graph), built), probe)
+        tol = fp32_tolerance(cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
+        worst = _check(cases, tol.value, _label(precision, tol))
     what = "" if q is None and not prepared.pruned else " run with the exported (pruned/dequantized) weights"
     return ValidationRecord(
         reference=f"{reference_dtype} numpy StreamingLLM transcription (exporters/reference.py){what}",
-        tolerance=tol,
+        tolerance=tol.value,
         max_rel_err=worst,
-        cases=[ValidationCase(c.name, c.tokens, c.max_rel_err) for c in cases],
+        cases=[ValidationCase(c.name, c.tokens, c.max_rel_err, c.float32_rel_err) for c in cases],
         seconds=round(time.perf_counter() - t0, 2),
+        tolerance_basis=tol.basis,
     )
+
+
+def _label(precision: str, tol: Tolerance) -> str:
+    e32 = tol.basis.get("float32_rel_err")
+    return precision if e32 is None else f"{precision} (numpy float32 of these weights: {e32:.2e} off float64)"
 
 
 def _check(cases: list, tol: float, label: str) -> float:

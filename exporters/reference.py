@@ -44,6 +44,10 @@ def _f64(a: np.ndarray | None) -> np.ndarray | None:
     return None if a is None else np.asarray(a, dtype=np.float64)
 
 
+def _f32(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.asarray(a, dtype=np.float32)
+
+
 def _keep(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
@@ -68,13 +72,16 @@ class ReferenceModel:
     """Float64 forward of a Llama-family decoder from `ModelWeights` (per-layer widths may differ);
     float32 above F64_COPY_MAX_PARAMS parameters (`dtype`)."""
 
-    def __init__(self, args: ModelArgs, weights: ModelWeights):
+    def __init__(self, args: ModelArgs, weights: ModelWeights, dtype: type[np.floating] | None = None):
+        """`dtype` forces the compute precision (float32: the precision test of validate.py); None picks
+        float64 up to F64_COPY_MAX_PARAMS parameters."""
         self.args = args
-        arrays = [getattr(lw, f.name) for lw in weights.layers for f in fields(lw)]
-        params = weights.embed.size + sum(a.size for a in arrays if a is not None)
-        small = params <= F64_COPY_MAX_PARAMS
-        conv = _f64 if small else _keep
-        self.dtype = np.dtype(np.float64 if small else np.float32)  # compute precision
+        if dtype is None:
+            arrays = [getattr(lw, f.name) for lw in weights.layers for f in fields(lw)]
+            params = weights.embed.size + sum(a.size for a in arrays if a is not None)
+            dtype = np.float64 if params <= F64_COPY_MAX_PARAMS else None
+        conv = _f64 if dtype is np.float64 else _f32 if dtype is np.float32 else _keep
+        self.dtype = np.dtype(np.float32 if dtype is None else dtype)  # compute precision
         self.embed = conv(weights.embed)
         self.lm_head = self.embed if weights.lm_head is weights.embed else conv(weights.lm_head)
         self.final_norm = conv(weights.final_norm)

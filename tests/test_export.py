@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from edge_runtime.exporters import export as export_mod
 from edge_runtime.exporters.decoder import Flavor, Precision
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.tokenizer_export import BundleTokenizer
+from edge_runtime.exporters.validate import FP32_CAP, FP32_FACTOR
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, MANIFEST_FILE, Manifest
 from edge_runtime.models import DEMO_CHECKPOINT
 
@@ -100,11 +102,67 @@ def _no_leftovers(parent):
     return [p.name for p in parent.iterdir()]
 
 
+def _break_graph(monkeypatch, scale: float) -> None:
+    """Graphs built with the final norm scaled by `scale` (every logit off by that factor); the
+    reference keeps the true weights."""
+    real = export_mod.build_decoder
+
+    def build(args, weights, *a, **k):
+        return real(args, dataclasses.replace(weights, final_norm=weights.final_norm * scale), *a, **k)
+
+    monkeypatch.setattr(export_mod, "build_decoder", build)
+
+
 def test_validation_failure_leaves_no_bundle(tiny, tmp_path, monkeypatch):
-    monkeypatch.setitem(export_mod.TOLERANCE, "fp32", 1e-12)
-    with pytest.raises(ValidationError, match="no bundle written"):
+    _break_graph(monkeypatch, 1 + 1e-3)  # logits 1e-3 off: ten times the floor of the fp32 bound
+    with pytest.raises(ValidationError, match=r"by 1\.00\de-03 .*numpy float32 of these weights.*no bundle written"):
         export(ExportOptions(checkpoint=tiny, out=tmp_path / "out", window=100))
     assert _no_leftovers(tmp_path) == []
+
+
+def test_fp32_tolerance_is_derived_from_the_weights_float32_error_and_recorded(bundle):
+    """The fp32 bound is max(1e-4, factor * e32), e32 the worst error of a numpy float32 forward of the
+    same weights on the dense cases' tokens; the manifest records e32 per case, the factor and the rule."""
+    m = bundle[1].validation
+    basis = m.tolerance_basis
+    probed = [c.float32_rel_err for c in m.cases]
+    assert all(0 < e < 1e-5 for e in probed[:3]) and probed[3] is None  # the ring case is not probed
+    assert basis["float32_rel_err"] == max(probed[:3]) and basis["factor"] == FP32_FACTOR
+    assert "float32" in basis["reason"] and basis["rule"].startswith("min(max(0.0001, factor")
+    assert m.tolerance == max(1e-4, FP32_FACTOR * basis["float32_rel_err"]) == 1e-4  # tiny weights: the floor
+    r = CliRunner().invoke(export_cli, ["inspect", str(bundle[0])])
+    assert r.exit_code == 0 and f"float32_rel_err {basis['float32_rel_err']:.2e}" in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory):
+    """The tiny model with q and k scaled by 16: attention logits 256x larger, so a float32 forward of
+    these weights is ~3e-4 off float64, past the old fixed 1e-4 bound."""
+    import torch
+
+    d = tmp_path_factory.mktemp("sharp")
+    model = save_tiny_checkpoint("llama-untied", d)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(16)
+            layer.self_attn.k_proj.weight.mul_(16)
+    model.save_pretrained(d, safe_serialization=True)
+    return d
+
+
+@pytest.mark.parametrize("flavor", [Flavor.ORT, Flavor.TRT], ids=lambda f: f.value)
+def test_ill_conditioned_weights_get_a_measured_looser_bound(sharp, tmp_path, flavor):
+    m = export(ExportOptions(checkpoint=sharp, out=tmp_path / "b", window=100, flavor=flavor)).validation
+    e32 = m.tolerance_basis["float32_rel_err"]
+    print(f"{flavor.value}: graph {m.max_rel_err:.2e}, numpy float32 {e32:.2e}, bound {m.tolerance:.2e}")
+    assert 1e-4 < FP32_FACTOR * e32 == m.tolerance < FP32_CAP
+    assert 1e-4 < m.max_rel_err <= m.tolerance  # refused under the old fixed 1e-4
+
+
+def test_a_looser_bound_still_refuses_a_broken_graph(sharp, tmp_path, monkeypatch):
+    _break_graph(monkeypatch, 1.01)
+    with pytest.raises(ValidationError, match="no bundle written"):
+        export(ExportOptions(checkpoint=sharp, out=tmp_path / "b", window=100))
 
 
 def test_exception_mid_write_leaves_no_bundle_and_keeps_the_old_one(tiny, bundle, tmp_path, monkeypatch):

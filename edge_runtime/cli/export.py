@@ -288,6 +288,12 @@ def inspect(bundle: Path, no_verify: bool) -> None:
         f"validation  max rel err {m.validation.max_rel_err:.2e} <= {m.validation.tolerance:g} "
         f"({len(m.validation.cases)} cases, {m.validation.seconds:.1f}s)",
     ]
+    basis = m.validation.tolerance_basis
+    if "float32_rel_err" in basis:
+        lines.append(
+            f"            tolerance {basis['rule']}, float32_rel_err {basis['float32_rel_err']:.2e} "
+            f"(a numpy float32 forward of these weights), factor {basis['factor']:g}"
+        )
     lines += [f"            {c.name}: {c.max_rel_err:.2e}" for c in m.validation.cases]
     lines.append(f"exported    {m.provenance.get('exported_at')} by {m.provenance.get('exporter')}")
     verdict = "not verified (--no-verify)" if no_verify else "all sha256 match"
