@@ -135,16 +135,58 @@ class _Tap(np.ndarray):
 
 
 @dataclass
+class InputStats:
+    """What quantization and pruning read of one group of Linears' inputs X [n, K] over the calibration
+    tokens: the Gram matrix X^T X (GPTQ's Hessian, AWQ's and the manifest's output errors, pruning's
+    column norms) and sum |X| (AWQ's salience). Accumulated per forward, so memory does not grow with
+    the calibration length (the rows themselves are 0.4 MB a token on a 135M model)."""
+
+    gram: np.ndarray  # [K, K] float64
+    abs_sum: np.ndarray  # [K] float64
+    rows: int
+
+    @classmethod
+    def empty(cls, k: int) -> InputStats:
+        return cls(np.zeros((k, k)), np.zeros(k), 0)
+
+    def add(self, x: np.ndarray) -> None:
+        x32 = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        # float32 products of one sequence (<= 512 rows), summed in float64: statistics, not the forward
+        self.gram += (x32.T @ x32).astype(np.float64)
+        self.abs_sum += np.abs(x32).sum(axis=0, dtype=np.float64)
+        self.rows += x32.shape[0]
+
+    @property
+    def mean_abs(self) -> np.ndarray:
+        return self.abs_sum / max(self.rows, 1)
+
+    @property
+    def column_norms(self) -> np.ndarray:
+        return np.sqrt(np.maximum(np.diag(self.gram), 0.0))
+
+    def divided(self, s: np.ndarray) -> InputStats:
+        """The statistics of X / s (s per input channel)."""
+        s = np.asarray(s, dtype=np.float64)
+        return InputStats(self.gram / np.outer(s, s), self.abs_sum / s, self.rows)
+
+    def output_error(self, approx: np.ndarray, exact: np.ndarray) -> float:
+        """||X approx^T - X exact^T||_F / ||X exact^T||_F, from the Gram matrix alone."""
+        w = np.asarray(exact, dtype=np.float64)
+        d = np.asarray(approx, dtype=np.float64) - w
+        denom = float(((w @ self.gram) * w).sum())
+        return float(np.sqrt(max(float(((d @ self.gram) * d).sum()), 0.0) / denom)) if denom > 0 else 0.0
+
+
+@dataclass
 class LinearInputs:
-    """Per layer, the rows fed to each group of Linears over the calibration tokens (float32: half
-    the memory of the float64 forward that produced them, and precision enough for statistics)."""
+    """Per layer, the statistics of the rows fed to each group of Linears over the calibration tokens."""
 
-    attn: list[np.ndarray] = field(default_factory=list)  # [n, H]      -> q, k, v
-    o: list[np.ndarray] = field(default_factory=list)  # [n, Hq*D]      -> o
-    mlp: list[np.ndarray] = field(default_factory=list)  # [n, H]       -> gate, up
-    down: list[np.ndarray] = field(default_factory=list)  # [n, I]      -> down
+    attn: list[InputStats] = field(default_factory=list)  # K = H      -> q, k, v
+    o: list[InputStats] = field(default_factory=list)  # K = Hq*D      -> o
+    mlp: list[InputStats] = field(default_factory=list)  # K = H       -> gate, up
+    down: list[InputStats] = field(default_factory=list)  # K = I      -> down
 
-    def of(self, layer: int, linear: str) -> np.ndarray:
+    def of(self, layer: int, linear: str) -> InputStats:
         group = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "down": "down"}
         return getattr(self, group[linear])[layer]
 
@@ -152,23 +194,21 @@ class LinearInputs:
 def capture_linear_inputs(
     args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress = lambda _m: None
 ) -> LinearInputs:
-    """Run the float64 reference over the calibration sequences, recording every Linear's input."""
+    """Run the float64 reference over the calibration sequences, accumulating every Linear's input statistics."""
     ref = ReferenceModel(args, weights)
-    rows: dict[tuple[int, str], list[np.ndarray]] = {}
+    stats: dict[tuple[int, str], InputStats] = {}
     for i, lw in enumerate(ref.layers):
         for f, group in TAPPED.items():
-
-            def sink(x: np.ndarray, key: tuple[int, str] = (i, group)) -> None:
-                rows.setdefault(key, []).append(x.reshape(-1, x.shape[-1]).astype(np.float32))
-
-            setattr(lw, f, _Tap(getattr(lw, f), sink))
+            key = (i, group)
+            stats[key] = InputStats.empty(getattr(lw, f).shape[1])
+            setattr(lw, f, _Tap(getattr(lw, f), stats[key].add))
     for n, seq in enumerate(calib.sequences):
         progress(f"  calibration forward {n + 1}/{len(calib.sequences)} ({len(seq)} tokens)")
         ref.forward(seq)
     out = LinearInputs()
     for i in range(len(ref.layers)):
         for group in TAPPED.values():
-            getattr(out, group).append(np.concatenate(rows[(i, group)]))
+            getattr(out, group).append(stats[(i, group)])
     return out
 
 

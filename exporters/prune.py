@@ -72,7 +72,7 @@ def _chunks(order: np.ndarray, total: int, step: int, keep_min: int) -> list[np.
 def _layer_chunks(i: int, lw: LayerWeights, acts: LinearInputs, d: int, unit: int) -> list[list[_Chunk]]:
     h = lw.q.shape[1]
     inter = lw.down.shape[1]
-    ch = np.linalg.norm(acts.down[i], axis=0) * np.linalg.norm(lw.down, axis=0)  # [I]
+    ch = acts.down[i].column_norms * np.linalg.norm(lw.down, axis=0)  # [I]
     per_channel = 3 * h  # weights only (biases are noise): the same count as `prunable` below
     mlp = [
         _Chunk(i, "mlp", idx, float(ch[idx].sum()), per_channel * len(idx))
@@ -81,7 +81,7 @@ def _layer_chunks(i: int, lw: LayerWeights, acts: LinearInputs, d: int, unit: in
 
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     grp = hq // hkv
-    col = np.linalg.norm(acts.o[i], axis=0) * np.linalg.norm(lw.o, axis=0)  # [Hq*D], grouped by KV head
+    col = acts.o[i].column_norms * np.linalg.norm(lw.o, axis=0)  # [Hq*D], grouped by KV head
     head = col.reshape(hkv, grp * d).sum(axis=1)
     m = unit // math.gcd(unit, grp * d)  # fewest KV heads whose o_proj columns are a multiple of unit
     per_head = (2 * grp + 2) * d * h  # q, o: G*D*H each; k, v: D*H each

@@ -22,7 +22,7 @@ import numpy as np
 
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 
-from .calibrate import LinearInputs, copy_layer
+from .calibrate import InputStats, LinearInputs, copy_layer
 from .quant import quantize_rtn
 
 ALPHAS = tuple(np.round(np.arange(20) * 0.05, 2))  # 0, 0.05, ..., 0.95 as in the AWQ paper
@@ -36,14 +36,14 @@ class ScaleSearch:
 
 
 def search_scales(
-    x: np.ndarray, weights: list[np.ndarray], block: int, tie: tuple[int, int, int] | None = None
+    x: InputStats, weights: list[np.ndarray], block: int, tie: tuple[int, int, int] | None = None
 ) -> ScaleSearch:
-    """Grid-search alpha for Linears `weights` ([out, K] each) that share the input `x` [n, K].
+    """Grid-search alpha for Linears `weights` ([out, K] each) that share the input X (statistics `x`).
 
     `tie = (Hkv, G, D)` makes the scale equal across the G query heads of each KV head (o_proj).
     """
-    gram = x.astype(np.float64).T @ x  # ||X D^T||^2 = sum((D G) * D): K x K instead of n x K per candidate
-    mean = np.abs(x).mean(axis=0)
+    gram = x.gram  # ||X D^T||^2 = sum((D G) * D): K x K instead of n x K per candidate
+    mean = x.mean_abs
     if tie is not None:
         hkv, grp, d = tie
         mean = np.broadcast_to(mean.reshape(hkv, grp, d).mean(axis=1, keepdims=True), (hkv, grp, d)).reshape(-1)
@@ -101,10 +101,10 @@ def apply_awq(
                 down=lw.down * dn.scales,
             )
         )
-        seen.attn.append(acts.attn[i] / qkv.scales)
-        seen.o.append(acts.o[i] / o.scales)
-        seen.mlp.append(acts.mlp[i] / gu.scales)
-        seen.down.append(acts.down[i] / dn.scales)
+        seen.attn.append(acts.attn[i].divided(qkv.scales))
+        seen.o.append(acts.o[i].divided(o.scales))
+        seen.mlp.append(acts.mlp[i].divided(gu.scales))
+        seen.down.append(acts.down[i].divided(dn.scales))
         record[f"layer {i}"] = {
             name: {"alpha": r.alpha, "loss_vs_rtn": round(r.loss_ratio, 4)}
             for name, r in (("qkv", qkv), ("o", o), ("gate_up", gu), ("down", dn))

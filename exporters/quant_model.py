@@ -20,7 +20,7 @@ import numpy as np
 
 from edge_runtime.models import ModelArgs, ModelWeights, WeightNames
 
-from .calibrate import LinearInputs, copy_layer
+from .calibrate import InputStats, LinearInputs, copy_layer
 from .quant import QuantConfig, QuantizedMatrix, QuantMethod, check_block, gptq, quantize_rtn, relative_error
 from .quant_awq import apply_awq
 
@@ -83,20 +83,18 @@ def quantize_model(
     per_tensor: dict[str, dict[str, Any]] = {}
     out = QuantizedModel(config, weights, tensors, {})  # `weights` replaced below
 
-    def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: np.ndarray | None) -> np.ndarray:
+    def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> np.ndarray:
         deq = qm.dequantize()
         tensors[name] = qm
         entry = {"bits": qm.bits, "block": "channel" if qm.per_channel else qm.block, "rel_err": relative_error(deq, w)}
         if x is not None:  # the error that matters: of the Linear's output on calibration inputs
-            x32 = x.astype(np.float32)
-            entry["rel_out_err"] = relative_error(x32 @ deq.T, x32 @ w.T.astype(np.float32))
+            entry["rel_out_err"] = x.output_error(deq, w)
         per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
         out.bind(deq, qm)
         return deq
 
     layers = []
     for i, lw in enumerate(weights.layers):
-        hessians: dict[str, np.ndarray] = {}
         new = {}
         for f in LINEARS:
             w, name = getattr(lw, f), names.layer[f].format(i=i)
@@ -104,11 +102,7 @@ def quantize_model(
             if bits == 8:
                 qm = quantize_rtn(w, 8)
             elif method is QuantMethod.INT4_GPTQ:
-                group = {"k": "q", "v": "q", "up": "gate"}.get(f, f)
-                if group not in hessians:
-                    x64 = x.astype(np.float64)
-                    hessians[group] = x64.T @ x64
-                qm = gptq(w, hessians[group], 4, block)
+                qm = gptq(w, x.gram, 4, block)
             else:
                 qm = quantize_rtn(w, 4, block)
             new[f] = add(name, w, qm, x)

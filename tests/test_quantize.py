@@ -16,7 +16,7 @@ from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 from edge_runtime.cli.export import main as export_cli
 from edge_runtime.errors import ExportError
 from edge_runtime.exporters import ReferenceModel, load_checkpoint
-from edge_runtime.exporters.calibrate import capture_linear_inputs, load_calibration
+from edge_runtime.exporters.calibrate import InputStats, capture_linear_inputs, load_calibration
 from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, quantize_rtn
@@ -128,6 +128,30 @@ def test_gptq_lowers_output_error_against_rtn():
     print(f"output error RTN {out_err[0]:.4f}, GPTQ {out_err[1]:.4f}")
     assert out_err[1] < 0.8 * out_err[0]
     assert opt.codes.min() >= -8 and opt.codes.max() <= 7 and (opt.scales > 0).all()
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    return float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())  # float32 products, float64 sums
+
+
+def test_input_statistics_are_what_the_rows_give():
+    """Calibration keeps X^T X and sum |X| per Linear group, added a sequence at a time: the same
+    Gram matrix, output error and scaled statistics as the rows themselves."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((300, 64)) * np.exp(rng.standard_normal(64))
+    stats = InputStats.empty(64)
+    for part in np.array_split(x, 3):
+        stats.add(part)
+    x32 = x.astype(np.float32).astype(np.float64)  # the statistics are of float32 rows
+    assert stats.rows == 300 and _close(stats.gram, x32.T @ x32)
+    assert _close(stats.mean_abs, np.abs(x32).mean(axis=0)) and _close(stats.column_norms, np.linalg.norm(x32, axis=0))
+    w = rng.standard_normal((32, 64))
+    q = quantize_rtn(w, 4, 32).dequantize()
+    direct = np.linalg.norm(x32 @ (q - w).T) / np.linalg.norm(x32 @ w.T)
+    assert stats.output_error(q, w) == pytest.approx(direct, rel=1e-4)
+    s = np.exp(rng.standard_normal(64))
+    scaled = stats.divided(s)
+    assert _close(scaled.gram, (x32 / s).T @ (x32 / s)) and _close(scaled.mean_abs, np.abs(x32 / s).mean(axis=0))
 
 
 def test_awq_scaling_is_folded_exactly(ckpts, acts):
