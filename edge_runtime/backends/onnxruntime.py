@@ -101,6 +101,7 @@ class OrtBackend:
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
         self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
         self._decode_binding = self._bind_decode()
+        self._chunk_io: ort.IOBinding | None = None
 
     def kernel_ops(self) -> set[str]:
         """The edge-runtime ops (kernels.DOMAIN) the graph runs, subgraphs included."""
@@ -171,17 +172,27 @@ class OrtBackend:
                 self.pool.keys[i][:, :, row] = self.pool.new_keys[i][:, :, 0]
                 self.pool.values[i][:, :, row] = self.pool.new_values[i][:, :, 0]
 
+    def _chunk_binding(self) -> ort.IOBinding:
+        """The binding chunks reuse: the K/V buffers and the rotary caches stay bound (rebinding the 4 x
+        layers K/V names cost ~0.3 ms a call, a tenth of a 2-row verification on the 135M model); each
+        call rebinds only its step inputs and outputs, whose shapes vary."""
+        if self._chunk_io is None:
+            io = self._chunk_io = self.session.io_binding()
+            self._caches = {"cos_cache": _ov(self.pool.decode.cos_cache), "sin_cache": _ov(self.pool.decode.sin_cache)}
+            for name, value in self._caches.items():
+                if name in self.inputs:
+                    io.bind_ortvalue_input(name, value)
+            self._bind_kv(io, self._kv)
+        return self._chunk_io
+
     def run_chunk(self, ids: np.ndarray, plan: StepInputs, keep: int) -> np.ndarray:
         """A prefill chunk of n tokens (shapes vary per chunk, so this binding is built per call).
         Returns the logits of the last `keep` tokens, [keep, V]."""
         n = ids.shape[0]
-        io = self.session.io_binding()
-        feeds = plan.feeds(ids, keep)
-        feeds |= {"cos_cache": self.pool.decode.cos_cache, "sin_cache": self.pool.decode.sin_cache}
-        held = {name: _ov(np.ascontiguousarray(a)) for name, a in feeds.items() if name in self.inputs}
+        io = self._chunk_binding()
+        held = {name: _ov(np.ascontiguousarray(a)) for name, a in plan.feeds(ids, keep).items() if name in self.inputs}
         for name, value in held.items():
             io.bind_ortvalue_input(name, value)
-        self._bind_kv(io, self._kv)
         logits = np.empty((1, keep, self.pool.logits.shape[-1]), np.float32)
         io.bind_ortvalue_output("logits", _ov(logits))
         new = []
