@@ -44,6 +44,10 @@ class LoadOptions:
     position_offset: int = 0  # absolute position of the first token (tests emulate long streams)
     verify: bool | VerifyMode = True  # True: "sampled" (bundle.py); "full" hashes every byte; False: "off"
     profile: Path | None = None  # ONNX Runtime per-node profile: JSON file prefix (written by end_profiling)
+    # False: the compute threads sleep between calls instead of spinning. Two engines taking turns in one
+    # process (a speculative draft and its target) must not spin: each one's idle threads would hold the
+    # cores the other is running on.
+    spin: bool = True
 
 
 class Engine:
@@ -75,7 +79,9 @@ class Engine:
             gqa_while_linear="ring_full" in m.graph.inputs,
         )
         self.pool.decode.cos_cache[:], self.pool.decode.sin_cache[:] = self.ring.rotary_cache(self.pool.keys[0].dtype)
-        self.backend = OrtBackend(bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile)
+        self.backend = OrtBackend(
+            bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile, spin=opts.spin
+        )
         self._decoding = False
         self._decode_steps = 0  # counts to the next whole-row output check
 

@@ -14,6 +14,7 @@ A proposer sees the stream through `start` (the tokens the target holds when a r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,9 @@ class Proposal:
     tokens: list[int]
     arm: Hashable = None  # which source proposed them (acceptance is tracked per arm)
     q: list[np.ndarray] | None = None  # the draft's distribution of each token when it sampled them; None: chosen
+    # Seconds of the proposing spent catching a draft up on tokens it missed (the prompt, a pause): a cost
+    # of having paused, not of this step, so the decoder leaves it out of the step's measured gain.
+    catch_up_s: float = 0.0
 
 
 NONE = Proposal([])
@@ -150,7 +154,11 @@ class DraftModel:
             return NONE
         assert self._sampler is not None
         e, sampler = self.engine, self._sampler
+        t0 = time.perf_counter()
         logits = e.decode(self._unfed[0]) if len(self._unfed) == 1 else e.prefill(self._unfed)
+        # In step, the draft has 1-2 new tokens (the last accepted ones and the target's own); more is a
+        # catch-up after the prompt or a pause.
+        catch_up = time.perf_counter() - t0 if len(self._unfed) > 2 else 0.0
         self._unfed = []
         tokens: list[int] = []
         q: list[np.ndarray] | None = None if sampler.params.greedy else []
@@ -164,4 +172,4 @@ class DraftModel:
             if j < k - 1:
                 logits = e.decode(tokens[-1])
         self._drafted = k - 1
-        return Proposal(tokens, arm=self.ARM, q=q)
+        return Proposal(tokens, arm=self.ARM, q=q, catch_up_s=catch_up)

@@ -217,7 +217,7 @@ class SpeculativeDecoder:
                     self.proposer.advance([step.token], 0)
                     continue
                 out = self._verify(turn, walk, proposal)
-                self._verified(proposal, len(out) - 1, time.perf_counter() - t0)
+                self._verified(proposal, len(out) - 1, time.perf_counter() - t0 - proposal.catch_up_s)
                 self.proposer.advance([s.token for s in out], len(out) - 1)
                 ahead = len(out) - 1
                 for s in out[:-1]:  # accepted proposals: fed already
@@ -412,7 +412,7 @@ def from_options(
     else:
         from .engine import LoadOptions, load
 
-        d = load(draft, LoadOptions(threads=threads))
+        d = load(draft, LoadOptions(threads=threads, spin=False))  # it takes turns with the target
         check_draft(engine.manifest, d.manifest, f"draft bundle '{draft}'")
         spec = SpeculativeDecoder(DraftModel(d), k=DRAFT_K if k is None else k)
     spec.check(engine)

@@ -76,7 +76,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--window", type=int, default=1020, help="ring window (S + W <= the model's context)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--llama-cpp-bin", type=Path, help="a llama.cpp build's bin/ (llama-lookup, llama-completion)")
+    ap.add_argument("--gguf", type=Path, help="the same checkpoint as a GGUF, for the llama.cpp rows")
+    ap.add_argument("--llama-k", type=int, action="append", help="llama-lookup's --spec-draft-n-max [3 and 8]")
     args = ap.parse_args()
+    if (args.llama_cpp_bin is None) != (args.gguf is None):
+        ap.error("--llama-cpp-bin and --gguf go together")
 
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.proposers import DraftModel, PromptLookup
@@ -87,7 +92,9 @@ def main() -> None:
     engine = load(args.bundle, opts)
     tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
     tasks = {"grounded": [{"role": "user", "content": GROUNDED}], "free-form": [{"role": "user", "content": FREE}]}
-    draft = None if args.draft is None else load(args.draft, LoadOptions(window=args.window, threads=args.threads))
+    # The draft's threads sleep between its calls: spinning, they would hold the cores the target runs on.
+    draft_opts = LoadOptions(window=args.window, threads=args.threads, spin=False)
+    draft = None if args.draft is None else load(args.draft, draft_opts)
     modes = ["plain", "lookup"] + ([] if draft is None else ["draft"])
     # One decoder per task and mode (its arms adapt over the rounds, as a long-lived decoder would).
     decoders: dict[tuple[str, str], Any] = {}
@@ -97,12 +104,30 @@ def main() -> None:
         if draft is not None:
             decoders[(task, "draft")] = SpeculativeDecoder(DraftModel(draft), k=args.draft_tokens)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {(t, m): [] for t in tasks for m in modes}
+    llama: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    if args.gguf is not None:
+        from llamacpp_lookup import lookup, plain  # a sibling script
+
+        from edge_runtime.chat import ChatTemplate
+
+        template = ChatTemplate.for_bundle(engine.bundle)
+        texts = {t: template.render(m) for t, m in tasks.items()}
+        llama_modes = ["plain"] + [f"lookup k={k}" for k in args.llama_k or [3, 8]]
+        llama = {(t, m): [] for t in tasks for m in llama_modes}
     run_once(engine, tok, tasks["free-form"], 16, None)  # warm-up: first-call allocations, page faults
     for r in range(args.rounds):
         for task, messages in tasks.items():
             order = modes if r % 2 == 0 else modes[::-1]  # interleaved, alternating order
             for mode in order:
                 runs[(task, mode)].append(run_once(engine, tok, messages, args.max_tokens, decoders[(task, mode)]))
+            for mode in [m for (t, m) in llama if t == task]:
+                n = args.max_tokens
+                if mode == "plain":
+                    res = plain(args.llama_cpp_bin, args.gguf, texts[task], n, args.threads)
+                else:
+                    k = int(mode.split("=")[1])
+                    res = lookup(args.llama_cpp_bin, args.gguf, texts[task], n, args.threads, k)
+                llama[(task, mode)].append(res)
     report: dict[str, Any] = {
         "cpu": cpu_model(),
         "bundle": str(args.bundle),
@@ -136,6 +161,23 @@ def main() -> None:
             acc = f"{row.get('acceptance', 0):7.2f}" if mode != "plain" else f"{'-':>7s}"
             tpc = f"{row.get('tokens_per_step', 1):8.2f}" if mode != "plain" else f"{'1':>8s}"
             print(f"{task:10s} {mode:7s} {tps:7.2f} {row['ratio']:8.3f} {acc} {tpc} {row['same_tokens']!s:>5s}")
+    if llama:
+        print(f"llama.cpp on {args.gguf.name} (fresh processes, greedy, the same prompt text):")
+        report["llama_cpp"] = {"gguf": str(args.gguf), "rows": []}
+        for task in tasks:
+            base = statistics.median(x["decode_tps"] for x in llama[(task, "plain")])
+            ours = statistics.median(x["decode_tps"] for x in runs[(task, "plain")])
+            for mode in [m for (t, m) in llama if t == task]:
+                xs = llama[(task, mode)]
+                tps = statistics.median(x["decode_tps"] for x in xs)
+                acc = [x["acceptance"] for x in xs if x.get("acceptance") is not None]
+                row = {"task": task, "mode": mode, "decode_tps": round(tps, 2), "ratio": round(tps / base, 3),
+                       "acceptance": round(statistics.median(acc), 3) if acc else None,
+                       "per_round_tps": [round(x["decode_tps"], 2) for x in xs]}  # fmt: skip
+                report["llama_cpp"]["rows"].append(row)
+                a = f"{row['acceptance']:7.2f}" if acc else f"{'-':>7s}"
+                print(f"{task:10s} {mode:11s} {tps:7.2f} {row['ratio']:8.3f} {a}")
+            print(f"{task:10s} ours plain / llama.cpp plain decode: {ours / base:.3f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

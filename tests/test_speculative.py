@@ -364,3 +364,22 @@ def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(edge_int4, r
     assert engine.ring.written > 3 * engine.geometry.capacity  # the ring wrapped three times
     assert st.verify_steps > 5 and st.proposed / st.verify_steps > 4  # chunks past the old 4-row cap
     assert sum(rows > 1 and full for rows, full in calls) > 5  # verified on the full ring
+
+
+def test_a_draft_catching_up_reports_it_and_sleeps_between_calls(tied_bundle):
+    """The first proposal after a long context feeds the draft the whole context: that catch-up is
+    reported apart (the decoder leaves it out of the step's gain, or a draft's first probe always loses);
+    a step in step feeds 1-2 tokens and reports none. from_options loads a draft whose threads sleep."""
+    from edge_runtime.speculative import from_options
+
+    target = load(tied_bundle, SMALL)
+    draft = DraftModel(load(tied_bundle, dataclasses.replace(SMALL, spin=False)))
+    context = repetitive_prompt(320)[:20]
+    draft.start(target, context, SamplingParams())
+    first = draft.propose(lambda arm: 3)
+    assert len(first.tokens) == 3 and first.catch_up_s > 0
+    draft.advance([first.tokens[0], 7], 1)
+    assert draft.propose(lambda arm: 3).catch_up_s == 0.0
+    spec = from_options(target, None, tied_bundle, 2)
+    options = spec.proposer.engine.backend.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -74,8 +74,11 @@ class OrtBackend:
         threads: int | None = None,
         log_severity: int = 3,
         profile: Path | None = None,
+        spin: bool = True,
     ):
         so = ort.SessionOptions()
+        if not spin:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = log_severity
         threads = bounded_threads(threads)
         if threads:
