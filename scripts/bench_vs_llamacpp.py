@@ -1,7 +1,7 @@
 """Side-by-side speed against llama.cpp (llama-bench) on random-weight checkpoints of real shapes (issue 7).
 
-    python scripts/bench_vs_llamacpp.py --llama-cpp DIR [--shape smollm2-135m] [--precision int4 ...]
-                                        [--rounds 3] [--pure] [--work /tmp/edge-vs-llamacpp]
+    python scripts/bench_vs_llamacpp.py --llama-cpp DIR [--shape smollm2-135m | --checkpoint NAME=CKPT_DIR]
+                                        [--precision int4 ...] [--rounds 3] [--pure] [--work /tmp/edge-vs-llamacpp]
 
 DIR is a llama.cpp source tree built for this CPU (`cmake -B build -DGGML_NATIVE=ON && cmake --build
 build --target llama-bench llama-quantize`); its converter runs from the tree (`gguf-py`, `conversion/`)
@@ -143,8 +143,9 @@ def parse_llama_bench(out: str, prompt: int, gen: int) -> dict[str, float]:
     return {"prefill_tps": pp[0]["avg_ts"], "decode_tps": tg[0]["avg_ts"], "decode_samples": tg[0]["samples_ts"]}
 
 
-def bench_pair(a: argparse.Namespace, lc: LlamaCpp, shape: str, precision: str, log: Path) -> dict[str, Any]:
-    ckpt = ensure_checkpoint(a.shapes_dir, shape)
+def bench_pair(
+    a: argparse.Namespace, lc: LlamaCpp, shape: str, ckpt: Path, precision: str, log: Path
+) -> dict[str, Any]:
     work = a.work / shape
     work.mkdir(parents=True, exist_ok=True)
     prompt_file = work / "prompt.json"
@@ -251,11 +252,20 @@ def llama_cpp_version(root: Path) -> str:
         return "unknown commit"
 
 
+def checkpoint_arg(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not Path(path).is_dir():
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR with DIR a checkpoint directory, got {text!r}")
+    return name, Path(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp source tree, built")
     ap.add_argument("--build-dir", default="build", help="its CMake build folder, relative to it [build]")
     ap.add_argument("--shape", action="append", choices=("smollm2-135m", "llama-3.2-1b"), help="[smollm2-135m]")
+    ap.add_argument("--checkpoint", action="append", type=checkpoint_arg, metavar="NAME=DIR",
+                    help="a Hugging Face checkpoint directory (pretrained), NAME in the tables")  # fmt: skip
     ap.add_argument("--precision", action="append", choices=tuple(PRECISIONS), help="[fp32, int8, int4]")
     ap.add_argument("--pure", action="store_true", help="llama-quantize --pure: no Q6_K LM head under Q4_0")
     ap.add_argument("--block", type=int, default=32, help="our int4 block size (Q4_0's is 32) [32]")
@@ -284,10 +294,17 @@ def main(argv: list[str] | None = None) -> int:
         "threads": a.threads,
         "quant_mix": "--pure (every matrix the named type)" if a.pure else "llama-quantize default mixture",
     }
-    shapes, precisions = a.shape or ["smollm2-135m"], a.precision or list(PRECISIONS)
-    rows, env["bandwidth_detail"] = between_bandwidth_reads(
-        a.threads, log, lambda: [bench_pair(a, lc, s, p, log) for s in shapes for p in precisions]
-    )
+    precisions = a.precision or list(PRECISIONS)
+    models = [(s, None) for s in a.shape or ([] if a.checkpoint else ["smollm2-135m"])] + (a.checkpoint or [])
+
+    def measure() -> list[dict[str, Any]]:
+        rows = []
+        for name, ckpt in models:
+            ckpt = ckpt or ensure_checkpoint(a.shapes_dir, name)
+            rows += [bench_pair(a, lc, name, ckpt, p, log) for p in precisions]
+        return rows
+
+    rows, env["bandwidth_detail"] = between_bandwidth_reads(a.threads, log, measure)
     env["load_after"] = load_average()
     report(tables, rows, env, a.json)
     return 0
