@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.bench.environment import cpu_model
+from edge_runtime import kernels
+from edge_runtime.bench.environment import cpu_features, cpu_model
 
 GROUNDED = (
     'Rewrite this JSON exactly as given, with two changes: set "status" of the task "charge battery" to '
@@ -130,6 +131,8 @@ def main() -> None:
                 llama[(task, mode)].append(res)
     report: dict[str, Any] = {
         "cpu": cpu_model(),
+        "cpu_features": ", ".join(cpu_features()) or "unknown",
+        "edge_kernels": kernels.isa() or "not available",
         "bundle": str(args.bundle),
         "draft": str(args.draft) if args.draft else None,
         "threads": args.threads,
@@ -137,7 +140,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "results": [],
     }
-    print(f"cpu: {report['cpu']} | threads {args.threads} | {args.rounds} rounds | {args.max_tokens} tokens")
+    print(f"cpu: {report['cpu']} ({report['cpu_features']}; edge kernels {report['edge_kernels']}) | "
+          f"threads {args.threads} | {args.rounds} rounds | {args.max_tokens} tokens")  # fmt: skip
     print(f"{'task':10s} {'mode':7s} {'tok/s':>7s} {'x plain':>8s} {'accept':>7s} {'tok/call':>8s} {'same':>5s}")
     for task in tasks:
         base = statistics.median(x["decode_tps"] for x in runs[(task, "plain")])

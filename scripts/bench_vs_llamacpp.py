@@ -207,7 +207,8 @@ def bench_pair(
 
 def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) -> str:
     out = [
-        f"Machine: {env['cpu']} ({env['cores']} cores), load average {env['load_before']} before / "
+        f"Machine: {env['cpu']} ({env['cores']} cores; {env['cpu_features']}; edge kernels {env['edge_kernels']}), "
+        f"load average {env['load_before']} before / "
         f"{env['load_after']} after; llama.cpp {env['llama_cpp']}; prompt {env['prompt_tokens']} tokens, "
         f"{env['gen_tokens']} generated, {env['threads']} threads; llama.cpp quantization: {env['quant_mix']}.",
         f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s."

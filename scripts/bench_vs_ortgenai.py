@@ -377,7 +377,8 @@ def round_share_cell(shares: list[float] | None) -> str:
 
 def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) -> str:
     out = [
-        f"Machine: {env['cpu']} ({env['cores']} cores), load average {env['load_before']} before / "
+        f"Machine: {env['cpu']} ({env['cores']} cores; {env['cpu_features']}; edge kernels {env['edge_kernels']}), "
+        f"load average {env['load_before']} before / "
         f"{env['load_after']} after; onnxruntime {env['onnxruntime']}, onnxruntime-genai {env['onnxruntime_genai']}; "
         f"prompt {env['prompt_tokens']} tokens, {env['gen_tokens']} generated, greedy, {env['threads']} threads; "
         f"our ring capacity: {env['our_window']}.",
@@ -462,7 +463,16 @@ def load_average() -> str:
 
 def machine_env() -> dict[str, Any]:
     """What every table's header says about the machine (the load average again at the end)."""
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_before": load_average()}
+    from edge_runtime import kernels
+    from edge_runtime.bench.environment import cpu_features
+
+    return {
+        "cpu": cpu_name(),
+        "cpu_features": ", ".join(cpu_features()) or "unknown",
+        "edge_kernels": kernels.isa() or "not available",
+        "cores": os.cpu_count(),
+        "load_before": load_average(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

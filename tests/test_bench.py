@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from edge_runtime.bench import fieldlog
-from edge_runtime.bench.environment import bundle_sha256
+from edge_runtime.bench.environment import bundle_sha256, cpu_features, environment
 from edge_runtime.bench.figures import MAIN_FIGURES, get
 from edge_runtime.bench.plot import power_html
 from edge_runtime.bench.report import REPORT_VERSION, build_report, compare, format_report, read_report, write_json
@@ -121,6 +121,25 @@ def test_report_has_every_field_and_consistent_values(estimate_run, bundle):
         if all(v is not None for v in values):
             assert get(med, path) == pytest.approx(statistics.median(values))
     assert json.loads(json.dumps(report)) == report  # plain JSON all the way down
+
+
+def test_reports_name_the_cpu_its_kernel_features_and_the_kernels_that_ran(tmp_path, estimate_run):
+    """Figures move with the CPU (AMX, VNNI, NEON dot product...): every report names them."""
+    x86, arm = tmp_path / "x86", tmp_path / "arm"
+    (x86 / "proc").mkdir(parents=True)
+    (x86 / "proc/cpuinfo").write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+        "flags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw avx512_vnni amx_tile amx_int8\n"
+    )
+    (arm / "proc").mkdir(parents=True)
+    (arm / "proc/cpuinfo").write_text("processor\t: 0\nFeatures\t: fp asimd aes crc32 asimddp\nCPU part\t: 0xd0b\n")
+    assert cpu_features(x86) == ["AVX2", "FMA", "F16C", "AVX-512F", "AVX-512 VNNI", "AMX-INT8"]
+    assert cpu_features(arm) == ["NEON", "NEON dot product"] and cpu_features(tmp_path) == []
+    env = environment(x86)
+    assert env["cpu"] == "Intel(R) Xeon(R) Processor" and "AMX-INT8" in env["cpu_features"]
+    _, report, _ = estimate_run
+    cpu = [ln for ln in format_report(report).splitlines() if ln.startswith("cpu ")]
+    assert cpu and "edge kernels:" in cpu[0] and report["environment"]["cpu_features"] == cpu_features()
 
 
 def test_warmup_runs_are_excluded_from_the_figures(estimate_run):

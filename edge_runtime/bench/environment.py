@@ -28,6 +28,35 @@ def cpu_model(root: Path | str = "/", default: str | None = None) -> str:
     return default if default is not None else (platform.processor() or platform.machine() or "unknown")
 
 
+# /proc/cpuinfo flags that decide which kernels run and how fast (x86 `flags`, ARM `Features`), in the
+# names reports use: every speed figure names them, since the CPU changes between machines and sessions.
+_FEATURES = {
+    "avx2": "AVX2",
+    "fma": "FMA",
+    "f16c": "F16C",
+    "avx512f": "AVX-512F",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "avx512_bf16": "AVX-512 BF16",
+    "amx_int8": "AMX-INT8",
+    "amx_bf16": "AMX-BF16",
+    "asimd": "NEON",
+    "asimddp": "NEON dot product",
+    "i8mm": "I8MM",
+    "sve": "SVE",
+}
+
+
+def cpu_features(root: Path | str = "/") -> list[str]:
+    """The kernel-relevant features of the first CPU in /proc/cpuinfo, in _FEATURES' order ([] if unknown)."""
+    for line in _read(Path(root) / "proc/cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            have = set(value.split())
+            return [name for flag, name in _FEATURES.items() if flag in have]
+    return []
+
+
 def device_name(root: Path | str = "/") -> str:
     """The board's device-tree model (Jetson, Pi), else DMI product and CPU model (x86), else the machine type."""
     root = Path(root)
@@ -61,6 +90,8 @@ def environment(root: Path | str = "/") -> dict[str, Any]:
 
     return {
         "device": device_name(root),
+        "cpu": cpu_model(root),
+        "cpu_features": cpu_features(root),
         "machine": platform.machine(),
         "os": platform.platform(),
         "python": platform.python_version(),

@@ -135,6 +135,13 @@ def read_report(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def cpu_line(env: Mapping[str, Any]) -> str:
+    """The CPU, its kernel-relevant features and the kernels that ran: every speed figure depends on them."""
+    features = ", ".join(env.get("cpu_features") or []) or "features unknown"
+    kernels = env.get("edge_kernels") or "not available"
+    return f"{env.get('cpu', 'unknown')} ({features}); edge kernels: {kernels}"
+
+
 def format_report(report: Mapping[str, Any]) -> str:
     """The text edge-bench prints: settings, boundary, medians, and every energy figure labelled."""
     m, s, med = report["measurement"], report["settings"], report["median"]
@@ -142,6 +149,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [
         f"device      {report['environment']['device']} | target {report['target']['name']} | "
         f"onnxruntime {report['environment']['onnxruntime']}",
+        f"cpu         {cpu_line(report['environment'])}",
         f"bundle      {report['bundle']['path']} sha256 {report['bundle']['sha256'][:16]}... "
         f"({report['bundle']['weight_bytes_per_token'] / 1e6:.2f} MB weights read per token)",
         f"settings    {s['prompt_tokens']} prompt + {s['gen_tokens']} generated tokens (greedy, EOS ignored), "
