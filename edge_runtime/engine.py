@@ -22,7 +22,7 @@ from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, VerifyMode, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
 from .logits_check import CHECK_EVERY, check_row, check_token
-from .manifest import LINEAR_UNTIL_FULL
+from .manifest import LINEAR_UNTIL_FULL, KvUpdate
 from .pool import StaticPool
 from .ring import RingGeometry, RingState, geometry_problem
 
@@ -54,7 +54,7 @@ class Engine:
     def __init__(self, bundle: Bundle, opts: LoadOptions):
         m = bundle.manifest
         self.bundle, self.manifest = bundle, m
-        self.host_copy = m.graph.kv["update"] == "host_copy"
+        self.host_copy = m.graph.kv_update is KvUpdate.HOST_COPY
         if not self.host_copy and m.graph.kv.get("attended_columns") != LINEAR_UNTIL_FULL:
             raise BundleError(
                 f"'{bundle.path}' holds an `ort` graph of an earlier edge-runtime (KV layout "

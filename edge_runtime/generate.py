@@ -15,6 +15,7 @@ carries what was produced: the closing event (finish_reason "cancelled", the run
 
 from __future__ import annotations
 
+import enum
 import resource
 import sys
 import time
@@ -51,6 +52,21 @@ class GenerationConfig:
             raise EdgeRuntimeError("stop strings must be non-empty")
 
 
+class FinishReason(str, enum.Enum):
+    """Why a generation ended. A str, so it compares, serializes and prints as its value ("eos")."""
+
+    EOS = "eos"  # the model emitted an end-of-sequence token
+    STOP = "stop"  # a stop string matched
+    LENGTH = "length"  # max_tokens reached
+    CANCELLED = "cancelled"  # the caller interrupted it
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int
@@ -60,7 +76,7 @@ class GenerationStats:
     decode_s: float
     itl_ms: dict[str, float]  # inter-token latency percentiles p50, p90, p99 (within 1%: latency.py)
     peak_rss_bytes: int
-    finish_reason: str  # "eos" | "stop" | "length" | "cancelled"
+    finish_reason: FinishReason
 
     @property
     def prefill_tps(self) -> float:
@@ -91,7 +107,7 @@ class TokenEvent:
     text: str  # text completed by this token (may be empty while a character is incomplete)
     index: int  # 0-based position among generated tokens
     elapsed_s: float  # since the start of the request
-    finish_reason: str | None = None  # set on the last event only
+    finish_reason: FinishReason | None = None  # set on the last event only
     stats: GenerationStats | None = None  # set on the last event only
 
 
@@ -293,7 +309,7 @@ def stream_generate(
     prefill_s = first_s = 0.0
     last = t0
     index = produced = 0
-    reason = "length"
+    reason = FinishReason.LENGTH
     try:
         for index, token in enumerate(steps):
             now = time.perf_counter()
@@ -306,8 +322,8 @@ def stream_generate(
             finished = token in eos
             text, hit = ("", False) if finished else stops.push(detok.add(token))
             if finished or hit or index + 1 >= config.max_tokens:
-                reason = "eos" if finished else "stop" if hit else "length"
-                if reason == "length":
+                reason = FinishReason.EOS if finished else FinishReason.STOP if hit else FinishReason.LENGTH
+                if reason is FinishReason.LENGTH:
                     tail, hit = stops.push(detok.flush())
                     text += tail + ("" if hit else stops.pending)
                 yield _final(token, text, index, index + 1, t0, reason, prompt_ids, first_s, prefill_s, itl)
@@ -316,7 +332,7 @@ def stream_generate(
             yield TokenEvent(token_id=token, text=text, index=index, elapsed_s=now - t0)
     except KeyboardInterrupt:  # re-raised, never swallowed: the caller's loop must stop too
         text = stops.pending  # text held back for a possible stop string is released on cancel
-        final = _final(-1, text, produced, produced, t0, "cancelled", prompt_ids, first_s, prefill_s, itl)
+        final = _final(-1, text, produced, produced, t0, FinishReason.CANCELLED, prompt_ids, first_s, prefill_s, itl)
         raise GenerationCancelled(final) from None
     finally:
         steps.close()
@@ -328,7 +344,7 @@ def _final(
     index: int,
     generated: int,
     t0: float,
-    reason: str,
+    reason: FinishReason,
     prompt_ids: Sequence[int],
     first_s: float,
     prefill_s: float,

@@ -8,6 +8,7 @@ geometry, tokenizer ids, generation defaults, and the quantization/validation/pr
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import os
@@ -36,6 +37,13 @@ LINEAR_UNTIL_FULL = "seqlens_k_until_full_then_capacity"
 # Graph output of bundles whose LM head is a MatMulQ4 or MatMulQ8: numpy.argmax of each kept row's logits, [1, kept, 1]
 # int64 (the greedy token, computed where the logits were written; older bundles lack it).
 NEXT_TOKEN = "next_token"
+
+
+class KvUpdate(str, enum.Enum):
+    """graph.kv["update"]: how a call's new K/V rows reach the cache."""
+
+    IN_PLACE_SCATTER = "in_place_scatter"  # `ort`: the graph writes the bound buffer itself
+    HOST_COPY = "host_copy"  # `trt`: the graph outputs the new rows, the host copies them into their slots
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,15 @@ class GraphSpec:
     outputs: dict[str, Any]
     kv: dict[str, Any]
     weight_bytes: int  # bytes of weights read per token (for achieved-bandwidth figures)
+
+    @property
+    def kv_update(self) -> KvUpdate:
+        value = self.kv.get("update")
+        try:
+            return KvUpdate(value)
+        except ValueError:
+            known = ", ".join(u.value for u in KvUpdate)
+            raise BundleError(f"graph.kv.update {value!r} is not one this runtime knows ({known})") from None
 
     def kv_shape(self, kv_heads: int, capacity: int, head_dim: int) -> tuple[int, ...]:
         """One layer's K (or V) buffer shape under this graph's layout."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .manifest import NEXT_TOKEN, Manifest
+from .manifest import NEXT_TOKEN, KvUpdate, Manifest
 from .ring import MASKED, MASKED_FP16, DecodeBuffers, RingGeometry
 
 
@@ -37,7 +37,7 @@ class StaticPool:
     def allocate(cls, manifest: Manifest, geometry: RingGeometry) -> StaticPool:
         m, g = manifest.model, geometry
         dtype = np.dtype(manifest.graph.activation_dtype)
-        host_copy = manifest.graph.kv["update"] == "host_copy"
+        host_copy = manifest.graph.kv_update is KvUpdate.HOST_COPY
         cols = g.capacity + (1 if host_copy else 0)
         half = m.rotary_dim // 2
         masked = MASKED_FP16 if dtype == np.float16 else MASKED

@@ -22,7 +22,7 @@ import onnx
 
 from edge_runtime import __version__
 from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
-from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN
+from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN, KvUpdate
 from edge_runtime.models import ModelArgs, ModelWeights
 
 from . import blocks_ort
@@ -112,7 +112,7 @@ def build_decoder(
             "present_value": "present_value.{i}" if flavor is Flavor.ORT else None,
             "new_key": "new_key.{i}" if flavor is Flavor.TRT else None,
             "new_value": "new_value.{i}" if flavor is Flavor.TRT else None,
-            "update": "in_place_scatter" if flavor is Flavor.ORT else "host_copy",
+            "update": (KvUpdate.IN_PLACE_SCATTER if flavor is Flavor.ORT else KvUpdate.HOST_COPY).value,
             "layout": KV_HEADS_FIRST,
             "attended_columns": LINEAR_UNTIL_FULL if flavor is Flavor.ORT else "capacity_plus_tokens",
         },

@@ -141,3 +141,11 @@ def test_a_manifest_that_is_not_a_regular_file_is_refused(b):
     (b / MANIFEST_FILE).unlink()
     (b / MANIFEST_FILE).symlink_to("/dev/zero")
     one_line_error(CliRunner().invoke(export_cli, ["inspect", str(b)]), "not a regular file")
+
+
+def test_a_kv_update_mode_this_runtime_does_not_know_is_one_line(b):
+    _rewrite(b, lambda d: d["graph"]["kv"].update(update="teleport"))
+    one_line_error(
+        CliRunner().invoke(run_cli, ["--bundle", str(b), "--target", "x86", "--json", "--prompt", "To be"]),
+        "graph.kv.update 'teleport' is not one this runtime knows (in_place_scatter, host_copy)",
+    )

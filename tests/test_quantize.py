@@ -116,14 +116,17 @@ def test_rtn_equals_onnxruntime_mlas_where_the_negative_side_dominates():
     assert np.array_equal(b, packed) and np.array_equal(s, scales.reshape(n, -1))
 
 
-def test_gptq_lowers_output_error_against_rtn():
+@pytest.mark.parametrize("act_order", [False, True], ids=["input-order", "act-order"])
+def test_gptq_lowers_output_error_against_rtn(act_order):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((512, 128)) * np.exp(rng.standard_normal(128))  # uneven channel magnitudes
     x[:, 1:] += 0.7 * x[:, :-1]  # correlated channels: what GPTQ's error feedback exploits
     w = rng.standard_normal((96, 128))
     exact = x @ w.T
     rtn = quantize_rtn(w, 4, 32).dequantize()
-    opt = gptq(w, x.T @ x, 4, 32)
+    opt = gptq(w, x.T @ x, 4, 32, act_order=act_order)
+    if act_order:  # static groups: every scale is the RTN scale of the original block
+        assert np.array_equal(opt.scales, quantize_rtn(w, 4, 32).scales)
     out_err = [np.linalg.norm(x @ q.T - exact) / np.linalg.norm(exact) for q in (rtn, opt.dequantize())]
     print(f"output error RTN {out_err[0]:.4f}, GPTQ {out_err[1]:.4f}")
     assert out_err[1] < 0.8 * out_err[0]
@@ -152,6 +155,33 @@ def test_input_statistics_are_what_the_rows_give():
     s = np.exp(rng.standard_normal(64))
     scaled = stats.divided(s)
     assert _close(scaled.gram, (x32 / s).T @ (x32 / s)) and _close(scaled.mean_abs, np.abs(x32 / s).mean(axis=0))
+
+
+def test_sink_rows_count_once_per_later_token_and_steer_gptq():
+    """Each sequence's first row (the attention sink, read by every later query) enters sink_gram
+    T - 1 times. GPTQ fed X^T X alone fits the bulk of the rows and leaves a sink lying off their
+    directions with a larger error than RTN's; the sink-weighted Hessian keeps it below RTN's."""
+    rng = np.random.default_rng(5)
+    k, seqs, t = 64, 8, 100
+    basis = np.linalg.qr(rng.standard_normal((k, k)))[0]
+    bulk = rng.standard_normal((seqs, t, k)) * np.r_[np.ones(48), np.full(16, 0.05)]  # 48 busy directions
+    bulk[:, 0] = rng.standard_normal((seqs, k)) * np.r_[np.full(48, 0.05), np.ones(16)]  # sinks: the other 16
+    x = bulk @ basis.T
+    stats = InputStats.empty(k)
+    for seq in x:
+        stats.add(seq)
+    first = x[:, 0].astype(np.float32).astype(np.float64)
+    assert np.allclose(stats.sink_gram, (t - 1) * first.T @ first) and stats.sink_weighted(0) is stats.gram
+    w = rng.standard_normal((32, k))
+
+    def sink_err(q: np.ndarray) -> float:
+        return float(np.linalg.norm(first @ (q - w).T) / np.linalg.norm(first @ w.T))
+
+    rtn = sink_err(quantize_rtn(w, 4, 32).dequantize())
+    plain = sink_err(gptq(w, stats.gram, 4, 32).dequantize())
+    weighted = sink_err(gptq(w, stats.sink_weighted(1.0), 4, 32).dequantize())
+    print(f"sink rows' output error: RTN {rtn:.4f}, GPTQ on X^T X {plain:.4f}, sink-weighted {weighted:.4f}")
+    assert weighted < rtn < plain
 
 
 def test_awq_scaling_is_folded_exactly(ckpts, acts):
@@ -359,11 +389,20 @@ def _leftovers(parent):
     return sorted(p.name for p in parent.iterdir())
 
 
+def test_cli_unknown_quant_is_a_usage_error_naming_the_methods(ckpts, tmp_path):
+    """--quant is checked when the command line is parsed (click's usage error, exit 2), against QuantMethod."""
+    out = tmp_path / "out" / "b"
+    r = CliRunner().invoke(export_cli, [str(ckpts["llama-untied"].path), "-o", str(out), "--quant", "int3"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and not (tmp_path / "out").exists()
+    assert "unknown quantization method 'int3'; choose one of: none, int8, int4, int4-awq, int4-gptq" in r.output
+    help_text = CliRunner().invoke(export_cli, ["build", "--help"]).output
+    assert "--quant [" + "|".join(m.value for m in QuantMethod) + "]" in help_text
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (["--quant", "int4", "--block", "48"], "block size 48 is not supported"),
-        (["--quant", "int3"], "unknown quantization method 'int3'"),
         (["--quant", "int4", "--flavor", "trt", "--block", "32"], "not supported by TensorRT"),
         (["--quant", "int4-awq", "--calib", "/nonexistent/calib.txt"], "does not exist"),
         (["--quant", "int8", "--flavor", "trt", "--table-bits", "4"], "--table-bits 4 needs --flavor ort"),

@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from edge_runtime import kernels
 from edge_runtime.errors import BundleError, EdgeRuntimeError
-from edge_runtime.manifest import NEXT_TOKEN, Manifest
+from edge_runtime.manifest import NEXT_TOKEN, KvUpdate, Manifest
 from edge_runtime.pool import StaticPool
 from edge_runtime.ring import StepInputs
 
@@ -100,7 +100,7 @@ class OrtBackend:
         self.graph_file = graph
         self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds
         self.layers = manifest.model.num_layers
-        self.host_copy = manifest.graph.kv["update"] == "host_copy"
+        self.host_copy = manifest.graph.kv_update is KvUpdate.HOST_COPY
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
         self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
         self._decode_binding = self._bind_decode()

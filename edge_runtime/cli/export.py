@@ -20,6 +20,27 @@ import click
 
 from .common import debug_option, friendly_errors
 
+
+class QuantChoice(click.ParamType):
+    """--quant checked when parsed against exporters.quant.QuantMethod, the one list of methods (imported
+    then, not when the CLI loads: the exporters pull numpy and the reference model in)."""
+
+    name = "method"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        from edge_runtime.exporters.quant import QuantMethod
+
+        return "[" + "|".join(m.value for m in QuantMethod) + "]"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from edge_runtime.errors import ExportError
+        from edge_runtime.exporters.quant import QuantMethod
+
+        try:
+            return QuantMethod.parse(str(value)).value
+        except ExportError as e:
+            self.fail(str(e), param, ctx)
+
 if TYPE_CHECKING:
     from edge_runtime.manifest import Manifest
     from edge_runtime.targets.export_settings import ExportSettings
@@ -85,6 +106,7 @@ def main() -> None:
 )
 @click.option(
     "--quant",
+    type=QuantChoice(),
     default=None,
     help="Weight quantization: none, int8 (per channel), int4 (round to nearest), int4-awq (activation-aware), "
     "int4-gptq [default: none, or the target's].",

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from edge_runtime.errors import EdgeRuntimeError, RingOverflowError
 from edge_runtime.generate import (
@@ -49,7 +49,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Finished:
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: Literal["stop", "length", "cancelled"]  # OpenAI's words ("tool_calls" is the route's)
     text: str  # text released at the end (held back for a stop string, or a flushed tail)
     prompt_tokens: int
     completion_tokens: int
