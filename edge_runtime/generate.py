@@ -16,8 +16,6 @@ carries what was produced: the closing event (finish_reason "cancelled", the run
 from __future__ import annotations
 
 import enum
-import resource
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +27,7 @@ import numpy as np
 from .engine import Engine
 from .errors import EdgeRuntimeError
 from .latency import LatencyHistogram
+from .rss import peak_rss_bytes
 from .sampling import LogitsProcessor, Sampler, SamplingParams, Step, token_logprobs
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -128,11 +127,6 @@ class GenerationCancelled(KeyboardInterrupt):
         super().__init__("generation cancelled")
         self.final = final
         self.result = result
-
-
-def peak_rss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
 
 
 def generate_steps(

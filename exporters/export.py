@@ -32,6 +32,7 @@ from edge_runtime.manifest import (
     ValidationRecord,
 )
 from edge_runtime.ring import geometry_problem
+from edge_runtime.rss import peak_rss_bytes
 
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
@@ -70,12 +71,27 @@ class ExportOptions:
 Progress = Callable[[str], None]
 
 
+class _Stages:
+    """Seconds per export stage, for the manifest and the closing progress line (issue 23: where the time goes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._t, 2)
+        self._t = now
+
+
 def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manifest:
     t_start = time.perf_counter()
+    stages = _Stages()
     progress(f"loading {opts.checkpoint}")
     ckpt = load_checkpoint(opts.checkpoint)
     tokenizer = bundle_tokenizer(ckpt)
     cache = _cache_spec(ckpt, opts)
+    stages.done("load")
     prepared = prepare_weights(
         ckpt,
         opts.quant,
@@ -86,15 +102,20 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
         progress=progress,
     )
 
+    stages.done("weights")  # quantization, calibration, pruning
     progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
     built = build_decoder(ckpt.args, prepared.weights, opts.flavor, opts.precision, prepared.quantized)
+    stages.done("graph")
 
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
         progress("writing graph and weights")
         save_with_external_data(built.model, tmp / GRAPH_FILE, DATA_FILE)
         tokenizer.write(tmp)
+        stages.done("write")
         validation = _validate(tmp / GRAPH_FILE, ckpt, built, prepared, progress)
+        stages.done("validate")
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        stages.done("checksums")
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             model=_model_spec(ckpt, prepared),
@@ -104,11 +125,13 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             generation=_generation_defaults(ckpt.path),
             quantization=prepared.record,
             validation=validation,
-            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start),
+            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start, stages.seconds),
             files=files,
         )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
-    progress(f"wrote {opts.out} in {time.perf_counter() - t_start:.1f}s")
+    rss = manifest.provenance["peak_rss_bytes"] / 2**20
+    breakdown = ", ".join(f"{k} {v:.1f}s" for k, v in stages.seconds.items())
+    progress(f"wrote {opts.out} in {time.perf_counter() - t_start:.1f}s ({breakdown}; peak RSS {rss:.0f} MiB)")
     return manifest
 
 
@@ -273,11 +296,16 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
     return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
 
 
-def _provenance(ckpt: Checkpoint, opts: ExportOptions, seconds: float) -> dict[str, Any]:
+def _provenance(
+    ckpt: Checkpoint, opts: ExportOptions, seconds: float, stage_seconds: dict[str, float]
+) -> dict[str, Any]:
     return {
         "exporter": f"edge-runtime {__version__}",
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(seconds, 2),
+        "stage_seconds": dict(stage_seconds),
+        # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
+        "peak_rss_bytes": peak_rss_bytes(),
         "source": str(ckpt.path.resolve()),
         "target": opts.target,
         "options": {

@@ -53,6 +53,16 @@ def test_bundle_contents_and_manifest(bundle):
     assert open_bundle(out).manifest == manifest
 
 
+def test_the_manifest_records_seconds_per_stage_and_peak_rss(bundle):
+    """Where an export's time and memory go (issue 23, item 3): each stage's seconds, summing to at most
+    the whole, and the process's peak RSS, at least the bytes the graph holds."""
+    _, m = bundle
+    st = m.provenance["stage_seconds"]
+    assert list(st) == ["load", "weights", "graph", "write", "validate", "checksums"]
+    assert all(v >= 0 for v in st.values()) and sum(st.values()) <= m.provenance["export_seconds"] + 0.05
+    assert st["validate"] > 0 and m.provenance["peak_rss_bytes"] > m.graph.weight_bytes
+
+
 @pytest.mark.parametrize("victim", ["model.onnx.data", "tokenizer.json", "model.onnx"])
 def test_flipped_byte_is_refused_naming_the_file(bundle, tmp_path, victim):
     import shutil

@@ -115,7 +115,7 @@ class Metrics:
             self.tokens_per_joule.labels(*labels).set(acc[1] / acc[0])
 
     def exposition(self) -> bytes:
-        from edge_runtime.generate import peak_rss_bytes
+        from edge_runtime.rss import peak_rss_bytes
 
         self.peak_rss.set(peak_rss_bytes())
         return generate_latest(self.registry)
