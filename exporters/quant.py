@@ -172,12 +172,18 @@ def quantize_rtn(w: np.ndarray, bits: int, block: int | None = None) -> Quantize
     return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block)
 
 
-def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float = 0.01) -> QuantizedMatrix:
-    """GPTQ: quantize input columns left to right, spreading each column's rounding error over the
-    columns not yet quantized through the inverse Hessian `H = X^T X` of the calibration inputs.
+def gptq(
+    w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float = 0.01, act_order: bool = False
+) -> QuantizedMatrix:
+    """GPTQ: quantize input columns one at a time, spreading each column's rounding error over the
+    columns not yet quantized through the inverse Hessian `H = X^T X` of the calibration inputs
+    (dampened by `damp` times its mean diagonal).
 
-    Each block's scale is taken from the *updated* weights when its first column is reached.
-    Lazy batches of 128 columns (aligned to `block`) keep the updates matrix-sized.
+    In input order, each block's scale is taken from the *updated* weights when its first column is
+    reached. With `act_order` the columns go in order of decreasing H[j, j] (the most active inputs
+    first, while the most columns are left to absorb their error) and every block's scale is fixed
+    beforehand from the original weights ("static groups"), since a block's columns are then spread
+    over the whole order. Lazy batches of 128 columns keep the updates matrix-sized.
     """
     out, k = w.shape
     W = np.array(w, dtype=np.float64)
@@ -185,6 +191,13 @@ def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float 
     dead = np.diag(H) == 0  # channels never active in calibration: nothing to compensate with
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
+    scales = np.zeros((out, k // block), np.float32)
+    if act_order:
+        scales = block_scales(W.reshape(out, k // block, block), bits)
+        perm = np.argsort(-np.diag(H), kind="stable")
+        W, H = W[:, perm], H[np.ix_(perm, perm)]
+    else:
+        perm = np.arange(k)
     H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
     try:
         Hinv = np.linalg.cholesky(np.linalg.inv(H)).T
@@ -192,7 +205,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float 
         raise ExportError(f"GPTQ: calibration Hessian of a [{out}, {k}] weight is not positive definite ({e})") from e
 
     codes = np.zeros((out, k), np.int8)
-    scales = np.zeros((out, k // block), np.float32)
+    col_scales = np.repeat(scales, block, axis=1)[:, perm].astype(np.float64)  # per permuted column (act_order)
     lazy = max(128, block)
     for i1 in range(0, k, lazy):
         i2 = min(i1 + lazy, k)
@@ -201,11 +214,13 @@ def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float 
         Hinv1 = Hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
-            if col % block == 0:
+            if act_order:
+                s = col_scales[:, col]
+            elif col % block == 0:
                 s = block_scales(W1[:, i : i + block], bits).astype(np.float64)
                 scales[:, col // block] = s
             q = round_codes(W1[:, i], s, bits)
-            codes[:, col] = q
+            codes[:, perm[col]] = q
             e = (W1[:, i] - q * s) / Hinv1[i, i]
             W1[:, i:] -= np.outer(e, Hinv1[i, i:])
             err[:, i] = e

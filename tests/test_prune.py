@@ -10,7 +10,7 @@ import pytest
 from edge_runtime.bundle import open_bundle
 from edge_runtime.errors import ExportError
 from edge_runtime.exporters import ReferenceModel, load_checkpoint
-from edge_runtime.exporters.calibrate import capture_linear_inputs, load_calibration
+from edge_runtime.exporters.calibrate import DEFAULT_CALIBRATION_TOKENS, capture_linear_inputs, load_calibration
 from edge_runtime.exporters.decoder import Flavor
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.prune import PruneConfig, prune_model
@@ -134,5 +134,7 @@ def test_without_calib_the_general_calibration_text_is_used(ckpt, tmp_path):
     shutil.copytree(ckpt.path, d, ignore=shutil.ignore_patterns("calibration.txt"))
     calib = load_calibration(load_checkpoint(d))
     assert calib.path == GENERAL_CALIBRATION and calib.record()["file"].endswith("general_en_code.txt")
-    assert calib.tokens <= 2048 + len(calib.sequences) and all(s[0] == ckpt.args.bos_token_id for s in calib.sequences)
+    assert calib.tokens <= DEFAULT_CALIBRATION_TOKENS + len(calib.sequences) and all(
+        s[0] == ckpt.args.bos_token_id for s in calib.sequences
+    )
     assert max(len(s) for s in calib.sequences) <= 512

@@ -208,6 +208,18 @@ def test_calibrated_methods_beat_rtn_on_calibration_inputs(ckpts, acts):
     assert gq < rtn and awq < rtn
 
 
+def test_gptq_record_says_how_it_quantized(ckpts, acts):
+    ck = ckpts["llama-untied"]
+    qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT4_GPTQ, block=32), acts)
+    g = qm.record["gptq"]
+    assert (g["act_order"], g["static_groups"], g["damp"], g["sink_weight"]) == (True, True, 0.01, 1.0)
+    for name, q in qm.tensors.items():  # static groups: the scales are RTN's of the original blocks
+        if q.bits == 4:
+            w = ck.weights.layers[int(name.split(".")[2])]
+            f = name.split(".")[-2].split("_")[0]  # q_proj -> q, gate_proj -> gate
+            assert np.array_equal(q.scales, quantize_rtn(getattr(w, f), 4, 32).scales), name
+
+
 # -- graphs against the reference ------------------------------------------------------------------
 
 ORT, TRT = Flavor.ORT, Flavor.TRT
