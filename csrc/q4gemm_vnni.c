@@ -74,33 +74,42 @@ static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m25
     return _mm256_add_epi32(u, _mm256_loadu_si256((const __m256i *)(row + 256)));
 }
 
+/* A column's quad (q of its 4 pairs inside K) of weights as the low and high nibbles of each pair. */
+static inline __attribute__((always_inline)) void quad_unpack(const uint8_t *bq, int q, __m256i lo[4], __m256i hi[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        __m256i v = j < q ? _mm256_loadu_si256((const __m256i *)(bq + j * 32)) : _mm256_setzero_si256();
+        lo[j] = _mm256_and_si256(v, low4);
+        hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+}
+
+/* acc + one row's quad against the unpacked weights, scaled by the weight scales sw times the row's. */
+static inline __attribute__((always_inline)) __m256 quad_fma(const char *row, const __m256i lo[4], const __m256i hi[4],
+                                                             __m256 sw, __m256 acc) {
+    __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps((const float *)(row + 288)));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_dot(row, lo, hi)), s, acc);
+}
+
 /* One quad (q of its 4 pairs inside K) of one column against ROWS rows: the weights are unpacked once. */
 #define QUAD_STEP(ROWS, FMT)                                                                                  \
     static inline __attribute__((always_inline)) void step_##ROWS##_##FMT(                                   \
         const char *tq, size_t stride, const uint8_t *bq, const void *sn, int64_t p, int q, __m256 *acc) {    \
-        const __m256i low4 = _mm256_set1_epi8(0x0F);                                                         \
         __m256i lo[4], hi[4];                                                                                \
-        for (int j = 0; j < 4; j++) {                                                                        \
-            __m256i v = j < q ? _mm256_loadu_si256((const __m256i *)(bq + j * 32)) : _mm256_setzero_si256(); \
-            lo[j] = _mm256_and_si256(v, low4);                                                               \
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                         \
-        }                                                                                                    \
+        quad_unpack(bq, q, lo, hi);                                                                          \
         __m256 sw = quad_scales_##FMT(sn, p, q);                                                             \
         _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; r++) {                                           \
-            const char *row = tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW;                            \
-            __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps((const float *)(row + 288)));                       \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_dot(row, lo, hi)), s, acc[r]);                  \
+            acc[r] = quad_fma(tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW, lo, hi, sw, acc[r]);       \
         }                                                                                                    \
     }
-
-/* Each column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs also when a call covers all of K, so
- * a row's result is bit for bit the same at decode (1 row), in a verification chunk of k + 1 rows and in a
- * prompt chunked along K (speculative decoding's greedy exactness rests on it). */
 
 /* Columns [n0, n1) against the ROWS rows of ROWS / 4 full tiles `stride` bytes apart, or (ROWS < 4) against
  * one partial tile of ROWS rows, over the pairs [0, pairs) of the quads t0 starts at; b and s point at
  * column 0's first pair and its scales, columns nb blocks apart. The column loop is inside the function so
- * its set-up is paid once a call, not once a column (+5% at decode with K = 2048, single-threaded). */
+ * its set-up is paid once a call, not once a column (+5% at decode with K = 2048, single-threaded). Each
+ * column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs also when a call covers all of K, so a row's
+ * result is bit for bit the same at decode (1 row), in a verification chunk of k + 1 rows and in a prompt
+ * chunked along K (speculative decoding's greedy exactness rests on it). */
 #define QUAD_COLUMN(ROWS, FMT)                                                                               \
     QUAD_STEP(ROWS, FMT)                                                                                     \
     static void column_##ROWS##_##FMT(const char *t0, size_t stride, const uint8_t *b, const char *s,        \
@@ -137,19 +146,13 @@ static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m25
 #define QUAD_SPLIT(REST, FMT)                                                                                \
     static inline __attribute__((always_inline)) void step_4p##REST##_##FMT(                                 \
         const char *t0, const char *t1, const uint8_t *bq, const void *sn, int64_t p, int q, __m256 *acc) {  \
-        const __m256i low4 = _mm256_set1_epi8(0x0F);                                                         \
         __m256i lo[4], hi[4];                                                                                \
-        for (int j = 0; j < 4; j++) {                                                                        \
-            __m256i v = j < q ? _mm256_loadu_si256((const __m256i *)(bq + j * 32)) : _mm256_setzero_si256(); \
-            lo[j] = _mm256_and_si256(v, low4);                                                               \
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                         \
-        }                                                                                                    \
+        quad_unpack(bq, q, lo, hi);                                                                          \
         __m256 sw = quad_scales_##FMT(sn, p, q);                                                             \
         _Pragma("GCC unroll 8") for (int r = 0; r < 4 + REST; r++) {                                        \
             const char *row = r < 4 ? t0 + (size_t)(p / 4) * 4 * QUAD_ROW + r * QUAD_ROW                     \
                                     : t1 + (size_t)(p / 4) * REST * QUAD_ROW + (r - 4) * QUAD_ROW;           \
-            __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps((const float *)(row + 288)));                       \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_dot(row, lo, hi)), s, acc[r]);                  \
+            acc[r] = quad_fma(row, lo, hi, sw, acc[r]);                                                      \
         }                                                                                                    \
     }                                                                                                        \
     static void column_4p##REST##_##FMT(const char *t0, const char *t1, const uint8_t *b, const char *s,     \
