@@ -57,6 +57,22 @@ static inline void kernel_destroy(void *k) { free(k); }
         .GetVariadicOutputHomogeneity = op_one, .CreateKernelV2 = create, .KernelComputeV2 = compute, \
     }
 
+/* ---- what the two attention ops share (ort_ops.c) ----------------------------------------------- */
+
+/* The attributes both take: num_heads, kv_num_heads (a divisor of it), scale. */
+typedef struct {
+    int64_t hq, hkv;
+    float scale;
+} AttnHeads;
+
+/* Read them into a new AttnHeads at *out (freed by kernel_destroy); `op` names the op in errors. */
+OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **out);
+
+/* present_* bound on past_*'s buffers (what the host does) need nothing; anywhere else the cache is copied
+ * first (correct, but a whole cache per call) and `*copies` counts it, for the tests. */
+void attn_cache_in_place(float *keys, const float *past_k, float *values, const float *past_v, size_t count,
+                         int64_t *copies);
+
 /* In matmul_op.c. */
 extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op;
 /* In ring_attention_op.c. */

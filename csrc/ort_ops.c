@@ -82,29 +82,42 @@ static OrtStatus *silu_compute(void *kernel, OrtKernelContext *ctx) {
 
 /* ---- LinearAttention ---------------------------------------------------------------------------- */
 
-typedef struct {
-    int64_t hq, hkv;
-    float scale;
-} AttnKernel;
 
 static const char *attn_name(const OrtCustomOp *op) { (void)op; return "LinearAttention"; }
 static size_t attn_inputs(const OrtCustomOp *op) { (void)op; return 6; }
 static size_t attn_outputs(const OrtCustomOp *op) { (void)op; return 3; }
 static int attn_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 3 ? ONNX_INT32 : ONNX_FLOAT; }
 
-static OrtStatus *attn_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
-    (void)op, (void)api;
-    AttnKernel k = {0, 0, 0.0f};
+OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **out) {
+    char msg[120];
+    AttnHeads k = {0, 0, 0.0f};
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "num_heads", &k.hq));
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "kv_num_heads", &k.hkv));
     TRY(ORT_KernelInfoGetAttribute_float(g_api)(info, "scale", &k.scale));
-    if (k.hq <= 0 || k.hkv <= 0 || k.hq % k.hkv != 0)
-        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: num_heads must be a positive multiple of kv_num_heads");
-    AttnKernel *p = malloc(sizeof *p);
-    if (!p) return fail(ORT_FAIL, "LinearAttention: out of memory");
+    if (k.hq <= 0 || k.hkv <= 0 || k.hq % k.hkv != 0) {
+        snprintf(msg, sizeof msg, "%s: num_heads must be a positive multiple of kv_num_heads", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    AttnHeads *p = malloc(sizeof *p);
+    if (!p) {
+        snprintf(msg, sizeof msg, "%s: out of memory", op);
+        return fail(ORT_FAIL, msg);
+    }
     *p = k;
     *out = p;
     return NULL;
+}
+
+void attn_cache_in_place(float *keys, const float *past_k, float *values, const float *past_v, size_t count,
+                         int64_t *copies) {
+    if (keys != past_k || values != past_v) __atomic_add_fetch(copies, 1, __ATOMIC_RELAXED);
+    if (keys != past_k) memcpy(keys, past_k, count * sizeof(float));
+    if (values != past_v) memcpy(values, past_v, count * sizeof(float));
+}
+
+static OrtStatus *attn_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    return attn_heads_create(info, "LinearAttention", out);
 }
 
 static int64_t g_cache_copies; /* calls that had to copy the cache (present_* not on past_*'s buffers) */
@@ -134,7 +147,7 @@ static void attn_task(void *data, size_t index) {
 }
 
 static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
-    const AttnKernel *k = kernel;
+    const AttnHeads *k = kernel;
     const OrtValue *in[6];
     for (size_t i = 0; i < 6; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
     int64_t qd[8], kd[8], cd[8];
@@ -177,9 +190,7 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(pv_v, (void **)&a.values));
     /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
      * cache is copied first (correct, but a full copy per call). */
-    if (a.keys != past_k || a.values != past_v) __atomic_add_fetch(&g_cache_copies, 1, __ATOMIC_RELAXED);
-    if (a.keys != past_k) memcpy(a.keys, past_k, kn * sizeof(float));
-    if (a.values != past_v) memcpy(a.values, past_v, kn * sizeof(float));
+    attn_cache_in_place(a.keys, past_k, a.values, past_v, kn, &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) attn_write_kv(&a, i);
     size_t tasks = (size_t)(a.T * a.hq);
     if (a.T == 1 && a.past < 64) { /* a few microseconds of work: less than waking the pool */

@@ -17,10 +17,6 @@
 
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, N_IN };
 
-typedef struct {
-    int64_t hq, hkv;
-    float scale;
-} RingKernel;
 
 static const char *ring_name(const OrtCustomOp *op) { (void)op; return "RingAttention"; }
 static size_t ring_inputs(const OrtCustomOp *op) { (void)op; return N_IN; }
@@ -32,17 +28,7 @@ static int ring_input_type(const OrtCustomOp *op, size_t i) {
 
 static OrtStatus *ring_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
     (void)op, (void)api;
-    RingKernel k = {0, 0, 0.0f};
-    TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "num_heads", &k.hq));
-    TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "kv_num_heads", &k.hkv));
-    TRY(ORT_KernelInfoGetAttribute_float(g_api)(info, "scale", &k.scale));
-    if (k.hq <= 0 || k.hkv <= 0 || k.hq % k.hkv != 0)
-        return fail(ORT_INVALID_ARGUMENT, "RingAttention: num_heads must be a positive multiple of kv_num_heads");
-    RingKernel *p = malloc(sizeof *p);
-    if (!p) return fail(ORT_FAIL, "RingAttention: out of memory");
-    *p = k;
-    *out = p;
-    return NULL;
+    return attn_heads_create(info, "RingAttention", out);
 }
 
 static int64_t g_cache_copies; /* calls that had to copy the cache (present_* not on past_*'s buffers) */
@@ -74,7 +60,7 @@ static int same_dims(const int64_t *a, const int64_t *b, size_t rank) {
 }
 
 static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
-    const RingKernel *k = kernel;
+    const AttnHeads *k = kernel;
     const OrtValue *in[N_IN];
     for (size_t i = 0; i < N_IN; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
     int64_t dims[N_IN][8];
@@ -128,9 +114,7 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(pv_v, (void **)&a.values));
     /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
      * cache is copied first (correct, but a full copy per call). */
-    if (a.keys != past_k || a.values != past_v) __atomic_add_fetch(&g_cache_copies, 1, __ATOMIC_RELAXED);
-    if (a.keys != past_k) memcpy(a.keys, past_k, count[IN_PAST_K] * sizeof(float));
-    if (a.values != past_v) memcpy(a.values, past_v, count[IN_PAST_V] * sizeof(float));
+    attn_cache_in_place(a.keys, past_k, a.values, past_v, count[IN_PAST_K], &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) ring_write_kv(&a, i);
     size_t tasks = (size_t)(a.T * a.hq);
     if (tasks == 0) return NULL;
