@@ -260,23 +260,17 @@ class SpeculativeDecoder:
 
     def _best_k(self, alpha: float) -> int:
         """The k in 1..cap with the most expected tokens per plain-step cost (1 where none beats plain
-        decoding: the arm's measured gain then switches it off)."""
+        decoding: the arm's measured gain then switches it off). A call size not measured yet costs the
+        measured sizes' mean cost per added row (a prior slope until any is)."""
+        slopes = [(c - 1) / (r - 1) for r, c in self._cost.items() if r > 1]
+        slope = max(sum(slopes) / len(slopes), 0.0) if slopes else _PRIOR_SLOPE
         best_k, best = 1, 0.0
         for k in range(1, self._cap + 1):
             tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
-            value = tokens / self._call_cost(k + 1)
+            value = tokens / self._cost.get(k + 1, 1 + slope * k)
             if value > best:
                 best_k, best = k, value
         return best_k
-
-    def _call_cost(self, rows: int) -> float:
-        """A verification call of `rows` rows in plain decode steps: measured, else from the measured
-        sizes' mean cost per added row (a prior slope until any is)."""
-        if rows in self._cost:
-            return self._cost[rows]
-        slopes = [(c - 1) / (r - 1) for r, c in self._cost.items() if r > 1]
-        slope = sum(slopes) / len(slopes) if slopes else _PRIOR_SLOPE
-        return 1 + max(slope, 0.0) * (rows - 1)
 
     def _plain(self, seconds: float) -> None:
         self.stats.steps += 1
