@@ -68,7 +68,7 @@ class SpeculativeStats:
     verify_steps: int = 0
     proposed: int = 0
     accepted: int = 0
-    emitted: int = 0  # tokens after the first of each reply (that one is the prefill's)
+    emitted: int = 0  # tokens after the first of each reply the caller took (the first is the prefill's)
     switched_off: int = 0  # times an arm was switched off
 
     @property
@@ -201,11 +201,13 @@ class SpeculativeDecoder:
         )
         walk = _Walk(sampler, processors, history, [], logprobs)
         ahead = 0  # tokens fed to the target beyond the last one yielded (the caller may stop any time)
+        owed = 0  # tokens counted in stats.emitted but not yielded yet
         try:
             step = walk.select(turn.logits)
             self.proposer.advance([step.token], 0)
             while True:
                 turn.sampled(step.token)
+                owed = max(owed - 1, 0)  # the reply's first token (owed 0) is the prefill's, never counted
                 yield step
                 walk.took(step.token)
                 t0 = time.perf_counter()
@@ -215,19 +217,21 @@ class SpeculativeDecoder:
                     step = Step(engine.decoded_argmax()) if fused else walk.select(logits)
                     self._plain(time.perf_counter() - t0)
                     self.proposer.advance([step.token], 0)
+                    owed = 1
                     continue
                 out = self._verify(turn, walk, proposal)
                 self._verified(proposal, len(out) - 1, time.perf_counter() - t0 - proposal.catch_up_s)
                 self.proposer.advance([s.token for s in out], len(out) - 1)
-                ahead = len(out) - 1
+                ahead, owed = len(out) - 1, len(out)
                 for s in out[:-1]:  # accepted proposals: fed already
-                    ahead -= 1
+                    ahead, owed = ahead - 1, owed - 1
                     yield s
                     walk.took(s.token)
                 step = out[-1]
         finally:
             if ahead:  # the caller stopped inside an accepted run: forget what it never took
                 _unfeed(session, turn, ahead)
+            self.stats.emitted -= owed  # nor count it: tokens per call are tokens the caller got
 
     def _verify(self, turn: Turn, walk: _Walk, proposal: Proposal) -> list[Step]:
         """Feed and judge `proposal`; the Steps it yields: the accepted proposals and one more token."""
