@@ -9,7 +9,9 @@ typedef struct {
     int64_t T, hq, hkv, d, rot_half, capacity, past; /* rot_half: R/2 columns of the cos/sin cache */
     float scale;
     const float *qkv;                                 /* [T, (hq + 2 hkv) * d] */
-    float *keys, *values;                             /* [hkv, capacity, d], rows [past, past + T) written */
+    void *keys, *values;                              /* [hkv, capacity, d] fp32 or fp16 (kv_f16), rows
+                                                         [past, past + T) written */
+    int kv_f16;                                       /* the cache holds fp16: read widened, written rounded */
     const float *cos, *sin;                           /* [capacity, rot_half] */
     float *out;                                       /* [T, hq * d] */
     int out_of_memory;                                /* set by a task that could not get its scratch */

@@ -1,5 +1,6 @@
 /* AVX2 kernels for attention.h. Half-split RoPE on the first 2 * rot_half dims (the rest pass through),
- * scores q.k * scale, a max-subtracted softmax and the weighted sum of values, all in fp32. */
+ * scores q.k * scale, a max-subtracted softmax and the weighted sum of values, all in fp32; an fp16 cache
+ * is widened as it is read and the new rows rounded as they are written (simd.h kv_load8, kv_store8). */
 #include "attention.h"
 
 #include <immintrin.h>
@@ -21,31 +22,40 @@ static void rope(const AttnArgs *a, const float *x, int64_t pos, float *y) {
 void attn_write_kv(const AttnArgs *a, int64_t i) {
     int64_t width = (a->hq + 2 * a->hkv) * a->d, pos = a->past + i;
     const float *row = a->qkv + i * width;
+    float y[512]; /* d <= 512, checked when the kernel is created */
     for (int64_t j = 0; j < a->hkv; j++) {
         const float *k = row + (a->hq + j) * a->d, *v = row + (a->hq + a->hkv + j) * a->d;
-        float *kd = a->keys + (j * a->capacity + pos) * a->d, *vd = a->values + (j * a->capacity + pos) * a->d;
-        rope(a, k, pos, kd);
-        for (int64_t e = 0; e < a->d; e++) vd[e] = v[e];
+        int64_t at = (j * a->capacity + pos) * a->d;
+        void *kd = (void *)kv_at(a->keys, at, a->kv_f16), *vd = (void *)kv_at(a->values, at, a->kv_f16);
+        rope(a, k, pos, y);
+        for (int64_t e = 0; e < a->d; e += 8) {
+            kv_store8(kd, e, _mm256_loadu_ps(y + e), a->kv_f16);
+            kv_store8(vd, e, _mm256_loadu_ps(v + e), a->kv_f16);
+        }
     }
 }
 
-void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
+/* attn_head's body; `f16` is a constant at each call, so each cache type gets its own loops (simd.h). */
+static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_t i, int64_t h, float *scores,
+                                                       const int f16) {
     int64_t d = a->d, pos = a->past + i, kvh = h / (a->hq / a->hkv);
     float q[512]; /* d <= 512, checked when the kernel is created */
     rope(a, a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, pos, q);
-    const float *keys = a->keys + kvh * a->capacity * d, *values = a->values + kvh * a->capacity * d;
+    const void *keys = kv_at(a->keys, kvh * a->capacity * d, f16);
+    const void *values = kv_at(a->values, kvh * a->capacity * d, f16);
     /* Scores four keys at a time, their four sums reduced together (one hsum a key cost as much as its dot). */
     float best = -INFINITY;
     int64_t r = 0;
     for (; r + 4 <= pos + 1; r += 4) {
-        const float *k = keys + r * d;
+        const void *k0 = kv_at(keys, r * d, f16), *k1 = kv_at(keys, (r + 1) * d, f16);
+        const void *k2 = kv_at(keys, (r + 2) * d, f16), *k3 = kv_at(keys, (r + 3) * d, f16);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t e = 0; e < d; e += 8) {
             __m256 qe = _mm256_loadu_ps(q + e);
-            a0 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k + e), a0);
-            a1 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k + d + e), a1);
-            a2 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k + 2 * d + e), a2);
-            a3 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k + 3 * d + e), a3);
+            a0 = _mm256_fmadd_ps(qe, kv_load8(k0, e, f16), a0);
+            a1 = _mm256_fmadd_ps(qe, kv_load8(k1, e, f16), a1);
+            a2 = _mm256_fmadd_ps(qe, kv_load8(k2, e, f16), a2);
+            a3 = _mm256_fmadd_ps(qe, kv_load8(k3, e, f16), a3);
         }
         __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
         __m128 sc = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(a->scale));
@@ -53,9 +63,9 @@ void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
         for (int j = 0; j < 4; j++) best = scores[r + j] > best ? scores[r + j] : best;
     }
     for (; r <= pos; r++) {
-        const float *k = keys + r * d;
+        const void *k = kv_at(keys, r * d, f16);
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(k + e), acc);
+        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), kv_load8(k, e, f16), acc);
         float sc = hsum8(acc) * a->scale;
         scores[r] = sc;
         best = sc > best ? sc : best;
@@ -87,18 +97,26 @@ void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
         int n = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
         __m256 acc[8];
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        const float *v = values + e0;
         if (n == 8) {
-            for (int64_t row = 0; row <= pos; row++, v += d) { /* in order: each value row read contiguously */
+            for (int64_t row = 0; row <= pos; row++) { /* in order: each value row read contiguously */
+                const void *v = kv_at(values, row * d + e0, f16);
                 __m256 p = _mm256_set1_ps(scores[row]);
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, 8 * j, f16), acc[j]);
             }
         } else {
-            for (int64_t row = 0; row <= pos; row++, v += d) {
+            for (int64_t row = 0; row <= pos; row++) {
+                const void *v = kv_at(values, row * d + e0, f16);
                 __m256 p = _mm256_set1_ps(scores[row]);
-                for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+                for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, 8 * j, f16), acc[j]);
             }
         }
         for (int j = 0; j < n; j++) _mm256_storeu_ps(o + e0 + 8 * j, _mm256_mul_ps(acc[j], inv));
     }
+}
+
+void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
+    if (a->kv_f16)
+        head(a, i, h, scores, 1);
+    else
+        head(a, i, h, scores, 0);
 }

@@ -68,14 +68,26 @@ typedef struct {
 /* Read them into a new AttnHeads at *out (freed by kernel_destroy); `op` names the op in errors. */
 OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **out);
 
-/* present_* bound on past_*'s buffers (what the host does) need nothing; anywhere else the cache is copied
- * first (correct, but a whole cache per call) and `*copies` counts it, for the tests. */
-void attn_cache_in_place(float *keys, const float *past_k, float *values, const float *past_v, size_t count,
+/* present_* bound on past_*'s buffers (what the host does) need nothing; anywhere else the cache (`count`
+ * elements of `elem` bytes) is copied first (correct, but a whole cache per call) and `*copies` counts it. */
+void attn_cache_in_place(void *keys, const void *past_k, void *values, const void *past_v, size_t count, size_t elem,
                          int64_t *copies);
+
+/* Each attention op is registered twice under its name, once with an fp32 cache and once with an fp16 one
+ * (past_key, past_value, present_key, present_value; the rest is fp32 in both): ONNX Runtime picks the
+ * registration by the graph's input types and infers present_*'s type from it, which a dynamically typed
+ * cache (two inputs) would need a shape-inference function for. One compute serves both. */
+static inline int attn_f16_output_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 0 ? ONNX_FLOAT : ONNX_FLOAT16;
+}
+
+/* Whether past_key and past_value are fp16 (1) or fp32 (0); -1 for any other or mixed types. */
+OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *f16);
 
 /* In matmul_op.c. */
 extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op;
 /* In ring_attention_op.c. */
-extern const OrtCustomOp edge_ring_attention_op;
+extern const OrtCustomOp edge_ring_attention_op, edge_ring_attention_f16_op;
 
 #endif

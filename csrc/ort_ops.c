@@ -7,6 +7,7 @@
  * LinearAttention, over attention.h: GroupQueryAttention's packed-qkv form (inputs qkv, past_key,
  * past_value, seqlens_k, cos_cache, sin_cache; outputs out, present_key, present_value; attributes
  * num_heads, kv_num_heads, scale). Bound with present_* on past_*'s buffers, it writes only the new rows.
+ * The cache (past_*, present_*) is fp32 or fp16, the rest fp32.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,9 @@ static const char *attn_name(const OrtCustomOp *op) { (void)op; return "LinearAt
 static size_t attn_inputs(const OrtCustomOp *op) { (void)op; return 6; }
 static size_t attn_outputs(const OrtCustomOp *op) { (void)op; return 3; }
 static int attn_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 3 ? ONNX_INT32 : ONNX_FLOAT; }
+static int attn_f16_input_type(const OrtCustomOp *op, size_t i) {
+    return i == 1 || i == 2 ? ONNX_FLOAT16 : attn_input_type(op, i); /* the fp16-cache registration */
+}
 
 OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **out) {
     char msg[120];
@@ -108,11 +112,20 @@ OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **o
     return NULL;
 }
 
-void attn_cache_in_place(float *keys, const float *past_k, float *values, const float *past_v, size_t count,
+void attn_cache_in_place(void *keys, const void *past_k, void *values, const void *past_v, size_t count, size_t elem,
                          int64_t *copies) {
     if (keys != past_k || values != past_v) __atomic_add_fetch(copies, 1, __ATOMIC_RELAXED);
-    if (keys != past_k) memcpy(keys, past_k, count * sizeof(float));
-    if (values != past_v) memcpy(values, past_v, count * sizeof(float));
+    if (keys != past_k) memcpy(keys, past_k, count * elem);
+    if (values != past_v) memcpy(values, past_v, count * elem);
+}
+
+OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *f16) {
+    int tk = 0, tv = 0;
+    size_t n = 0;
+    TRY(element_count(past_k, &n, NULL, NULL, &tk));
+    TRY(element_count(past_v, &n, NULL, NULL, &tv));
+    *f16 = tk != tv ? -1 : tk == ONNX_FLOAT16 ? 1 : tk == ONNX_FLOAT ? 0 : -1;
+    return NULL;
 }
 
 static OrtStatus *attn_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
@@ -167,6 +180,9 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     AttnArgs a = {0};
     a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.d = kd[3], a.scale = k->scale;
     a.rot_half = cd[1];
+    TRY(attn_cache_type(in[1], in[2], &a.kv_f16));
+    if (a.kv_f16 < 0)
+        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: past_key and past_value must both be float or float16");
     if (qd[2] != (a.hq + 2 * a.hkv) * a.d || a.d % 8 != 0 || a.d > 512 || 2 * a.rot_half > a.d || cd[0] < a.capacity)
         return fail(ORT_INVALID_ARGUMENT, "LinearAttention: qkv width, head size (multiple of 8, <= 512) or cos_cache shape");
     int32_t *seqlens;
@@ -179,18 +195,18 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 0, out_dims, 3, &out_v));
     TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 1, kd, 4, &pk_v));
     TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 2, kd, 4, &pv_v));
-    float *past_k, *past_v;
+    void *past_k, *past_v;
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[0], (void **)&a.qkv));
-    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[1], (void **)&past_k));
-    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[2], (void **)&past_v));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[1], &past_k));
+    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[2], &past_v));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[4], (void **)&a.cos));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[5], (void **)&a.sin));
     TRY(ORT_GetTensorMutableData(g_api)(out_v, (void **)&a.out));
-    TRY(ORT_GetTensorMutableData(g_api)(pk_v, (void **)&a.keys));
-    TRY(ORT_GetTensorMutableData(g_api)(pv_v, (void **)&a.values));
+    TRY(ORT_GetTensorMutableData(g_api)(pk_v, &a.keys));
+    TRY(ORT_GetTensorMutableData(g_api)(pv_v, &a.values));
     /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
      * cache is copied first (correct, but a full copy per call). */
-    attn_cache_in_place(a.keys, past_k, a.values, past_v, kn, &g_cache_copies);
+    attn_cache_in_place(a.keys, past_k, a.values, past_v, kn, a.kv_f16 ? 2 : 4, &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) attn_write_kv(&a, i);
     size_t tasks = (size_t)(a.T * a.hq);
     if (a.T == 1 && a.past < 64) { /* a few microseconds of work: less than waking the pool */
@@ -207,8 +223,10 @@ static const OrtCustomOp silu_op =
     EDGE_OP(silu_create, silu_compute, silu_name, one_io, float_type, op_required, one_io, float_type, op_required);
 static const OrtCustomOp attn_op = EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_input_type,
                                            op_required, attn_outputs, float_type, op_required);
-static const OrtCustomOp *const g_ops[] = {&edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op,
-                                           &edge_ring_attention_op};
+static const OrtCustomOp attn_f16_op = EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_f16_input_type,
+                                               op_required, attn_outputs, attn_f16_output_type, op_required);
+static const OrtCustomOp *const g_ops[] = {&edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op, &attn_f16_op,
+                                           &edge_ring_attention_op, &edge_ring_attention_f16_op};
 
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where
  * EDGE_KERNELS_ISA names one this CPU lacks or the CPU runs none (kernels.isa(), for reports). */

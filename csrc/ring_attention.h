@@ -15,7 +15,8 @@ typedef struct {
     int64_t sinks;                            /* columns [0, sinks) take the sink-rotated query */
     float scale;
     const float *qkv;                         /* [T, (hq + 2 hkv) * d] */
-    float *keys, *values;                     /* [hkv, capacity, d] */
+    void *keys, *values;                      /* [hkv, capacity, d] fp32 or fp16 (kv_f16) */
+    int kv_f16;                               /* the cache holds fp16: read widened, written rounded */
     const float *cos, *sin;                   /* [T, rot_half] at each row's absolute position */
     const float *cos_sink, *sin_sink;         /* [T, rot_half] at its cache-logical position */
     const float *mask;                        /* [T, capacity] additive */

@@ -5,7 +5,8 @@
  * A task walks its row's unmasked columns in buffer order with LinearAttention's exact arithmetic
  * (attention_avx2.c: keys four at a time, the same sum trees, exp and value order). While the ring is
  * linear those columns are rows 0..pos, so a chunk that crosses into the full ring computes its
- * still-linear rows bit for bit as the decode steps that ran LinearAttention did. */
+ * still-linear rows bit for bit as the decode steps that ran LinearAttention did. An fp16 cache is read and
+ * written as LinearAttention reads and writes it (simd.h kv_load8, kv_store8), so that holds for it too. */
 #include "ring_attention.h"
 
 #include <immintrin.h>
@@ -26,43 +27,52 @@ static void rope(const float *x, const float *c, const float *s, int64_t half, i
 void ring_write_kv(const RingArgs *a, int64_t i) {
     int64_t width = (a->hq + 2 * a->hkv) * a->d, row = a->write_index + i;
     const float *src = a->qkv + i * width, *c = a->cos + i * a->rot_half, *s = a->sin + i * a->rot_half;
+    float y[512]; /* d <= 512, checked when the op runs */
     for (int64_t j = 0; j < a->hkv; j++) {
         const float *k = src + (a->hq + j) * a->d, *v = src + (a->hq + a->hkv + j) * a->d;
-        float *kd = a->keys + (j * a->capacity + row) * a->d, *vd = a->values + (j * a->capacity + row) * a->d;
-        rope(k, c, s, a->rot_half, a->d, kd);
-        memcpy(vd, v, (size_t)a->d * sizeof(float));
+        int64_t at = (j * a->capacity + row) * a->d;
+        void *kd = (void *)kv_at(a->keys, at, a->kv_f16), *vd = (void *)kv_at(a->values, at, a->kv_f16);
+        rope(k, c, s, a->rot_half, a->d, y);
+        for (int64_t e = 0; e < a->d; e += 8) {
+            kv_store8(kd, e, _mm256_loadu_ps(y + e), a->kv_f16);
+            kv_store8(vd, e, _mm256_loadu_ps(v + e), a->kv_f16);
+        }
     }
 }
 
 /* The four scores q.k_j * scale as LinearAttention's four-key step sums them. */
-static __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int64_t d,
-                   float scale) {
+static inline __attribute__((always_inline)) __m128 dot4(const float *q, const void *k0, const void *k1,
+                                                         const void *k2, const void *k3, int64_t d, float scale,
+                                                         const int f16) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t e = 0; e < d; e += 8) {
         __m256 qe = _mm256_loadu_ps(q + e);
-        a0 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k0 + e), a0);
-        a1 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k1 + e), a1);
-        a2 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k2 + e), a2);
-        a3 = _mm256_fmadd_ps(qe, _mm256_loadu_ps(k3 + e), a3);
+        a0 = _mm256_fmadd_ps(qe, kv_load8(k0, e, f16), a0);
+        a1 = _mm256_fmadd_ps(qe, kv_load8(k1, e, f16), a1);
+        a2 = _mm256_fmadd_ps(qe, kv_load8(k2, e, f16), a2);
+        a3 = _mm256_fmadd_ps(qe, kv_load8(k3, e, f16), a3);
     }
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(scale));
 }
 
 /* dot4 with a query per key: the one group of a row that holds both sink and window columns. */
-static __m128 dot4_mixed(const float *const q[4], const float *const k[4], int64_t d, float scale) {
+static inline __attribute__((always_inline)) __m128 dot4_mixed(const float *const q[4], const void *const k[4],
+                                                               int64_t d, float scale, const int f16) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t e = 0; e < d; e += 8) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + e), _mm256_loadu_ps(k[0] + e), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + e), _mm256_loadu_ps(k[1] + e), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + e), _mm256_loadu_ps(k[2] + e), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + e), _mm256_loadu_ps(k[3] + e), a3);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + e), kv_load8(k[0], e, f16), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + e), kv_load8(k[1], e, f16), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + e), kv_load8(k[2], e, f16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + e), kv_load8(k[3], e, f16), a3);
     }
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(scale));
 }
 
-void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols) {
+/* ring_head's body; `f16` is a constant at each call, so each cache type gets its own loops (simd.h). */
+static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_t i, int64_t h, float *scores,
+                                                       int32_t *cols, const int f16) {
     int64_t d = a->d, cap = a->capacity, kvh = h / (a->hq / a->hkv);
     const float *x = a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, *mask = a->mask + i * cap;
     float *o = a->out + i * a->hq * d + h * d;
@@ -77,18 +87,19 @@ void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *
     float q[512], qs[512]; /* d <= 512, checked when the op runs */
     rope(x, a->cos + i * a->rot_half, a->sin + i * a->rot_half, a->rot_half, d, q);
     if (n_sink) rope(x, a->cos_sink + i * a->rot_half, a->sin_sink + i * a->rot_half, a->rot_half, d, qs);
-    const float *keys = a->keys + kvh * cap * d, *values = a->values + kvh * cap * d;
+    const void *keys = kv_at(a->keys, kvh * cap * d, f16), *values = kv_at(a->values, kvh * cap * d, f16);
     float best = -INFINITY;
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
-        const float *k[4] = {keys + cols[j] * d, keys + cols[j + 1] * d, keys + cols[j + 2] * d, keys + cols[j + 3] * d};
+        const void *k[4] = {kv_at(keys, cols[j] * d, f16), kv_at(keys, cols[j + 1] * d, f16),
+                            kv_at(keys, cols[j + 2] * d, f16), kv_at(keys, cols[j + 3] * d, f16)};
         __m128 sc;
         if (j >= n_sink || j + 4 <= n_sink) {
-            sc = dot4(j >= n_sink ? q : qs, k[0], k[1], k[2], k[3], d, a->scale);
+            sc = dot4(j >= n_sink ? q : qs, k[0], k[1], k[2], k[3], d, a->scale, f16);
         } else {
             const float *qj[4];
             for (int m = 0; m < 4; m++) qj[m] = j + m < n_sink ? qs : q;
-            sc = dot4_mixed(qj, k, d, a->scale);
+            sc = dot4_mixed(qj, k, d, a->scale, f16);
         }
         _mm_storeu_ps(scores + j, sc);
         for (int m = 0; m < 4; m++) {
@@ -97,9 +108,10 @@ void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *
         }
     }
     for (; j < n; j++) {
-        const float *k = keys + cols[j] * d, *qj = j < n_sink ? qs : q;
+        const void *k = kv_at(keys, cols[j] * d, f16);
+        const float *qj = j < n_sink ? qs : q;
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + e), _mm256_loadu_ps(k + e), acc);
+        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + e), kv_load8(k, e, f16), acc);
         float sc = hsum8(acc) * a->scale + mask[cols[j]];
         scores[j] = sc;
         best = sc > best ? sc : best;
@@ -127,20 +139,26 @@ void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *
         int w = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
         __m256 acc[8];
         for (int m = 0; m < 8; m++) acc[m] = _mm256_setzero_ps();
-        const float *v = values + e0;
         if (w == 8) {
             for (int64_t r = 0; r < n; r++) {
-                const float *vr = v + cols[r] * d;
+                const void *vr = kv_at(values, cols[r] * d + e0, f16);
                 __m256 p = _mm256_set1_ps(scores[r]);
-                for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * m), acc[m]);
+                for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, 8 * m, f16), acc[m]);
             }
         } else {
             for (int64_t r = 0; r < n; r++) {
-                const float *vr = v + cols[r] * d;
+                const void *vr = kv_at(values, cols[r] * d + e0, f16);
                 __m256 p = _mm256_set1_ps(scores[r]);
-                for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * m), acc[m]);
+                for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, 8 * m, f16), acc[m]);
             }
         }
         for (int m = 0; m < w; m++) _mm256_storeu_ps(o + e0 + 8 * m, _mm256_mul_ps(acc[m], inv));
     }
+}
+
+void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols) {
+    if (a->kv_f16)
+        head(a, i, h, scores, cols, 1);
+    else
+        head(a, i, h, scores, cols, 0);
 }
