@@ -157,7 +157,9 @@ def attention(
     layer: int,
     head_dim: int,
     rotary_dim: int,
+    eps: float,
 ) -> str:
+    """`eps`: the q/k norms' epsilon (layers with `q_norm`/`k_norm`)."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     grp = hq // hkv
@@ -166,10 +168,14 @@ def attention(
     v = wf.matmul(g, f"{prefix}/v_proj", h, lw.v, lw.v_bias)
     perm_q = [0, 2, 3, 1, 4]  # [1, T, Hkv, G, D] -> [1, Hkv, G, T, D]
     q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
+    if lw.q_norm is not None:  # before the scale: a norm after it would undo it
+        q = rms_norm(g, f"{prefix}/q_norm", q, lw.q_norm, eps)
     q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
     q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
     q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
     k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
+    if lw.k_norm is not None:
+        k = rms_norm(g, f"{prefix}/k_norm", k, lw.k_norm, eps)
     k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
     q_abs = g.op("Transpose", [q_abs], f"{prefix}/q_abs_transpose", perm=perm_q)
     q_sink = g.op("Transpose", [q_sink], f"{prefix}/q_sink_transpose", perm=perm_q)

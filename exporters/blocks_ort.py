@@ -328,6 +328,40 @@ def _gqa(
     )
 
 
+# ------------------------------------------------------------------------------------------------
+#  qkv ─► Reshape [1, T, Hq + 2 Hkv, D] ─► Split ─┬─► q ─► RMSNorm(q_norm) ─┐
+#                                                ├─► k ─► RMSNorm(k_norm) ─┼─► Concat ─► Reshape ─► qkv
+#                                                └─► v ────────────────────┘
+#  Qwen3's per-head norms, before RoPE: the attention ops below rotate the packed qkv themselves.
+# ------------------------------------------------------------------------------------------------
+def head_norms(
+    g: GraphBuilder,
+    prefix: str,
+    qkv: str,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    *,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    eps: float,
+) -> str:
+    heads = g.op("Reshape", [qkv, g.const([0, 0, hq + 2 * hkv, head_dim])], f"{prefix}/head_norm/Reshape")
+    q, k, v = g.op_multi("Split", [heads, g.const([hq, hkv, hkv])], f"{prefix}/head_norm/Split", n_out=3, axis=2)
+    normed = [
+        g.op(
+            "SimplifiedLayerNormalization",
+            [x, g.weight(f"{prefix}/{name}/weight", w.astype(np.float32))],
+            f"{prefix}/{name}/SimplifiedLayerNorm",
+            axis=-1,
+            epsilon=eps,
+        )
+        for x, w, name in ((q, q_norm, "q_norm"), (k, k_norm, "k_norm"))
+    ]
+    heads = g.op("Concat", [*normed, v], f"{prefix}/head_norm/Concat", axis=2)
+    return g.op("Reshape", [heads, g.const([0, 0, (hq + 2 * hkv) * head_dim])], f"{prefix}/head_norm/Flatten")
+
+
 def attention(
     g: GraphBuilder,
     prefix: str,
@@ -341,6 +375,7 @@ def attention(
     rotary_dim: int,
     linear: bool | None = None,
     edge_ops: bool = False,
+    eps: float = 0.0,
 ) -> tuple[str, str | None, str | None]:
     """One layer's attention: (o_proj output, keys, values).
 
@@ -349,12 +384,15 @@ def attention(
     True / False: inside a branch of the decoder-wide If (the caller declares the I/O and collects the
     returned keys/values): GroupQueryAttention while the ring is linear, else the general path.
     `edge_ops`: edge-runtime's LinearAttention in place of GroupQueryAttention and RingAttention in place of
-    the general path (where it takes the shapes: `ring_attention_can_run`)."""
+    the general path (where it takes the shapes: `ring_attention_can_run`). `eps`: the q/k norms' epsilon
+    (layers with `q_norm`/`k_norm`)."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     qkv = wf.matmul_concat(
         g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
     )  # [1, T, (Hq + 2 Hkv) * D]
+    if lw.q_norm is not None and lw.k_norm is not None:
+        qkv = head_norms(g, prefix, qkv, lw.q_norm, lw.k_norm, hq=hq, hkv=hkv, head_dim=d, eps=eps)
     general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim}
     if linear is not None:
         if linear:

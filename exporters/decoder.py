@@ -227,7 +227,7 @@ def _ort_body(
         h, x = blocks_ort.skip_norm(g, f"{p}/input_layernorm", x, delta, lw.attn_norm, eps)
         a, _, _ = blocks_ort.attention(
             g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
-            edge_ops=edge_ops,
+            edge_ops=edge_ops, eps=eps,
         )  # fmt: skip
         h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
         delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf, silu_mul=edge_ops)
@@ -261,7 +261,7 @@ def _stacked_layers(
             h, xb = blocks_ort.skip_norm(b, f"{p}/input_layernorm", xb, delta, lw.attn_norm, eps)
             a, k, v = blocks_ort.attention(
                 b, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
-                linear=linear, edge_ops=True,
+                linear=linear, edge_ops=True, eps=eps,
             )  # fmt: skip
             kv += [k, v]
             h, xb = blocks_ort.skip_norm(b, f"{p}/post_attention_layernorm", xb, a, lw.mlp_norm, eps)
@@ -307,7 +307,9 @@ def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: 
     for i, lw in enumerate(weights.layers):
         p = f"/model/layers.{i}"
         h = rms_norm(g, f"{p}/input_layernorm", x, lw.attn_norm, eps)
-        a = attention(g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim)
+        a = attention(
+            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim, eps=eps
+        )
         x = g.op("Add", [x, a], f"{p}/attn/residual/Add")
         h = rms_norm(g, f"{p}/post_attention_layernorm", x, lw.mlp_norm, eps)
         x = g.op("Add", [x, mlp(g, f"{p}/mlp", h, lw, wf)], f"{p}/mlp/residual/Add")

@@ -1,7 +1,7 @@
 """The float64 numpy reference forward: the oracle every export is validated against.
 
 Written for clarity, not speed: one token sequence (batch 1), dense causal attention, keys stored
-after RoPE at their absolute positions in a growing cache. It follows `transformers`' Llama/Qwen2
+after RoPE at their absolute positions in a growing cache. It follows `transformers`' Llama/Qwen2/Qwen3
 modeling code (rotate-half RoPE, RMSNorm in full precision, GQA by repeating KV heads) and is
 checked against it in tests/test_parity_transformers.py.
 
@@ -55,6 +55,11 @@ def _keep(a: np.ndarray | None) -> np.ndarray | None:
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     # x: [T, H]
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def head_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """Qwen3's per-head q/k RMSNorm over the last (head) dim of x [heads, T, D]; identity without a weight."""
+    return x if weight is None else rms_norm(x, weight, eps)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -128,8 +133,9 @@ class ReferenceModel:
             y = h @ w.T if b is None else h @ w.T + b  # [T, heads*D]
             return y.reshape(t, heads, d).transpose(1, 0, 2)  # [heads, T, D]
 
-        q = apply_rope(proj(lw.q, lw.q_bias, hq), cos, sin)
-        k = apply_rope(proj(lw.k, lw.k_bias, hkv), cos, sin)
+        eps = self.args.rms_norm_eps
+        q = apply_rope(head_norm(proj(lw.q, lw.q_bias, hq), lw.q_norm, eps), cos, sin)
+        k = apply_rope(head_norm(proj(lw.k, lw.k_bias, hkv), lw.k_norm, eps), cos, sin)
         v = proj(lw.v, lw.v_bias, hkv)
         if i < len(cache.keys):
             cache.keys[i] = np.concatenate([cache.keys[i], k], axis=1)
@@ -211,8 +217,8 @@ class StreamingReference:
         for i, lw in enumerate(m.layers):
             h = rms_norm(x, lw.attn_norm, eps)
             hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-            q = (h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(hq, 1, d)
-            k = (h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(hkv, d)
+            q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(hq, 1, d), lw.q_norm, eps)
+            k = head_norm((h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(hkv, d), lw.k_norm, eps)
             v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(hkv, d)
             self.keys[i].append(k)
             self.values[i].append(v)

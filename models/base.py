@@ -181,6 +181,7 @@ class ModelArgs:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
     sliding_window: int | None = None  # attention span in tokens (Mistral); None = full causal
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
@@ -263,6 +264,8 @@ class LayerWeights:
     gate_bias: np.ndarray | None = None  # [I]
     up_bias: np.ndarray | None = None  # [I]
     down_bias: np.ndarray | None = None  # [H]
+    q_norm: np.ndarray | None = None  # [D], shared by every query head
+    k_norm: np.ndarray | None = None  # [D], shared by every KV head
 
     def num_heads(self, head_dim: int) -> int:
         return self.q.shape[0] // head_dim
@@ -313,6 +316,8 @@ class WeightNames:
         for flag, fields in _BIAS_FLAGS.items():
             if getattr(args, flag):
                 wanted.update(fields)
+        if args.qk_norm:
+            wanted.update(("q_norm", "k_norm"))
         layers = [
             LayerWeights(**{f: take(t.format(i=i)) for f, t in self.layer.items() if f in wanted})
             for i in range(args.num_layers)
@@ -376,6 +381,8 @@ def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
             ("gate_bias", (inter,)),
             ("up_bias", (inter,)),
             ("down_bias", (h,)),
+            ("q_norm", (d,)),
+            ("k_norm", (d,)),
         ):
             arr = getattr(lw, f)
             if arr is not None:

@@ -41,18 +41,22 @@ def test_tiny_parity(name, tmp_path):
     assert err <= TOL
 
 
-@pytest.mark.parametrize("name", ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window"])
+@pytest.mark.parametrize("name", ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window", "qwen3-tied"])
 def test_parity_is_sensitive_to_the_feature(name, tmp_path):
-    """Dropping the feature under test (RoPE scaling, sliding window) must break parity, or the test proves nothing."""
+    """Dropping the feature under test (RoPE scaling, sliding window, q/k norms) must break parity, or the test
+    proves nothing."""
     hf = save_tiny_checkpoint(name, tmp_path)
     ckpt = load_checkpoint(tmp_path)
-    args = ckpt.args
-    if args.sliding_window is not None:
+    args, weights = ckpt.args, ckpt.weights
+    if args.qk_norm:
+        layers = [dataclasses.replace(lw, q_norm=None, k_norm=None) for lw in weights.layers]
+        weights = dataclasses.replace(weights, layers=layers)
+    elif args.sliding_window is not None:
         args = dataclasses.replace(args, sliding_window=None)
     else:
         args = dataclasses.replace(args, rope=dataclasses.replace(args.rope, rope_type="default"))
     ids = np.random.default_rng(1).integers(0, args.vocab_size, 64)
-    assert rel_err(ReferenceModel(args, ckpt.weights).forward(ids), hf_logits(hf, ids)) > 1e-3
+    assert rel_err(ReferenceModel(args, weights).forward(ids), hf_logits(hf, ids)) > 1e-3
 
 
 def test_demo_model_parity():

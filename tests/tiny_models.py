@@ -59,6 +59,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "head_dim": 8,
         "use_sliding_window": False,
     },
+    # head_dim 32 with 4 heads: the attention width (128) differs from hidden, as in Qwen3-0.6B (2048 vs 1024).
+    "qwen3-tied": {**_BASE, "model_type": "qwen3", "tie_word_embeddings": True, "head_dim": 32},
+    "qwen3-bias": {
+        **_BASE,
+        "model_type": "qwen3",
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+        "num_attention_heads": 8,
+        "head_dim": 8,
+    },
 }
 
 
