@@ -38,6 +38,7 @@ from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
 from .external_data import save_with_external_data
+from .gguf_quant import SourceCodes
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
@@ -66,6 +67,8 @@ class ExportOptions:
     # (`edge-export --target`, first-use exports) instead of refusing the export.
     fit_window: bool = False
     target: str | None = None  # the target profile the options came from (provenance); None: portable
+    # A GGUF source's Q4_0/Q8_0 codes kept as they are (gguf_quant.read_codes); None: quantize every weight
+    source_codes: SourceCodes | None = None
 
 
 Progress = Callable[[str], None]
@@ -100,6 +103,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
         trt=opts.flavor is Flavor.TRT,
         weights_label=opts.precision.value,
         progress=progress,
+        source_codes=opts.source_codes,
     )
 
     stages.done("weights")  # quantization, calibration, pruning

@@ -122,6 +122,10 @@ class GGUFFile:
                 f"edge-export does not dequantize; supported: {', '.join(SUPPORTED_TYPES)}"
             )
 
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's stored bytes (uint8, memory-mapped), for reading quantization codes as they are."""
+        return self._tensors[name].data.view(np.uint8)
+
     def tensor(self, name: str) -> np.ndarray:
         """The tensor dequantized to float32, shaped like `shape(name)`."""
         gguf = _import_gguf()

@@ -12,12 +12,13 @@ integer form by identity (`lookup`), so blocks.py hands it the same arrays it wo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edge_runtime.errors import ExportError
 from edge_runtime.models import ModelArgs, ModelWeights, WeightNames
 
 from .calibrate import InputStats, LinearInputs, copy_layer
@@ -73,16 +74,26 @@ def quantize_model(
     config: QuantConfig,
     acts: LinearInputs | None = None,
     progress: Callable[[str], None] = lambda _m: None,
+    imported: Mapping[str, QuantizedMatrix] | None = None,
 ) -> QuantizedModel:
     """`acts` (calibration inputs of `weights`) is required by AWQ and GPTQ, optional otherwise
-    (then the record also gives each Linear's relative output error on them)."""
+    (then the record also gives each Linear's relative output error on them). `imported`: tensors whose
+    integer form is given (a GGUF's codes, gguf_quant.py), used as they are where they dequantize to
+    exactly the checkpoint's weights."""
     t0 = time.perf_counter()
     method, bits, block = config.method, config.method.linear_bits, config.block
     if bits is None:
         raise ValueError("quantize_model needs a quantization method")
     if method.needs_calibration and acts is None:
         raise ValueError(f"{method.value} needs calibration inputs")
+    imported = dict(imported or {})
+    if imported and method not in (QuantMethod.INT4, QuantMethod.INT8):
+        raise ValueError(f"{method.value} re-rounds every weight; it takes no imported codes")
     check_blocks(weights, names, config)
+    # Fused q/k/v and gate/up share one MatMulNBits, so an INT8 export holding imported blocks of 32
+    # stores its requantized Linears in blocks of 32 too (where the block divides K), not per channel.
+    linear_names = {names.layer[f].format(i=i) for i in range(len(weights.layers)) for f in LINEARS}
+    int8_block = imported[min(linear_names & set(imported))].block if linear_names & set(imported) else None
 
     extra: dict[str, Any] = {}
     if method is QuantMethod.INT4_AWQ:
@@ -103,8 +114,12 @@ def quantize_model(
 
     def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> np.ndarray:
         deq = qm.dequantize()
+        if name in imported and not np.array_equal(deq, w):
+            raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
         tensors[name] = qm
         entry = {"bits": qm.bits, "block": "channel" if qm.per_channel else qm.block, "rel_err": relative_error(deq, w)}
+        if name in imported:
+            entry["codes"] = "gguf"
         if x is not None:  # the error that matters: of the Linear's output on calibration inputs
             entry["rel_out_err"] = x.output_error(deq, w)
         per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
@@ -117,8 +132,10 @@ def quantize_model(
         for f in LINEARS:
             w, name = getattr(lw, f), names.layer[f].format(i=i)
             x = acts.of(i, f) if acts is not None else None
-            if bits == 8:
-                qm = quantize_rtn(w, 8)
+            if name in imported:
+                qm = imported[name]
+            elif bits == 8:
+                qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
             elif method is QuantMethod.INT4_GPTQ:
                 qm = gptq(w, x.sink_weighted(GPTQ_SINK_WEIGHT), 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER)
             else:
@@ -136,21 +153,29 @@ def quantize_model(
         table_block = config.block if tb == 4 else None
         if tb == 4:
             check_block(names.embed, weights.embed, table_block)
-        embed = add(names.embed, weights.embed, quantize_rtn(weights.embed, tb, table_block), None)
+        embed_q = imported.get(names.embed) or quantize_rtn(weights.embed, tb, table_block)
+        embed = add(names.embed, weights.embed, embed_q, None)
         lm_head = None
         if not tied:
-            lm_head = add(names.lm_head, weights.lm_head, quantize_rtn(weights.lm_head, tb, table_block), None)
+            head_q = imported.get(names.lm_head) or quantize_rtn(weights.lm_head, tb, table_block)
+            lm_head = add(names.lm_head, weights.lm_head, head_q, None)
     if lm_head is None:
         lm_head = embed if tied else np.array(weights.lm_head, np.float32)
     out.weights = ModelWeights(
         embed=embed, final_norm=np.array(weights.final_norm, np.float32), lm_head=lm_head, layers=layers
     )
+    unused = sorted(set(imported) - set(tensors))
+    if unused:  # a caller bug: codes read for tensors this model does not quantize
+        raise ValueError(f"imported codes for tensors not quantized here: {', '.join(unused[:3])}")
+    scheme = "symmetric, positive fp16-representable scales, no zero points"
+    if imported:
+        scheme = "symmetric, no zero points; fp16 scales, positive except in GGUF-imported tensors (as stored)"
     out.record = {
         "method": method.value,
         "linear_bits": bits,
-        "block": block if bits == 4 else "channel",
-        "embeddings": "fp" if config.fp_embeddings else _table_label(config),
-        "scheme": "symmetric, positive fp16-representable scales, no zero points",
+        "block": block if bits == 4 else int8_block or "channel",
+        "embeddings": "fp" if config.fp_embeddings else _table_label(config, imported.get(names.embed)),
+        "scheme": scheme,
         "accuracy_level": config.accuracy_level,
         "per_tensor": per_tensor,
         **extra,
@@ -159,5 +184,7 @@ def quantize_model(
     return out
 
 
-def _table_label(config: QuantConfig) -> str:
+def _table_label(config: QuantConfig, embed: QuantizedMatrix | None = None) -> str:
+    if embed is not None:
+        return f"int{embed.bits} block {embed.block} (GGUF codes)"
     return "int8 per row" if config.table_bits == 8 else f"int4 block {config.block}"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_runtime.errors import ExportError
 from edge_runtime.models import ModelWeights
@@ -19,6 +19,9 @@ from .checkpoint import Checkpoint
 from .prune import PruneConfig, prune_model
 from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
+
+if TYPE_CHECKING:
+    from .gguf_quant import SourceCodes
 
 Progress = Callable[[str], None]
 
@@ -66,13 +69,21 @@ def prepare_weights(
     trt: bool,
     weights_label: str,
     progress: Progress,
+    source_codes: SourceCodes | None = None,
 ) -> PreparedWeights:
+    """`source_codes`: a GGUF source's codes to keep as they are (gguf_quant.py; its record goes into the
+    manifest even when it imports nothing, saying why)."""
     prune = None if prune_ratio is None else PruneConfig(prune_ratio, unit=pruning_unit(quant))
     check_options(quant, trt)
     args, weights = ckpt.args, ckpt.weights
     # Pruning changes the inputs of o_proj and down_proj only (to multiples of the block).
     check_blocks(weights, ckpt.arch.weights, quant, LINEARS if prune is None else ("q", "k", "v", "gate", "up"))
     record: dict[str, Any] = {"method": quant.method.value, "weights": weights_label, "per_tensor": {}}
+    imported = source_codes.tensors if source_codes is not None else {}
+    if source_codes is not None:
+        record["gguf_codes"] = source_codes.record
+    if imported and (prune is not None or quant.method.needs_calibration or not quant.enabled):
+        raise ValueError("GGUF codes are imported by plain int4/int8 exports only")  # plan_import refuses the rest
     if not quant.enabled and prune is None:
         return PreparedWeights(weights, None, record, pruned=False)
 
@@ -99,7 +110,7 @@ def prepare_weights(
     if quant.enabled:
         block = f", block {quant.block}" if quant.method.linear_bits == 4 else ""
         progress(f"quantizing: {quant.method.value}{block}")
-        quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress)
+        quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress, imported)
         record.update(quantized.record)
         record["weights"] = f"int{quant.method.linear_bits}"
         if trt:  # TensorRT dequantizes and multiplies in fp16/fp32: MatMulNBits' compute type does not apply

@@ -2,7 +2,7 @@
 
 edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
             [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO]
-            [--calib FILE] [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge]
+            [--calib FILE] [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge] [--gguf-codes keep|requantize]
 edge-export inspect BUNDLE_DIR
 
 Without --target the defaults are portable (ort flavor, float weights, ONNX Runtime's own kernels: runs on
@@ -40,6 +40,7 @@ class QuantChoice(click.ParamType):
             return QuantMethod.parse(str(value)).value
         except ExportError as e:
             self.fail(str(e), param, ctx)
+
 
 if TYPE_CHECKING:
     from edge_runtime.manifest import Manifest
@@ -142,6 +143,17 @@ def main() -> None:
     "x86-64 AVX2, the matmuls on AVX-512 VNNI where the CPU has it; faster decode; the bundle then runs only where "
     "edge-runtime's kernel library is built) [default: mlas, or the target's where the library runs here].",
 )
+@click.option(
+    "--gguf-codes",
+    type=click.Choice(["keep", "requantize"]),
+    default=None,
+    help="A .gguf source's Q4_0/Q8_0 tensors: keep their codes and fp16 block scales as they are (bit-exact "
+    "llama.cpp weights; Q4_0 into --quant int4 block 32, Q4_0/Q8_0 into --quant int8 as INT8 blocks of 32; ort "
+    "flavor) or requantize the dequantized floats as for a Hugging Face checkpoint. Other GGUF types (Q4_1, "
+    "K-quants, floats) are always requantized: our format holds their grid only approximately. [default: keep "
+    "where --quant int4/int8 allows it (requantizing adds a second rounding to llama.cpp's), else requantize "
+    "with a note].",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
 @friendly_errors
@@ -160,6 +172,7 @@ def build(
     fp_embeddings: bool,
     table_bits: str | None,
     kernel: str | None,
+    gguf_codes: str | None,
     overwrite: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
@@ -194,15 +207,28 @@ def build(
         prune=prune,
         calibration=calib,
     )
+    from edge_runtime.exporters import gguf_quant
+    from edge_runtime.exporters.gguf_convert import checkpoint_dir, is_gguf
+
+    gguf_source = is_gguf(source)
+    declined = gguf_quant.plan_import(  # an impossible explicit --gguf-codes keep fails here, before any work
+        gguf_quant.GGUFCodes(gguf_codes) if gguf_codes else None,
+        opts.quant,
+        gguf_source=gguf_source,
+        trt=opts.flavor is Flavor.TRT,
+        prune=prune is not None,
+    )
     t0 = time.perf_counter()
 
     def progress(msg: str) -> None:
         click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True)
 
-    from edge_runtime.exporters.gguf_convert import checkpoint_dir
-
     # A .gguf file is converted into a temporary HF directory beside OUT, removed afterwards.
     with checkpoint_dir(source, out=out, progress=progress) as hf_dir:
+        if gguf_source:
+            codes = gguf_quant.declined(declined) if declined else gguf_quant.read_codes(source, opts.quant)
+            progress(gguf_quant.summary(codes))
+            opts = dataclasses.replace(opts, source_codes=codes)
         manifest = export(dataclasses.replace(opts, checkpoint=hf_dir), progress=progress)
     click.echo(summary_line(out, manifest))
 
