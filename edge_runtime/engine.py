@@ -78,7 +78,8 @@ class Engine:
             opts.position_offset,
             gqa_while_linear="ring_full" in m.graph.inputs,
         )
-        self.pool.decode.cos_cache[:], self.pool.decode.sin_cache[:] = self.ring.rotary_cache(self.pool.keys[0].dtype)
+        d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
+        d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
         self.backend = OrtBackend(
             bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile, spin=opts.spin
         )
@@ -105,7 +106,8 @@ class Engine:
             )
         out, pos = [], 0
         for n in self.ring.chunks(ids.size):
-            plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.keys[0].dtype)
+            # the activation dtype (the pool's step inputs), which an fp16 cache need not share
+            plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.decode.cos.dtype)
             out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
             pos += n
         self._decoding = False

@@ -1,6 +1,7 @@
 """The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
 
-    K/V per layer      [1, H_kv, capacity, D], bound as past_* (and present_* for the in-place `ort` flavor)
+    K/V per layer      [1, H_kv, capacity, D] of the manifest's kv dtype, bound as past_* (and present_* for
+                       the in-place `ort` flavor)
     decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
                        sink_rows [1], ring_full [], seqlens_k [1], total length [],
                        cos/sin cache [capacity, R/2] (filled once at load: RingState.rotary_cache)
@@ -37,13 +38,14 @@ class StaticPool:
     def allocate(cls, manifest: Manifest, geometry: RingGeometry) -> StaticPool:
         m, g = manifest.model, geometry
         dtype = np.dtype(manifest.graph.activation_dtype)
+        kv_dtype = np.dtype(manifest.graph.kv_dtype)  # fp16 under fp32 activations: --kv-dtype fp16
         host_copy = manifest.graph.kv_update is KvUpdate.HOST_COPY
         cols = g.capacity + (1 if host_copy else 0)
         half = m.rotary_dim // 2
         masked = MASKED_FP16 if dtype == np.float16 else MASKED
         shapes = [manifest.graph.kv_shape(h, g.capacity, m.head_dim) for h in m.num_kv_heads]
-        keys = [_committed(shape, dtype) for shape in shapes]
-        values = [_committed(shape, dtype) for shape in shapes]
+        keys = [_committed(shape, kv_dtype) for shape in shapes]
+        values = [_committed(shape, kv_dtype) for shape in shapes]
         decode = DecodeBuffers(
             cos=np.zeros((1, half), dtype),
             sin=np.zeros((1, half), dtype),
@@ -72,8 +74,8 @@ class StaticPool:
             next_token=np.zeros((1, 1, 1), np.int64) if NEXT_TOKEN in manifest.graph.outputs else None,
         )
         if host_copy:
-            pool.new_keys = [np.zeros((1, h, 1, m.head_dim), dtype) for h in m.num_kv_heads]
-            pool.new_values = [np.zeros((1, h, 1, m.head_dim), dtype) for h in m.num_kv_heads]
+            pool.new_keys = [np.zeros((1, h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
+            pool.new_values = [np.zeros((1, h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
         return pool
 
     def nbytes(self) -> int:
@@ -111,7 +113,7 @@ class StaticPool:
 
     @staticmethod
     def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry) -> int:
-        itemsize = np.dtype(manifest.graph.activation_dtype).itemsize
+        itemsize = np.dtype(manifest.graph.kv_dtype).itemsize
         return 2 * sum(h * geometry.capacity * manifest.model.head_dim * itemsize for h in manifest.model.num_kv_heads)
 
 

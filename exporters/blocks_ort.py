@@ -281,14 +281,20 @@ def _full_ring(
 
 
 def cache_io(g: GraphBuilder, layer: int, hkv: int, head_dim: int) -> tuple[str, str, list[str]]:
-    """Declare layer `layer`'s past_key/past_value inputs and present_* outputs: (past_k, past_v, present)."""
+    """Declare layer `layer`'s past_key/past_value inputs and present_* outputs: (past_k, past_v, present),
+    all of the cache's dtype (g.kv_dtype)."""
     cache_shape = [1, hkv, "capacity", head_dim]
-    past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
-    past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
+    past_k = g.input(f"past_key.{layer}", g.kv_dtype, cache_shape)
+    past_v = g.input(f"past_value.{layer}", g.kv_dtype, cache_shape)
     present = [f"present_key.{layer}", f"present_value.{layer}"]
     for name in present:
-        g.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[g.dtype], cache_shape))
+        g.outputs.append(helper.make_tensor_value_info(name, ONNX_DTYPE[g.kv_dtype], cache_shape))
     return past_k, past_v, present
+
+
+def branch_outputs(g: GraphBuilder, outs: list[str] | tuple[str, ...]) -> list[tuple[str, np.dtype]]:
+    """An If branch's (activation, keys, values, ...) outputs with their dtypes: the cache's after the first."""
+    return [(outs[0], g.dtype), *((t, g.kv_dtype) for t in outs[1:])]
 
 
 def _gqa(
@@ -415,8 +421,8 @@ def attention(
         f"{prefix}/ring_full/If",
         n_out=3,
         outs=[f"{prefix}/attn_out", *present],
-        then_branch=full.to_graph([(t, g.dtype) for t in ring]),
-        else_branch=lin.to_graph([(t, g.dtype) for t in gqa]),
+        then_branch=full.to_graph(branch_outputs(g, ring)),
+        else_branch=lin.to_graph(branch_outputs(g, gqa)),
     )
     return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
 

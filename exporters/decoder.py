@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from edge_runtime import __version__
+from edge_runtime.errors import ExportError
 from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN, KvUpdate
 from edge_runtime.models import ModelArgs, ModelWeights
@@ -28,7 +29,7 @@ from edge_runtime.models import ModelArgs, ModelWeights
 from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .graph import GraphBuilder
-from .quant import MatMulKernel
+from .quant import MatMulKernel, QuantConfig
 from .quant_graph import edge_matmul, quantized_format
 from .quant_model import QuantizedModel
 
@@ -45,6 +46,18 @@ class Precision(enum.Enum):
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(np.float16 if self is Precision.FP16 else np.float32)
+
+
+class KvDtype(enum.Enum):
+    """The KV cache's element type (`edge-export --kv-dtype`). fp16 halves the bytes attention reads per token
+    at a full ring; only edge-runtime's LinearAttention/RingAttention take it under fp32 activations."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float16 if self is KvDtype.FP16 else np.float32)
 
 
 OPSET = {Flavor.ORT: 24, Flavor.TRT: 21}
@@ -65,16 +78,45 @@ def activation_dtype(flavor: Flavor, precision: Precision) -> np.dtype:
     return precision.dtype if flavor is Flavor.TRT else np.dtype(np.float32)
 
 
+def kv_dtype_problem(args: ModelArgs | None, flavor: Flavor, quant: QuantConfig | None, kv: KvDtype) -> str | None:
+    """Why the graph cannot hold a `kv` cache (None: it can; `args` None: the options alone, before a model is
+    read). FP32 is every graph's default (`trt` keeps its cache in its activation dtype). GroupQueryAttention,
+    ONNX Attention and TensorScatter need the cache in the activation dtype, so an fp16 cache needs
+    edge-runtime's attention ops at every fill."""
+    if kv is KvDtype.FP32:
+        return None
+    if flavor is Flavor.TRT:
+        return f"--kv-dtype {kv.value} needs the ort flavor (the trt graph keeps its cache in its activation dtype)"
+    if quant is None or not quant.enabled or quant.kernel is not MatMulKernel.EDGE:
+        return (
+            f"--kv-dtype {kv.value} needs --kernel edge with a quantized model (--quant int8/int4*): ONNX Runtime's "
+            "GroupQueryAttention and Attention need the cache in the activation dtype (fp32)"
+        )
+    if args is not None and not blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim):
+        return (
+            f"--kv-dtype {kv.value}: RingAttention does not take head size {args.head_dim} (rotary {args.rotary_dim}), "
+            "and ONNX Attention, used instead, needs the cache in the activation dtype (fp32)"
+        )
+    return None
+
+
 def build_decoder(
     args: ModelArgs,
     weights: ModelWeights,
     flavor: Flavor,
     precision: Precision,
     quantized: QuantizedModel | None = None,
+    kv_dtype: KvDtype = KvDtype.FP32,
 ) -> BuiltGraph:
-    """`quantized`: integer forms of `weights` (which must be `quantized.weights`), else float weights."""
+    """`quantized`: integer forms of `weights` (which must be `quantized.weights`), else float weights.
+    `kv_dtype`: the KV cache's element type (ExportError where the graph's attention cannot take it)."""
+    problem = kv_dtype_problem(args, flavor, None if quantized is None else quantized.config, kv_dtype)
+    if problem:
+        raise ExportError(problem)
     act = activation_dtype(flavor, precision)
     g = GraphBuilder("edge_runtime_decoder", OPSET[flavor], act)
+    if flavor is Flavor.ORT:
+        g.kv_dtype = kv_dtype.dtype  # trt: the activation dtype (kv_dtype_problem refuses anything else)
     wf: WeightFormat = FloatWeights(precision.dtype)
     weight_dtype = precision.value
     if quantized is not None:
@@ -115,6 +157,7 @@ def build_decoder(
             "update": (KvUpdate.IN_PLACE_SCATTER if flavor is Flavor.ORT else KvUpdate.HOST_COPY).value,
             "layout": KV_HEADS_FIRST,
             "attended_columns": LINEAR_UNTIL_FULL if flavor is Flavor.ORT else "capacity_plus_tokens",
+            "dtype": g.kv_dtype.name,  # the buffers the runtime allocates (GraphSpec.kv_dtype)
         },
     }
     return BuiltGraph(
@@ -268,7 +311,7 @@ def _stacked_layers(
             delta = blocks_ort.mlp(b, f"{p}/mlp", h, lw, wf, silu_mul=True)
         h, _ = blocks_ort.skip_norm(b, "/model/norm", xb, delta, weights.final_norm, eps)
         blocks_ort.fold_norms(b, outputs={h, *kv})
-        bodies[side] = b.to_graph([(t, g.dtype) for t in (h, *kv)])
+        bodies[side] = b.to_graph(blocks_ort.branch_outputs(g, (h, *kv)))
     outs = g.op_multi(
         "If",
         [step.ring_full],

@@ -36,14 +36,22 @@ from edge_runtime.rss import peak_rss_bytes
 
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
-from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
+from .decoder import OPSET, BuiltGraph, Flavor, KvDtype, Precision, build_decoder, kv_dtype_problem
 from .external_data import save_with_external_data
 from .gguf_quant import SourceCodes
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .tokenizer_export import bundle_tokenizer, read_json
-from .validate import CaseResult, Tolerance, fixed_tolerance, float32_probe, fp32_tolerance, validation_grid
+from .validate import (
+    CaseResult,
+    Tolerance,
+    fixed_tolerance,
+    float32_probe,
+    fp32_tolerance,
+    validation_grid,
+    with_fp16_kv,
+)
 
 GRAPH_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 DEFAULT_SINKS = 4
@@ -67,6 +75,7 @@ class ExportOptions:
     # (`edge-export --target`, first-use exports) instead of refusing the export.
     fit_window: bool = False
     target: str | None = None  # the target profile the options came from (provenance); None: portable
+    kv_dtype: KvDtype = KvDtype.FP32  # the KV cache's element type (fp16: --kernel edge, ort flavor)
     # A GGUF source's Q4_0/Q8_0 codes kept as they are (gguf_quant.read_codes); None: quantize every weight
     source_codes: SourceCodes | None = None
 
@@ -94,6 +103,9 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     ckpt = load_checkpoint(opts.checkpoint)
     tokenizer = bundle_tokenizer(ckpt)
     cache = _cache_spec(ckpt, opts)
+    kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing
+    if kv_problem:
+        raise ExportError(kv_problem)
     stages.done("load")
     prepared = prepare_weights(
         ckpt,
@@ -108,7 +120,9 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
 
     stages.done("weights")  # quantization, calibration, pruning
     progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
-    built = build_decoder(ckpt.args, prepared.weights, opts.flavor, opts.precision, prepared.quantized)
+    built = build_decoder(
+        ckpt.args, prepared.weights, opts.flavor, opts.precision, prepared.quantized, kv_dtype=opts.kv_dtype
+    )
     stages.done("graph")
 
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
@@ -198,6 +212,8 @@ def _validate(
         cases = grid(_session(str(graph), built), probe)
         tol = fp32_tolerance(cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
         worst = _check(cases, tol.value, _label(precision, tol))
+    if built.io["kv"]["dtype"] == "float16" and built.activation_dtype != np.float16:
+        tol = with_fp16_kv(tol)
     what = "" if q is None and not prepared.pruned else " run with the exported (pruned/dequantized) weights"
     return ValidationRecord(
         reference=f"{reference_dtype} numpy StreamingLLM transcription (exporters/reference.py){what}",
@@ -319,6 +335,7 @@ def _provenance(
             "kernel": opts.quant.kernel.value,
             "table_bits": opts.quant.table_bits,
             "prune": opts.prune,
+            "kv_dtype": opts.kv_dtype.value,
         },
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},
         "onnx": onnx.__version__,

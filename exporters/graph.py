@@ -32,6 +32,7 @@ class GraphBuilder:
         self.name = name
         self.opset = opset
         self.dtype = np.dtype(dtype)  # activation dtype
+        self.kv_dtype = self.dtype  # the KV cache's (past_*/present_*): fp16 under an fp32 graph where the ops take it
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -115,6 +116,7 @@ class GraphBuilder:
         """A builder for a control-flow body (If/Loop branch): it may read this graph's values by name.
         `scope` prefixes its node (and so its value) names, so two branches can build the same layers."""
         sub = GraphBuilder(name, self.opset, self.dtype)
+        sub.kv_dtype = self.kv_dtype
         sub._names = self._names  # node names stay unique across the whole model
         sub.domains = self.domains
         sub._root = self._root

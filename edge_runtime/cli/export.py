@@ -3,6 +3,7 @@
 edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
             [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO]
             [--calib FILE] [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge] [--gguf-codes keep|requantize]
+            [--kv-dtype fp32|fp16]
 edge-export inspect BUNDLE_DIR
 
 Without --target the defaults are portable (ort flavor, float weights, ONNX Runtime's own kernels: runs on
@@ -154,6 +155,14 @@ def main() -> None:
     "where --quant int4/int8 allows it (requantizing adds a second rounding to llama.cpp's), else requantize "
     "with a note].",
 )
+@click.option(
+    "--kv-dtype",
+    type=click.Choice(["fp32", "fp16"]),
+    default="fp32",
+    show_default=True,
+    help="KV cache element type. fp16 halves the cache's memory and the bytes attention reads per token at a full "
+    "ring; it needs --kernel edge (LinearAttention/RingAttention) on a quantized ort bundle.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
 @friendly_errors
@@ -173,11 +182,13 @@ def build(
     table_bits: str | None,
     kernel: str | None,
     gguf_codes: str | None,
+    kv_dtype: str,
     overwrite: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
     bundle in OUT. Without --target the defaults are portable; --target T applies the device profile's."""
-    from edge_runtime.exporters.decoder import Flavor, Precision
+    from edge_runtime.errors import ExportError
+    from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision, kv_dtype_problem
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
     from edge_runtime.models import resolve_checkpoint
@@ -206,7 +217,11 @@ def build(
         ),
         prune=prune,
         calibration=calib,
+        kv_dtype=KvDtype(kv_dtype),
     )
+    kv_problem = kv_dtype_problem(None, opts.flavor, opts.quant, opts.kv_dtype)  # before a .gguf is converted
+    if kv_problem:
+        raise ExportError(kv_problem)
     from edge_runtime.exporters import gguf_quant
     from edge_runtime.exporters.gguf_convert import checkpoint_dir, is_gguf
 
@@ -328,7 +343,8 @@ def inspect(bundle: Path, no_verify: bool) -> None:
         f"model       {m.model.source_model_type} -> {m.model.arch}: {m.model.parameters / 1e6:.2f}M parameters, "
         f"{m.model.num_layers} layers, hidden {m.model.hidden_size}, heads/kv {heads}, vocab {m.model.vocab_size}",
         f"graph       {m.graph.flavor} flavor, opset {m.graph.opset}, weights {m.graph.weight_dtype}, "
-        f"activations {m.graph.activation_dtype}, {m.graph.weight_bytes / 1e6:.1f} MB read per token",
+        f"activations {m.graph.activation_dtype}, KV cache {m.graph.kv_dtype}, "
+        f"{m.graph.weight_bytes / 1e6:.1f} MB read per token",
         f"cache       sinks {m.cache.sinks}, window {m.cache.window}, slack {m.cache.slack} "
         f"(KV update: {m.graph.kv['update']})",
         f"tokenizer   bos {m.tokenizer.bos_token_id}, eos {m.tokenizer.eos_token_ids}",
