@@ -97,6 +97,59 @@ def _check_exact(bundle: Path, gguf_path: Path, kept: set[str], cfg: dict, *, ll
     return compared
 
 
+def _run_matmul(op: str, qm, x: np.ndarray, **attrs) -> np.ndarray:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from edge_runtime.exporters.quant_graph import pack_nbits
+
+    b, s, _ = pack_nbits(qm, "w")
+    n, k = qm.shape
+    domain = "com.microsoft" if op == "MatMulNBits" else kernels.DOMAIN
+    if op == "MatMulQ4":
+        s = s.astype(np.float16)  # what --kernel edge exports write
+    node = helper.make_node(op, ["x", "b", "s"], ["y"], domain=domain, K=k, N=n, **attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x.shape[0], n])],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(s, "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+    so = ort.SessionOptions()
+    kernels.register(so)
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("op", ["MatMulQ4", "MatMulNBits-0", "MatMulNBits-4"])
+def test_negative_scales_compute_like_positive_ones(op):
+    """The same weights as (codes, -scales) and (-codes, scales): MatMulQ4 gives exactly the same output;
+    MatMulNBits to float rounding at accuracy_level 0 (fp32) and 4 (int8 activations)."""
+    from edge_runtime.exporters.quant import QuantizedMatrix
+
+    if op == "MatMulQ4" and not kernels.available():
+        pytest.skip(kernels.unavailable_reason())
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-7, 8, (64, 128)).astype(np.int8)  # -7..7: both signs representable
+    scales = (np.abs(rng.standard_normal((64, 4))) * 0.01 + 1e-3).astype(np.float16).astype(np.float32)
+    pos = QuantizedMatrix(codes, scales, 4, 32)
+    neg = QuantizedMatrix(-codes, -scales, 4, 32)
+    np.testing.assert_array_equal(pos.dequantize(), neg.dequantize())  # equal values (0 * -s is -0.0)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    name, _, level = op.partition("-")
+    attrs = {"bits": 4, "block_size": 32, "accuracy_level": int(level)} if level else {}
+    y_pos, y_neg = _run_matmul(name, pos, x, **attrs), _run_matmul(name, neg, x, **attrs)
+    if name == "MatMulQ4":
+        np.testing.assert_array_equal(y_neg, y_pos)
+    else:
+        np.testing.assert_allclose(y_neg, y_pos, rtol=0, atol=1e-5 * float(np.abs(y_pos).max()))
+    exact = x.astype(np.float64) @ pos.dequantize().astype(np.float64).T
+    tol = 1e-6 if level == "0" else 2e-2  # int8 activations: MatMulQ4 and accuracy_level 4
+    assert float(np.abs(y_neg - exact).max() / np.abs(exact).max()) < tol
+
+
 @pytest.fixture(scope="module")
 def q4_gguf(tmp_path_factory) -> Path:
     """llama (llama.cpp permutes its Q/K rows), untied head, every 2-D tensor Q4_0 (the table too)."""
