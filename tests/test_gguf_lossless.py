@@ -180,6 +180,8 @@ def test_q4_0_codes_kept_bit_exact(tmp_path, q4_gguf, kernel):
     cfg = TINY_CONFIGS["llama-untied"]
     kept = set(_file_weights(q4_gguf))
     assert _check_exact(bundle, q4_gguf, kept, cfg, llama=True, tied=False) == 23
+    shown = CliRunner().invoke(export_cli, ["inspect", str(bundle)])
+    assert "GGUF codes kept as stored: 23 Q4_0 tensors" in shown.output
     tokens = _greedy(bundle, [0, 17, 33, 99, 250], 12)
     assert len(tokens) == 12 and all(0 <= t < cfg["vocab_size"] for t in tokens)
 

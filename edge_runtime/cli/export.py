@@ -387,6 +387,12 @@ def _quantization_lines(q: dict) -> list[str]:
         if out:
             median = sorted(out)[len(out) // 2]
             lines.append(f"            Linear output error on calibration text: median {median:.2e}")
+    if "gguf_codes" in q:
+        g = q["gguf_codes"]
+        kinds = "/".join(sorted(set(g["imported"].values())))
+        requantized = f"; {len(g['requantized'])} requantized" if g.get("requantized") else ""
+        text = g.get("note") or f"GGUF codes kept as stored: {len(g['imported'])} {kinds} tensors{requantized}"
+        lines.append(f"            {text}")
     if "exact_parity" in q:
         e = q["exact_parity"]
         lines.append(
