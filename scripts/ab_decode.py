@@ -5,8 +5,10 @@
 Loads every model once, then for `--rounds` rounds runs each in turn: a `--prompt`-token prefill, then
 `--gen` single-token decode steps. Rounds interleave the models, so a shared machine's drift hits all of
 them alike. Prints each model's median step time and its per-round ratio to the reference (the genai
-folder if given, else the last bundle). `--window` sizes our ring: a small one (e.g. 60 with the default
-128-token prompt) keeps it full, measuring the steady state of an unbounded stream rather than the fill.
+folder if given, else the last bundle), and each bundle's KV cache dtype and bytes. `--window` sizes our
+ring: a small one (e.g. 60 with the default 128-token prompt) keeps it full, measuring the steady state of
+an unbounded stream rather than the fill. `--prompt` is the context depth the decode steps run at: a
+prompt of at least sinks + window tokens (2048 with --window 2044) decodes at a full ring of that size.
 Compare graphs of different runtime versions by running this at each commit against the same genai folder.
 """
 
@@ -66,10 +68,16 @@ def main() -> int:
             steps[str(a.genai)].append((time.perf_counter() - t) / a.gen)
             del generator
     ref = names[-1]
-    print(f"{a.rounds} rounds, prompt {a.prompt}, {a.gen} decode steps, window {a.window or 'bundle default'}")
+    from edge_runtime import kernels
+
+    print(f"{a.rounds} rounds, prompt {a.prompt}, {a.gen} decode steps, window {a.window or 'bundle default'}, "
+          f"{a.threads} threads, edge kernels {kernels.isa()}")  # fmt: skip
     for name in names:
         ratios = [x / y for x, y in zip(steps[name], steps[ref], strict=True)]
-        print(f"{name}: {statistics.median(steps[name]) * 1e3:.2f} ms/step; step time / reference: median "
+        e = engines.get(name)
+        kv = f" [KV {e.pool.keys[0].dtype}, {e.pool.kv_nbytes() / 1e6:.1f} MB, {e.geometry.capacity} rows]" if e else ""
+        step = statistics.median(steps[name])
+        print(f"{name}{kv}: {step * 1e3:.2f} ms/step ({1 / step:.1f} tok/s); step time / reference: median "
               f"{statistics.median(ratios):.3f} ({' '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
     return 0
 
