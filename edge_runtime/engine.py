@@ -22,9 +22,9 @@ from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, VerifyMode, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
 from .logits_check import CHECK_EVERY, check_row, check_token
-from .manifest import LINEAR_UNTIL_FULL, KvUpdate
+from .manifest import LINEAR_UNTIL_FULL, KvUpdate, Manifest
 from .pool import StaticPool
-from .ring import RingGeometry, RingState, geometry_problem
+from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
@@ -77,6 +77,7 @@ class Engine:
             np.asarray(m.model.rope_inv_freq),
             opts.position_offset,
             gqa_while_linear="ring_full" in m.graph.inputs,
+            local=_local_layers(m),
         )
         d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
         d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
@@ -206,3 +207,10 @@ def load(
     if target is not None:
         opts = apply_target(opts, target, bundle)
     return Engine(bundle, opts)
+
+
+def _local_layers(m: Manifest) -> LocalLayers | None:
+    """The model's local layers from the manifest (Gemma 3), None where every layer is global."""
+    if m.model.local_window is None or m.model.local_rope_inv_freq is None:
+        return None
+    return LocalLayers(window=m.model.local_window, inv_freq=np.asarray(m.model.local_rope_inv_freq, np.float64))

@@ -64,6 +64,9 @@ class ModelSpec:
     max_position_embeddings: int
     parameters: int
     tied_embeddings: bool
+    # Local layers (Gemma 3): the tokens they attend back and their RoPE; None where every layer is global.
+    local_window: int | None = None
+    local_rope_inv_freq: list[float] | None = None
 
 
 @dataclass(frozen=True)

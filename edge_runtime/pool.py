@@ -64,6 +64,9 @@ class StaticPool:
             angle=np.zeros(half, np.float64),
             trig=np.zeros(half, np.float64),
         )
+        if m.local_window is not None:  # the local layers' own inputs (Gemma 3)
+            decode.cos_local, decode.sin_local = np.zeros((1, half), dtype), np.zeros((1, half), dtype)
+            decode.attn_mask_local = np.full((1, cols), masked, dtype)
         pool = cls(
             keys=keys,
             values=values,
@@ -97,6 +100,7 @@ class StaticPool:
             d.cos_cache,
             d.sin_cache,
         ]
+        arrays += [a for a in (d.cos_local, d.sin_local, d.attn_mask_local) if a is not None]
         return sum(a.nbytes for a in arrays)
 
     def gather_rows(self, rows: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:

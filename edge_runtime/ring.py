@@ -94,6 +94,14 @@ class RingGeometry:
         return n
 
 
+@dataclass(frozen=True)
+class LocalLayers:
+    """A model's local layers as the runtime sees them (manifest model.local_window / local_rope_inv_freq)."""
+
+    window: int  # tokens a local layer attends back, itself included
+    inv_freq: np.ndarray  # [R/2] float64: their RoPE
+
+
 @dataclass
 class StepInputs:
     """Host-side graph inputs for one call covering tokens [t0, t0 + n)."""
@@ -109,6 +117,10 @@ class StepInputs:
     ring_full: np.ndarray  # [] bool: some token is past S + W - 1 (`ort` leaves GroupQueryAttention)
     seqlens_k: np.ndarray  # [1] int32: t0 + n - 1, GroupQueryAttention's last row (row r = token r until full)
     total_len: np.ndarray  # [] int32: t0 + n
+    # Local layers (Gemma 3), where the model has them: their RoPE at absolute positions and window mask.
+    cos_local: np.ndarray | None = None  # [n, R/2]
+    sin_local: np.ndarray | None = None
+    attn_mask_local: np.ndarray | None = None  # [n, K]
 
     def feeds(self, ids: np.ndarray, keep: int) -> dict[str, np.ndarray]:
         """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py); a graph takes
@@ -129,6 +141,8 @@ class StepInputs:
             "num_logits_to_keep": np.array([keep], dtype=np.int64),
             "write_index": self.write_index,
         }
+        if self.attn_mask_local is not None:
+            feeds |= {"cos_local": self.cos_local, "sin_local": self.sin_local, "attn_mask_local": self.attn_mask_local}
         return feeds
 
 
@@ -152,19 +166,32 @@ class DecodeBuffers:
     masked: float
     angle: np.ndarray  # [R/2] float64 scratch
     trig: np.ndarray  # [R/2] float64 scratch
+    cos_local: np.ndarray | None = None  # [1, R/2]: local layers' inputs (models with local layers only)
+    sin_local: np.ndarray | None = None
+    attn_mask_local: np.ndarray | None = None  # [1, K]
 
 
 class RingState:
     """What the host tracks per sequence: tokens processed and the position held by every buffer row."""
 
     def __init__(
-        self, geometry: RingGeometry, inv_freq: np.ndarray, position_offset: int = 0, *, gqa_while_linear: bool = False
+        self,
+        geometry: RingGeometry,
+        inv_freq: np.ndarray,
+        position_offset: int = 0,
+        *,
+        gqa_while_linear: bool = False,
+        local: LocalLayers | None = None,
     ):
         """`gqa_while_linear`: the graph reads only the rotary cache (GroupQueryAttention) until ring_full,
-        so decode steps before then skip the cos/sin and sink-angle inputs: the `ort` graphs of 0.3."""
+        so decode steps before then skip the cos/sin and sink-angle inputs: the `ort` graphs of 0.3.
+        `local`: the model's local layers (their window and RoPE), whose inputs every call then also gets."""
         self.gqa_while_linear = gqa_while_linear
         self.geometry = geometry
         self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
+        self.local = local
+        # A local layer sees the tokens less than its window back that the ring still holds: at most W.
+        self.local_span = None if local is None else min(local.window, geometry.window)
         self.position_offset = position_offset  # absolute position of token 0 (tests start it at 1e7)
         self.tokens = 0
         # High-water mark of `tokens` since the last reset: a rollback lowers `tokens`, not what the
@@ -225,8 +252,10 @@ class RingState:
         for GroupQueryAttention, which rotates the rows it writes at their row index."""
         return self._angles(np.arange(self.geometry.capacity, dtype=np.int64) + self.position_offset, dtype)
 
-    def _angles(self, positions: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        a = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
+    def _angles(
+        self, positions: np.ndarray, dtype: np.dtype, inv_freq: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        a = positions.astype(np.float64)[:, None] * (self.inv_freq if inv_freq is None else inv_freq)[None, :]
         return np.cos(a).astype(dtype), np.sin(a).astype(dtype)
 
     def plan(self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32) -> StepInputs:
@@ -258,9 +287,16 @@ class RingState:
         masked = MASKED_FP16 if np.dtype(dtype) == np.float16 else MASKED
         cos, sin = self._angles(pos, dtype)
         cos_s, sin_s = self._angles(logical, dtype)
+        local = {}
+        if self.local is not None:
+            near = (col_pos[None, :] >= 0) & (diff >= 0) & (diff < self.local_span)
+            cos_l, sin_l = self._angles(pos, dtype, self.local.inv_freq)
+            mask_l = np.where(near, 0.0, masked).astype(dtype)
+            local = {"cos_local": cos_l, "sin_local": sin_l, "attn_mask_local": mask_l}
         self.tokens += n
         self.written = max(self.written, self.tokens)
         return StepInputs(
+            **local,
             write_index=np.array([first], dtype=np.int64),
             cos=cos,
             sin=sin,
@@ -284,6 +320,9 @@ class RingState:
         sinks = np.arange(g.capacity) < g.sinks
         visible = (self.row_pos >= 0) & (sinks | (pos - self.row_pos < g.window))
         bufs.attn_mask[0, : g.capacity] = np.where(visible, 0.0, bufs.masked)
+        if bufs.attn_mask_local is not None and self.local_span is not None:
+            near = (self.row_pos >= 0) & (pos - self.row_pos < self.local_span)
+            bufs.attn_mask_local[0, : g.capacity] = np.where(near, 0.0, bufs.masked)
         self._sink_angles(bufs, self.tokens)
 
     def _sink_position(self, t: np.ndarray | int) -> np.ndarray | int:
@@ -321,6 +360,8 @@ class RingState:
             bufs.sink_mask[g.capacity] = t < g.sinks
         else:
             bufs.attn_mask[0, row] = 0.0
+        if bufs.attn_mask_local is not None:
+            self._local_decode(bufs, t, row, new_rows_as_columns)
         full = t >= g.logical_capacity
         # Each numpy call here costs microseconds against caches the step just flushed; the GQA branch
         # reads none of these inputs, so they are first written on the step that turns ring_full on.
@@ -342,9 +383,27 @@ class RingState:
             self.written = t + 1
         return row
 
+    def _local_decode(self, bufs: DecodeBuffers, t: int, row: int, new_rows_as_columns: bool) -> None:
+        """The local layers' inputs for token t: the token leaving their span masked (a sink too: a local
+        layer has no sinks), the new row shown, their angles at t."""
+        if self.local is None or self.local_span is None or bufs.cos_local is None or bufs.sin_local is None:
+            raise EdgeRuntimeError("local-layer decode buffers without the model's local layers")  # a wiring bug
+        mask = bufs.attn_mask_local
+        leaving = t - self.local_span
+        if leaving >= 0:
+            mask[0, self.geometry.slot(leaving)] = bufs.masked
+        mask[0, self.geometry.capacity if new_rows_as_columns else row] = 0.0
+        np.multiply(self.local.inv_freq, float(t + self.position_offset), out=bufs.angle)
+        np.cos(bufs.angle, out=bufs.trig)
+        bufs.cos_local[0] = bufs.trig
+        np.sin(bufs.angle, out=bufs.trig)
+        bufs.sin_local[0] = bufs.trig
+
     def decode_done(self, bufs: DecodeBuffers, row: int) -> None:
         """Host-copy flavor: the new row now holds its token, so its column becomes visible."""
         bufs.attn_mask[0, row] = 0.0
+        if bufs.attn_mask_local is not None:
+            bufs.attn_mask_local[0, row] = 0.0
 
     def chunks(self, n_tokens: int, max_chunk: int | None = None) -> list[int]:
         """Split n_tokens (starting at the current state) into graph calls: at the ring's wrap point and,

@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from edge_runtime.models import LayerWeights
+from edge_runtime.models.base import Activation
 
 from .graph import ONNX_DTYPE, GraphBuilder
 
@@ -135,6 +136,12 @@ class StepTensors:
     sin_k: str
     attn_mask: str  # [T, K] additive
     sink_mask: str  # [K] bool
+    # Local layers (Gemma 3): their own RoPE at absolute positions (no sink rotation) and their window's mask.
+    cos_q_local: str | None = None
+    sin_q_local: str | None = None
+    cos_k_local: str | None = None
+    sin_k_local: str | None = None
+    attn_mask_local: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,8 +165,11 @@ def attention(
     head_dim: int,
     rotary_dim: int,
     eps: float,
+    scale: float,
+    local: bool = False,
 ) -> str:
-    """`eps`: the q/k norms' epsilon (layers with `q_norm`/`k_norm`)."""
+    """`eps`: the q/k norms' epsilon (layers with `q_norm`/`k_norm`); `scale`: the softmax scale of q.k;
+    `local`: a local layer (its own RoPE at absolute positions, no sink columns, its window's mask)."""
     d = head_dim
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     grp = hq // hkv
@@ -170,15 +180,22 @@ def attention(
     q = g.op("Reshape", [q, g.const([0, 0, hkv, grp, d])], f"{prefix}/q_reshape")  # [1, T, Hkv, G, D]
     if lw.q_norm is not None:  # before the scale: a norm after it would undo it
         q = rms_norm(g, f"{prefix}/q_norm", q, lw.q_norm, eps)
-    q = g.op("Mul", [q, g.const(np.array(1.0 / np.sqrt(d), g.dtype))], f"{prefix}/q_scale")
-    q_abs = rope(g, f"{prefix}/q_rope", q, step.cos_q, step.sin_q, rotary_dim, d)
-    q_sink = rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
+    q = g.op("Mul", [q, g.const(np.array(scale, g.dtype))], f"{prefix}/q_scale")
+    if local:
+        if step.cos_q_local is None or step.sin_q_local is None or step.cos_k_local is None:
+            raise ValueError(f"{prefix}: the local layers' inputs were not declared")  # a builder bug
+        cos_q, sin_q, cos_k, sin_k = step.cos_q_local, step.sin_q_local, step.cos_k_local, step.sin_k_local
+    else:
+        cos_q, sin_q, cos_k, sin_k = step.cos_q, step.sin_q, step.cos_k, step.sin_k
+    q_abs = rope(g, f"{prefix}/q_rope", q, cos_q, sin_q, rotary_dim, d)
+    q_sink = None if local else rope(g, f"{prefix}/q_sink_rope", q, step.cos_q_sink, step.sin_q_sink, rotary_dim, d)
     k = g.op("Reshape", [k, g.const([0, 0, hkv, d])], f"{prefix}/k_reshape")  # [1, T, Hkv, D]
     if lw.k_norm is not None:
         k = rms_norm(g, f"{prefix}/k_norm", k, lw.k_norm, eps)
-    k = rope(g, f"{prefix}/k_rope", k, step.cos_k, step.sin_k, rotary_dim, d)
+    k = rope(g, f"{prefix}/k_rope", k, cos_k, sin_k, rotary_dim, d)
     q_abs = g.op("Transpose", [q_abs], f"{prefix}/q_abs_transpose", perm=perm_q)
-    q_sink = g.op("Transpose", [q_sink], f"{prefix}/q_sink_transpose", perm=perm_q)
+    if q_sink is not None:
+        q_sink = g.op("Transpose", [q_sink], f"{prefix}/q_sink_transpose", perm=perm_q)
     k = g.op("Transpose", [k], f"{prefix}/k_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
     v = g.op("Reshape", [v, g.const([0, 0, hkv, d])], f"{prefix}/v_reshape")
     v = g.op("Transpose", [v], f"{prefix}/v_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
@@ -199,9 +216,12 @@ def attention(
     )  # [1, Hkv, 1, D, K]
     values = g.op("Unsqueeze", [values, g.const([2])], f"{prefix}/v_unsqueeze")  # [1, Hkv, 1, K, D]
     s_abs = g.op("MatMul", [q_abs, keys_t], f"{prefix}/qk_abs/MatMul")  # [1, Hkv, G, T, K]
-    s_sink = g.op("MatMul", [q_sink, keys_t], f"{prefix}/qk_sink/MatMul")
-    scores = g.op("Where", [step.sink_mask, s_sink, s_abs], f"{prefix}/sink_select/Where")
-    scores = g.op("Add", [scores, step.attn_mask], f"{prefix}/mask/Add")
+    if q_sink is None:  # a local layer: no sink columns
+        scores = g.op("Add", [s_abs, step.attn_mask_local], f"{prefix}/mask/Add")
+    else:
+        s_sink = g.op("MatMul", [q_sink, keys_t], f"{prefix}/qk_sink/MatMul")
+        scores = g.op("Where", [step.sink_mask, s_sink, s_abs], f"{prefix}/sink_select/Where")
+        scores = g.op("Add", [scores, step.attn_mask], f"{prefix}/mask/Add")
     probs = g.op("Softmax", [scores], f"{prefix}/Softmax", axis=-1)
     out = g.op("MatMul", [probs, values], f"{prefix}/pv/MatMul")  # [1, Hkv, G, T, D]
     out = g.op("Reshape", [out, g.const([1, hq, -1, d])], f"{prefix}/out_heads")  # [1, Hq, T, D]
@@ -214,8 +234,35 @@ def attention(
 #   h ─► gate_proj ─► SiLU ─┐
 #   h ─► up_proj ───────────► * ─► down_proj ─► y             SiLU(x) = x * Sigmoid(x)
 # ------------------------------------------------------------------------------------------------
-def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat) -> str:
+def mlp(
+    g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat, activation: Activation = Activation.SILU
+) -> str:
     gate = wf.matmul(g, f"{prefix}/gate_proj", h, lw.gate, lw.gate_bias)  # [1, T, I]
     up = wf.matmul(g, f"{prefix}/up_proj", h, lw.up, lw.up_bias)
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{prefix}/act/Sigmoid")], f"{prefix}/act/Mul")
+    if activation is Activation.GELU_TANH:
+        act = gelu_tanh(g, f"{prefix}/act", gate)
+    else:
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{prefix}/act/Sigmoid")], f"{prefix}/act/Mul")
     return wf.matmul(g, f"{prefix}/down_proj", g.op("Mul", [act, up], f"{prefix}/Mul"), lw.down, lw.down_bias)
+
+
+# ------------------------------------------------------------------------------------------------
+#   GELU-tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))         (transformers' gelu_pytorch_tanh)
+# Elementwise ops TensorRT parses; computed in fp32 (x^3 overflows fp16 for |x| > ~40).
+# ------------------------------------------------------------------------------------------------
+def gelu_tanh(g: GraphBuilder, prefix: str, x: str) -> str:
+    f32 = np.dtype(np.float32)
+    if g.dtype != f32:
+        x = g.op("Cast", [x], f"{prefix}/CastUp", to=ONNX_DTYPE[f32])
+    cube = g.op("Mul", [g.op("Mul", [x, x], f"{prefix}/Square"), x], f"{prefix}/Cube")
+    inner = g.op(
+        "Add", [x, g.op("Mul", [cube, g.const(np.array(0.044715, f32))], f"{prefix}/MulCube")], f"{prefix}/Add"
+    )
+    t = g.op(
+        "Tanh", [g.op("Mul", [inner, g.const(np.array(np.sqrt(2 / np.pi), f32))], f"{prefix}/MulC")], f"{prefix}/Tanh"
+    )
+    half_x = g.op("Mul", [x, g.const(np.array(0.5, f32))], f"{prefix}/Half")
+    y = g.op("Mul", [half_x, g.op("Add", [t, g.const(np.array(1.0, f32))], f"{prefix}/AddOne")], f"{prefix}/Mul")
+    if g.dtype != f32:
+        y = g.op("Cast", [y], f"{prefix}/CastDown", to=ONNX_DTYPE[g.dtype])
+    return y

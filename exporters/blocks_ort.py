@@ -31,6 +31,7 @@ from onnx import helper
 
 from edge_runtime import kernels
 from edge_runtime.models import LayerWeights
+from edge_runtime.models.base import Activation
 
 from .blocks import WeightFormat
 from .graph import ONNX_DTYPE, GraphBuilder
@@ -70,6 +71,9 @@ class OrtStep:
     total_len: str | None = None  # [] int32: past rows + T
     cos_cache: str | None = None  # [C, R/2] at the rows' positions while the ring is linear (row r = token r)
     sin_cache: str | None = None
+    # A local layer's step (Gemma 3): cos/sin/attn_mask are its own RoPE and window mask, it has no sink
+    # columns (no sink term) and takes the ring path at every fill (GroupQueryAttention would need its window).
+    local: bool = False
 
 
 def fused_matmuls(
@@ -177,12 +181,13 @@ def _general_path(
     hkv: int,
     head_dim: int,
     rotary_dim: int,
+    scale: float,
     cache_outs: tuple[str, str] | None = None,
 ) -> tuple[str, str, str]:
     """The ring at any fill, sinks included: (out [1, T, Hq*D], keys, values) over the whole buffer.
     `cache_outs` names the scattered buffers (the graph's present_* outputs: TensorScatter then writes
     the bound buffer in place instead of copying it)."""
-    if step.dcos is None or step.dsin is None or step.sink_pad is None:
+    if not step.local and (step.dcos is None or step.dsin is None or step.sink_pad is None):
         raise ValueError(f"{prefix}: the general path's sink inputs were not declared")  # a builder bug
     d = head_dim
     qkv = g.op("Reshape", [qkv, g.const([1, -1, hq + 2 * hkv, d])], f"{prefix}/qkv/Reshape")
@@ -200,6 +205,26 @@ def _general_path(
         )
         for kind, new, out in zip(("key", "value"), (k, v), cache_outs or (None, None), strict=True)
     )  # [1, Hkv, C, D]
+    mask = _sink_term(g, prefix, q, keys, step, hq=hq, hkv=hkv, head_dim=d, rotary_dim=rotary_dim)
+    out = g.op(
+        "Attention",
+        [q_abs, keys, values, mask],
+        f"{prefix}/Attention",
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=scale,
+    )  # [1, Hq, T, D]
+    out = g.op("Transpose", [out], f"{prefix}/out/Transpose", perm=[0, 2, 1, 3])
+    return g.op("Reshape", [out, g.const([1, -1, hq * d])], f"{prefix}/out/Reshape"), keys, values
+
+
+def _sink_term(
+    g: GraphBuilder, prefix: str, q: str, keys: str, step: OrtStep, *, hq: int, hkv: int, head_dim: int, rotary_dim: int
+) -> str:
+    """attn_mask plus the sink columns' rotation difference (dq . sink keys), or just the mask without sinks."""
+    if step.local:
+        return step.attn_mask
+    d = head_dim
     sinks = g.op(
         "Slice", [keys, g.const([0]), step.sink_rows, g.const([2])], f"{prefix}/sink_keys/Slice"
     )  # [1, Hkv, S, D]
@@ -217,17 +242,7 @@ def _general_path(
         scale=1.0,
     )  # [1, Hq, T, S]
     corr = g.op("Pad", [corr, step.sink_pad], f"{prefix}/sink_corr/Pad")  # [1, Hq, T, C]
-    mask = g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
-    out = g.op(
-        "Attention",
-        [q_abs, keys, values, mask],
-        f"{prefix}/Attention",
-        q_num_heads=hq,
-        kv_num_heads=hkv,
-        scale=float(1.0 / np.sqrt(d)),
-    )  # [1, Hq, T, D]
-    out = g.op("Transpose", [out], f"{prefix}/out/Transpose", perm=[0, 2, 1, 3])
-    return g.op("Reshape", [out, g.const([1, -1, hq * d])], f"{prefix}/out/Reshape"), keys, values
+    return g.op("Add", [corr, step.attn_mask], f"{prefix}/mask/Add")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,6 +266,7 @@ def _ring_attention(
     hkv: int,
     head_dim: int,
     rotary_dim: int,
+    scale: float,
     cache_outs: tuple[str, str] | None = None,
 ) -> list[str]:
     """What `_general_path` computes, as edge-runtime's RingAttention: (out [1, T, Hq*D], keys, values);
@@ -267,7 +283,7 @@ def _ring_attention(
         domain=kernels.DOMAIN,
         num_heads=hq,
         kv_num_heads=hkv,
-        scale=float(1.0 / np.sqrt(head_dim)),
+        scale=scale,
     )  # fmt: skip
 
 
@@ -298,7 +314,17 @@ def branch_outputs(g: GraphBuilder, outs: list[str] | tuple[str, ...]) -> list[t
 
 
 def _gqa(
-    g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, layer: int, hq: int, hkv: int, d: int, edge: bool
+    g: GraphBuilder,
+    prefix: str,
+    qkv: str,
+    step: OrtStep,
+    *,
+    layer: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    edge: bool,
+    scale: float,
 ) -> list[str]:
     """GroupQueryAttention on packed qkv, or with `edge` edge-runtime's LinearAttention (the same
     semantics: tests/test_kernels.py): (out [1, T, Hq*D], present_key, present_value); K/V are written
@@ -306,7 +332,6 @@ def _gqa(
     if step.ring_full is None:  # decoder.py declares these inputs exactly where gqa_can_run
         raise ValueError(f"{prefix}: GroupQueryAttention inputs were not declared")  # a builder bug
     cache = [f"past_key.{layer}", f"past_value.{layer}"]
-    scale = float(1.0 / np.sqrt(d))
     if edge:
         g.domains[kernels.DOMAIN] = 1
         return g.op_multi(
@@ -382,6 +407,7 @@ def attention(
     linear: bool | None = None,
     edge_ops: bool = False,
     eps: float = 0.0,
+    scale: float | None = None,
 ) -> tuple[str, str | None, str | None]:
     """One layer's attention: (o_proj output, keys, values).
 
@@ -391,30 +417,34 @@ def attention(
     returned keys/values): GroupQueryAttention while the ring is linear, else the general path.
     `edge_ops`: edge-runtime's LinearAttention in place of GroupQueryAttention and RingAttention in place of
     the general path (where it takes the shapes: `ring_attention_can_run`). `eps`: the q/k norms' epsilon
-    (layers with `q_norm`/`k_norm`)."""
+    (layers with `q_norm`/`k_norm`); `scale`: the softmax scale (None: 1/sqrt(head_dim)). A local layer's
+    `step` (`step.local`) takes the ring path at every fill."""
     d = head_dim
+    scale = float(1.0 / np.sqrt(d)) if scale is None else scale
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     qkv = wf.matmul_concat(
         g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
     )  # [1, T, (Hq + 2 Hkv) * D]
     if lw.q_norm is not None and lw.k_norm is not None:
         qkv = head_norms(g, prefix, qkv, lw.q_norm, lw.k_norm, hq=hq, hkv=hkv, head_dim=d, eps=eps)
-    general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim}
+    general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim, "scale": scale}
     if linear is not None:
-        if linear:
-            out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops)
+        if linear and not step.local:
+            out, keys, values = _gqa(
+                g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops, scale=scale
+            )
         else:
             out, keys, values = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
 
     _, _, present = cache_io(g, layer, hkv, d)
-    if not gqa_can_run(d, rotary_dim):  # the general path at every fill
+    if step.local or not gqa_can_run(d, rotary_dim):  # the general path at every fill
         out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general, cache_outs=tuple(present))
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
     full = g.branch(f"{prefix}/ring_full/then")
     ring = _full_ring(full, prefix, qkv, step, edge=edge_ops, **general)
     lin = g.branch(f"{prefix}/ring_full/else")
-    gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops)
+    gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops, scale=scale)
     out, _, _ = g.op_multi(
         "If",
         [step.ring_full],
@@ -445,7 +475,22 @@ def _fold_silu_mul(g: GraphBuilder, act: str) -> None:
     g.nodes.remove(silu)
 
 
-def mlp(g: GraphBuilder, prefix: str, h: str, lw: LayerWeights, wf: WeightFormat, *, silu_mul: bool = False) -> str:
+def mlp(
+    g: GraphBuilder,
+    prefix: str,
+    h: str,
+    lw: LayerWeights,
+    wf: WeightFormat,
+    *,
+    silu_mul: bool = False,
+    activation: Activation = Activation.SILU,
+) -> str:
+    """`silu_mul`: edge-runtime's SiluMul (SiLU models only); GELU-tanh (Gemma) runs as com.microsoft FastGelu."""
+    if activation is Activation.GELU_TANH:
+        gate, up = fused_matmuls(g, f"{prefix}/gate_up_proj", h, wf, [(lw.gate, lw.gate_bias), (lw.up, lw.up_bias)])
+        g.domains[MS] = 1
+        act = g.op("FastGelu", [gate], f"{prefix}/act/FastGelu", domain=MS)
+        return wf.matmul(g, f"{prefix}/down_proj", g.op("Mul", [act, up], f"{prefix}/Mul"), lw.down, lw.down_bias)
     if silu_mul:
         parts = [lw.gate, lw.up]
         gate_up = wf.matmul_concat(g, f"{prefix}/gate_up_proj", h, parts, [lw.gate_bias, lw.up_bias])

@@ -241,7 +241,7 @@ def _ort_body(
     )
     if not (edge_ops and blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim)):
         # the general path's sink term (RingAttention rotates the sink query itself)
-        scale = g.const(np.array(1.0 / np.sqrt(args.head_dim), g.dtype))
+        scale = g.const(np.array(args.softmax_scale, g.dtype))
         capacity = g.op("Shape", [mask], "/model/capacity/Shape", start=-1)  # [1]: C
         pad_cols = g.op("Sub", [capacity, sink_rows], "/model/sink_pad/Sub")
         step = replace(
@@ -259,23 +259,73 @@ def _ort_body(
             cos_cache=g.input("cos_cache", g.dtype, ["capacity", half]),
             sin_cache=g.input("sin_cache", g.dtype, ["capacity", half]),
         )
-    eps = args.rms_norm_eps
-    x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
+    local = None
+    if args.local_layers:  # their own RoPE and window mask, no sink term
+        cos_l, sin_l = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos_local", "sin_local"))
+        local = replace(
+            step,
+            cos=cos_l,
+            sin=sin_l,
+            cos_sink=cos_l,
+            sin_sink=sin_l,
+            attn_mask=g.input("attn_mask_local", g.dtype, ["tokens", "capacity"]),
+            dcos=None,
+            dsin=None,
+            sink_pad=None,
+            local=True,
+        )
+    x = _embed(g, args, wf, table, ids)
     if stacked and step.ring_full is not None:
-        h = _stacked_layers(g, args, weights, wf, step, x)
+        h = _stacked_layers(g, args, weights, wf, (step, local), x)
         return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
-    delta = None  # the last block's output, added to the residual stream x by the next norm
+    h, _ = _ort_layers(g, args, weights, wf, (step, local), x, linear=None, edge_ops=edge_ops)
+    return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
+
+
+def _embed(g: GraphBuilder, args: ModelArgs, wf: WeightFormat, table: str, ids: str) -> str:
+    x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
+    if args.embed_scale != 1.0:  # not folded into the table: a tied LM head reads it unscaled
+        x = g.op("Mul", [x, g.const(np.array(args.embed_scale, g.dtype))], "/model/embed_tokens/scale")
+    return x
+
+
+def _post_norm(g: GraphBuilder, prefix: str, y: str, weight: np.ndarray | None, eps: float) -> str:
+    """Gemma's norm on a block's output before the residual add; `y` itself where the layer has none."""
+    if weight is None:
+        return y
+    return blocks_ort.skip_norm(g, prefix, y, None, weight, eps)[0]
+
+
+def _ort_layers(
+    g: GraphBuilder,
+    args: ModelArgs,
+    weights: ModelWeights,
+    wf: WeightFormat,
+    steps: tuple[blocks_ort.OrtStep, blocks_ort.OrtStep | None],
+    x: str,
+    *,
+    linear: bool | None,
+    edge_ops: bool,
+) -> tuple[str, list[str]]:
+    """The `ort` layer loop, for the whole graph (`linear` None: each layer's own If) or one branch of the
+    decoder-wide If (`linear` True/False): (the final norm's output, [keys, values] per layer in a branch).
+    `steps`: the global layers' step and the local layers' (None without local layers)."""
+    eps, delta, kv = args.rms_norm_eps, None, []  # delta: the last block's output, added to x by the next norm
     for i, lw in enumerate(weights.layers):
         p = f"/model/layers.{i}"
+        step = steps[1] if args.is_local(i) and steps[1] is not None else steps[0]
         h, x = blocks_ort.skip_norm(g, f"{p}/input_layernorm", x, delta, lw.attn_norm, eps)
-        a, _, _ = blocks_ort.attention(
+        a, k, v = blocks_ort.attention(
             g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
-            edge_ops=edge_ops, eps=eps,
+            linear=linear, edge_ops=edge_ops, eps=eps, scale=args.softmax_scale,
         )  # fmt: skip
+        kv += [k, v]
+        a = _post_norm(g, f"{p}/post_attention_norm", a, lw.post_attn_norm, eps)
         h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
-        delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf, silu_mul=edge_ops)
+        delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf, silu_mul=edge_ops, activation=args.activation)
+        delta = _post_norm(g, f"{p}/post_feedforward_norm", delta, lw.post_mlp_norm, eps)
     h, _ = blocks_ort.skip_norm(g, "/model/norm", x, delta, weights.final_norm, eps)
-    return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
+    return h, kv if linear is not None else []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,31 +340,25 @@ def _ort_body(
 #  are; graphs with MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_edge_matmul).
 # ------------------------------------------------------------------------------------------------
 def _stacked_layers(
-    g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: WeightFormat, step: blocks_ort.OrtStep, x: str
+    g: GraphBuilder,
+    args: ModelArgs,
+    weights: ModelWeights,
+    wf: WeightFormat,
+    steps: tuple[blocks_ort.OrtStep, blocks_ort.OrtStep | None],
+    x: str,
 ) -> str:
     present = []
     for i, lw in enumerate(weights.layers):
         present += blocks_ort.cache_io(g, i, lw.num_kv_heads(args.head_dim), args.head_dim)[2]
-    eps, bodies = args.rms_norm_eps, {}
+    bodies = {}
     for side, linear in (("then", False), ("else", True)):
         b = g.branch(f"/model/ring_full/{side}", scope=f"/ring_full/{side}")
-        xb, delta, kv = x, None, []
-        for i, lw in enumerate(weights.layers):
-            p = f"/model/layers.{i}"
-            h, xb = blocks_ort.skip_norm(b, f"{p}/input_layernorm", xb, delta, lw.attn_norm, eps)
-            a, k, v = blocks_ort.attention(
-                b, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
-                linear=linear, edge_ops=True, eps=eps,
-            )  # fmt: skip
-            kv += [k, v]
-            h, xb = blocks_ort.skip_norm(b, f"{p}/post_attention_layernorm", xb, a, lw.mlp_norm, eps)
-            delta = blocks_ort.mlp(b, f"{p}/mlp", h, lw, wf, silu_mul=True)
-        h, _ = blocks_ort.skip_norm(b, "/model/norm", xb, delta, weights.final_norm, eps)
+        h, kv = _ort_layers(b, args, weights, wf, steps, x, linear=linear, edge_ops=True)
         blocks_ort.fold_norms(b, outputs={h, *kv})
         bodies[side] = b.to_graph(blocks_ort.branch_outputs(g, (h, *kv)))
     outs = g.op_multi(
         "If",
-        [step.ring_full],
+        [steps[0].ring_full],
         "/model/ring_full/If",
         n_out=1 + len(present),
         outs=["/model/layers/output", *present],
@@ -345,16 +389,32 @@ def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: 
         attn_mask=g.input("attn_mask", g.dtype, ["tokens", cols]),
         sink_mask=g.input("sink_mask", np.bool_, [cols]),
     )
-    x = wf.gather_rows(g, "/model/embed_tokens", table, ids)  # [1, T, H]
+    if args.local_layers:  # their own RoPE at absolute positions and their window's mask
+        angles |= {n: g.input(n, g.dtype, ["tokens", half]) for n in ("cos_local", "sin_local")}
+        step = replace(
+            step,
+            cos_q_local=bcast("cos_local", q_shape),
+            sin_q_local=bcast("sin_local", q_shape),
+            cos_k_local=bcast("cos_local", k_shape),
+            sin_k_local=bcast("sin_local", k_shape),
+            attn_mask_local=g.input("attn_mask_local", g.dtype, ["tokens", cols]),
+        )
+    x = _embed(g, args, wf, table, ids)
     eps = args.rms_norm_eps
+
+    def post(prefix: str, y: str, weight: np.ndarray | None) -> str:
+        return y if weight is None else rms_norm(g, prefix, y, weight, eps)
+
     for i, lw in enumerate(weights.layers):
         p = f"/model/layers.{i}"
         h = rms_norm(g, f"{p}/input_layernorm", x, lw.attn_norm, eps)
         a = attention(
-            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim, eps=eps
-        )
-        x = g.op("Add", [x, a], f"{p}/attn/residual/Add")
+            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim, eps=eps,
+            scale=args.softmax_scale, local=args.is_local(i),
+        )  # fmt: skip
+        x = g.op("Add", [x, post(f"{p}/post_attention_norm", a, lw.post_attn_norm)], f"{p}/attn/residual/Add")
         h = rms_norm(g, f"{p}/post_attention_layernorm", x, lw.mlp_norm, eps)
-        x = g.op("Add", [x, mlp(g, f"{p}/mlp", h, lw, wf)], f"{p}/mlp/residual/Add")
+        y = post(f"{p}/post_feedforward_norm", mlp(g, f"{p}/mlp", h, lw, wf, args.activation), lw.post_mlp_norm)
+        x = g.op("Add", [x, y], f"{p}/mlp/residual/Add")
     h = rms_norm(g, "/model/norm", _keep_rows(g, x), weights.final_norm, eps)
     return _lm_head(g, args, weights, wf, table, h)

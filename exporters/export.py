@@ -286,6 +286,10 @@ def _model_spec(ckpt: Checkpoint, prepared: PreparedWeights) -> ModelSpec:
         max_position_embeddings=a.max_position_embeddings,
         parameters=parameters,
         tied_embeddings=w.lm_head is w.embed,
+        local_window=a.local_window if a.local_layers else None,
+        local_rope_inv_freq=[float(x) for x in a.local_rope.inv_freq(a.head_dim)]
+        if a.local_layers and a.local_rope is not None
+        else None,
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models.base import Activation
 
 
 @dataclass
@@ -66,6 +67,19 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation (transformers' gelu_pytorch_tanh)."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+ACTIVATIONS = {Activation.SILU: silu, Activation.GELU_TANH: gelu_tanh}
+
+
+def post_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """Gemma's norm on a block's output before the residual add; identity where the layer has none."""
+    return x if weight is None else rms_norm(x, weight, eps)
+
+
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE on the first `2 * cos.shape[-1]` dims of x [heads, T, D]; cos/sin [T, rot/2]."""
     half = cos.shape[-1]
@@ -94,10 +108,19 @@ class ReferenceModel:
             LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in fields(LayerWeights)}) for lw in weights.layers
         ]
         self.inv_freq = args.rope.inv_freq(args.head_dim)  # [rot/2] float64
+        # Local layers' own RoPE (Gemma 3); the same frequencies as the global layers' where there is none.
+        self.local_inv_freq = self.inv_freq if args.local_rope is None else args.local_rope.inv_freq(args.head_dim)
+        self.act = ACTIVATIONS[args.activation]
 
-    def rope_cos_sin(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]  # [T, rot/2]
+    def rope_cos_sin(self, positions: np.ndarray, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        inv = self.local_inv_freq if local else self.inv_freq
+        angles = positions.astype(np.float64)[:, None] * inv[None, :]  # [T, rot/2]
         return np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
+
+    def window(self, layer: int) -> int | None:
+        """The tokens layer `layer` attends back (itself included): its local window, the model-wide
+        sliding window (Mistral), or None (all)."""
+        return self.args.local_window if self.args.is_local(layer) else self.args.sliding_window
 
     def forward(self, ids: Sequence[int] | np.ndarray, cache: DenseKVCache | None = None) -> np.ndarray:
         """Logits [T, V] for `ids`, continuing `cache` (which grows by T) when given."""
@@ -106,13 +129,15 @@ class ReferenceModel:
         start = len(cache)
         positions = np.arange(start, start + ids.shape[0], dtype=np.int64)
         cache.positions = np.concatenate([cache.positions, positions])
-        cos, sin = self.rope_cos_sin(positions)
+        angles = {local: self.rope_cos_sin(positions, local) for local in (False, True)}
         eps = self.args.rms_norm_eps
 
-        x = self.embed[ids].astype(self.dtype)  # [T, H]
+        x = self.embed[ids].astype(self.dtype) * self.dtype.type(self.args.embed_scale)  # [T, H]
         for i, lw in enumerate(self.layers):
-            x = x + self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
-            x = x + self._mlp(lw, rms_norm(x, lw.mlp_norm, eps))
+            cos, sin = angles[self.args.is_local(i)]
+            a = self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
+            x = x + post_norm(a, lw.post_attn_norm, eps)
+            x = x + post_norm(self._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
         return rms_norm(x, self.final_norm, eps) @ self.lm_head.T  # [T, V]
 
     def _attention(
@@ -146,11 +171,13 @@ class ReferenceModel:
         keys = np.repeat(cache.keys[i], hq // hkv, axis=0)  # [Hq, Tk, D]
         values = np.repeat(cache.values[i], hq // hkv, axis=0)
 
-        scores = q @ keys.transpose(0, 2, 1) / math.sqrt(d)  # [Hq, T, Tk] (a Python float keeps float32 float32)
+        scores = q @ keys.transpose(0, 2, 1)  # [Hq, T, Tk]
+        scores = scores / math.sqrt(d) if self.args.attn_scale is None else scores * self.args.attn_scale
         key_pos = cache.positions[None, :]
         allowed = key_pos <= positions[:, None]
-        if self.args.sliding_window is not None:
-            allowed &= key_pos > positions[:, None] - self.args.sliding_window
+        window = self.window(i)
+        if window is not None:
+            allowed &= key_pos > positions[:, None] - window
         scores = np.where(allowed[None], scores, -np.inf)
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
@@ -159,11 +186,10 @@ class ReferenceModel:
         out = out @ lw.o.T
         return out if lw.o_bias is None else out + lw.o_bias
 
-    @staticmethod
-    def _mlp(lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+    def _mlp(self, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
         gate = h @ lw.gate.T if lw.gate_bias is None else h @ lw.gate.T + lw.gate_bias
         up = h @ lw.up.T if lw.up_bias is None else h @ lw.up.T + lw.up_bias
-        out = (silu(gate) * up) @ lw.down.T
+        out = (self.act(gate) * up) @ lw.down.T
         return out if lw.down_bias is None else out + lw.down_bias
 
 
@@ -201,20 +227,27 @@ class StreamingReference:
     retained tokens (S sinks + the W - 1 most recent), re-rotated every step at their positions
     within the cache; the query sits at the last cache position. Deliberately naive: it shares no
     code path with the ring buffer it validates.
+
+    Local layers (Gemma 3) attend the retained tokens less than min(local window, W) back, sinks
+    included only while that close: those are consecutive, so their cache positions are true distances.
     """
 
     def __init__(self, model: ReferenceModel, sinks: int, window: int):
         self.model, self.sinks, self.window = model, sinks, window
         self.keys: list[list[np.ndarray]] = [[] for _ in model.layers]  # per layer: [Hkv, D] per retained token
         self.values: list[list[np.ndarray]] = [[] for _ in model.layers]
+        self.token_ids: list[int] = []  # the stream index of each retained token
         self.tokens = 0
 
     def step(self, token: int) -> np.ndarray:
         """Logits [V] for the next token of the stream."""
         m, d = self.model, self.model.args.head_dim
         eps = m.args.rms_norm_eps
-        x = m.embed[[token]].astype(m.dtype)  # [1, H]
+        x = m.embed[[token]].astype(m.dtype) * m.dtype.type(m.args.embed_scale)  # [1, H]
+        self.token_ids.append(self.tokens)
+        back = self.tokens - np.asarray(self.token_ids)  # [n]: how far back each retained token is
         for i, lw in enumerate(m.layers):
+            local = m.args.is_local(i)
             h = rms_norm(x, lw.attn_norm, eps)
             hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
             q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(hq, 1, d), lw.q_norm, eps)
@@ -223,20 +256,23 @@ class StreamingReference:
             self.keys[i].append(k)
             self.values[i].append(v)
             n = len(self.keys[i])
-            cos, sin = m.rope_cos_sin(np.arange(n))  # positions within the cache: 0 .. n-1
+            cos, sin = m.rope_cos_sin(np.arange(n), local)  # positions within the cache: 0 .. n-1
             keys = apply_rope(np.stack(self.keys[i], axis=1), cos, sin)  # [Hkv, n, D]
             q = apply_rope(q, cos[-1:], sin[-1:])  # the query at cache position n - 1
             keys = np.repeat(keys, hq // hkv, axis=0)
             values = np.repeat(np.stack(self.values[i], axis=1), hq // hkv, axis=0)
-            scores = (q @ keys.transpose(0, 2, 1))[:, 0, :] / math.sqrt(d)  # [Hq, n]
+            scores = (q @ keys.transpose(0, 2, 1))[:, 0, :]  # [Hq, n]
+            scores = scores / math.sqrt(d) if m.args.attn_scale is None else scores * m.args.attn_scale
+            if local:
+                scores = np.where(back[None, :] < min(m.args.local_window or self.window, self.window), scores, -np.inf)
             probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs /= probs.sum(axis=-1, keepdims=True)
             attn = np.einsum("hn,hnd->hd", probs, values).reshape(1, hq * d) @ lw.o.T
-            x = x + (attn if lw.o_bias is None else attn + lw.o_bias)
-            x = x + m._mlp(lw, rms_norm(x, lw.mlp_norm, eps))
+            x = x + post_norm(attn if lw.o_bias is None else attn + lw.o_bias, lw.post_attn_norm, eps)
+            x = x + post_norm(m._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
         self.tokens += 1
         # Evict: keep the sinks and the W - 1 most recent, so the next token attends S + W.
-        for cache in (*self.keys, *self.values):
+        for cache in (*self.keys, *self.values, self.token_ids):
             if len(cache) > self.sinks + self.window - 1:
                 del cache[self.sinks]
         return (rms_norm(x, m.final_norm, eps) @ m.lm_head.T)[0]

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edge_runtime.models import ModelArgs, ModelWeights
-from edge_runtime.ring import RingGeometry, RingState
+from edge_runtime.ring import LocalLayers, RingGeometry, RingState
 
 from .decoder import Flavor
 from .reference import ReferenceModel, StreamingReference
@@ -112,6 +112,14 @@ def fp32_tolerance(cases: Sequence[CaseResult]) -> Tolerance:
     )
 
 
+def local_layers(reference: ReferenceModel) -> LocalLayers | None:
+    """The runtime's view of the model's local layers (what the manifest records), None without any."""
+    a = reference.args
+    if not a.local_layers or a.local_window is None:
+        return None
+    return LocalLayers(window=a.local_window, inv_freq=reference.local_inv_freq)
+
+
 class NumpyGraphRunner:
     """Drives a decoder graph with plain `session.run` and numpy cache buffers (no IOBinding): the
     simplest correct host loop, used to validate graphs."""
@@ -127,9 +135,11 @@ class NumpyGraphRunner:
         inv_freq: np.ndarray,
         geometry: RingGeometry,
         position_offset: int = 0,
+        local: LocalLayers | None = None,
     ):
+        """`local`: the model's local layers (Gemma 3), whose inputs the graph then takes too."""
         self.session, self.flavor, self.dtype = session, flavor, np.dtype(dtype)
-        self.state = RingState(geometry, inv_freq, position_offset)
+        self.state = RingState(geometry, inv_freq, position_offset, local=local)
         c = geometry.capacity
         # The cache's dtype is the graph's past_key.0 type: fp16 under fp32 activations with --kv-dtype fp16.
         kv_type = next(i.type for i in session.get_inputs() if i.name == "past_key.0")
@@ -242,6 +252,7 @@ def _run_case(
         inv_freq=reference.inv_freq,
         geometry=geometry,
         position_offset=position_offset,
+        local=local_layers(reference),
     )
     if len(prompt) + decode <= geometry.sinks + geometry.window:
         # Nothing is evicted, so StreamingLLM is dense attention: the graph picks the decode tokens (greedy, as the

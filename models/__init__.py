@@ -11,10 +11,10 @@ from typing import Any
 
 from edge_runtime.errors import UnsupportedArchitectureError
 
-from . import llama, qwen2, qwen3
+from . import gemma3, llama, qwen2, qwen3
 from .base import Architecture, LayerWeights, ModelArgs, ModelWeights, RopeConfig, WeightNames
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH)}
 
 # model_type -> architecture file, where the model is the same network under another name.
 ALIASES: dict[str, str] = {"mistral": "llama"}

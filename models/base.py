@@ -7,6 +7,7 @@ the reference forward, graph building) is generic over these and never branches 
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Callable, Collection
@@ -18,6 +19,13 @@ import numpy as np
 from edge_runtime.errors import ConfigError, WeightMappingError
 
 ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class Activation(enum.Enum):
+    """The gated MLP's activation: SwiGLU's SiLU (Llama family) or GeGLU's tanh-approximated GELU (Gemma)."""
+
+    SILU = "silu"
+    GELU_TANH = "gelu_pytorch_tanh"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +190,14 @@ class ModelArgs:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
+    activation: Activation = Activation.SILU
+    embed_scale: float = 1.0  # the embedding rows are multiplied by it (Gemma: sqrt(hidden)); the LM head is not
+    attn_scale: float | None = None  # softmax scale of q.k; None: 1/sqrt(head_dim)
+    sandwich_norms: bool = False  # a norm on the attention and on the MLP output before each residual add (Gemma)
+    # Layers that attend only their last `local_window` tokens, with their own RoPE (Gemma 3's sliding layers).
+    local_layers: tuple[int, ...] = ()
+    local_window: int | None = None
+    local_rope: RopeConfig | None = None
     sliding_window: int | None = None  # attention span in tokens (Mistral); None = full causal
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
@@ -191,12 +207,20 @@ class ModelArgs:
     def rotary_dim(self) -> int:
         return self.rope.rotary_dim(self.head_dim)
 
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def is_local(self, layer: int) -> bool:
+        return layer in self.local_layers
+
 
 def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
     """The keys shared by the Llama family; `flags` are the arch file's own (bias, window ...)."""
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"config.json: 'hidden_act' = {act!r} is not supported; supported: silu")
+    if "activation" not in flags:
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ConfigError(f"config.json: 'hidden_act' = {act!r} is not supported; supported: silu")
     hidden = req_int(cfg, "hidden_size")
     heads = req_int(cfg, "num_attention_heads")
     kv_heads = opt_int(cfg, "num_key_value_heads", heads)
@@ -266,6 +290,8 @@ class LayerWeights:
     down_bias: np.ndarray | None = None  # [H]
     q_norm: np.ndarray | None = None  # [D], shared by every query head
     k_norm: np.ndarray | None = None  # [D], shared by every KV head
+    post_attn_norm: np.ndarray | None = None  # [H], on the attention output before the residual add
+    post_mlp_norm: np.ndarray | None = None  # [H], on the MLP output before the residual add
 
     def num_heads(self, head_dim: int) -> int:
         return self.q.shape[0] // head_dim
@@ -298,6 +324,8 @@ class WeightNames:
     lm_head: str
     layer: dict[str, str]  # LayerWeights field -> template
     ignore: tuple[str, ...] = ()  # regexes of tensors that carry no weights (e.g. old inv_freq buffers)
+    # Rewrites the bound weights into the generic blocks' conventions (Gemma's (1 + w) norms become w' = 1 + w).
+    adapt: Callable[[ModelWeights], ModelWeights] | None = None
 
     def bind(self, args: ModelArgs, names: Collection[str], load: Callable[[str], np.ndarray]) -> ModelWeights:
         """Load every weight `args` calls for; every tensor in `names` must be used or ignorable."""
@@ -318,6 +346,8 @@ class WeightNames:
                 wanted.update(fields)
         if args.qk_norm:
             wanted.update(("q_norm", "k_norm"))
+        if args.sandwich_norms:
+            wanted.update(("post_attn_norm", "post_mlp_norm"))
         layers = [
             LayerWeights(**{f: take(t.format(i=i)) for f, t in self.layer.items() if f in wanted})
             for i in range(args.num_layers)
@@ -338,7 +368,7 @@ class WeightNames:
                 f"{args.model_type} weight map; the config and the weights disagree (wrong model_type or layer count?)"
             )
         check_shapes(args, weights, self)
-        return weights
+        return self.adapt(weights) if self.adapt is not None else weights
 
 
 def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
@@ -383,6 +413,8 @@ def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
             ("down_bias", (h,)),
             ("q_norm", (d,)),
             ("k_norm", (d,)),
+            ("post_attn_norm", (h,)),
+            ("post_mlp_norm", (h,)),
         ):
             arr = getattr(lw, f)
             if arr is not None:

@@ -41,14 +41,18 @@ def test_tiny_parity(name, tmp_path):
     assert err <= TOL
 
 
-@pytest.mark.parametrize("name", ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window", "qwen3-tied"])
+@pytest.mark.parametrize(
+    "name", ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window", "qwen3-tied", "gemma3"]
+)
 def test_parity_is_sensitive_to_the_feature(name, tmp_path):
-    """Dropping the feature under test (RoPE scaling, sliding window, q/k norms) must break parity, or the test
-    proves nothing."""
+    """Dropping the feature under test (RoPE scaling, sliding window, q/k norms, local layers) must break parity,
+    or the test proves nothing."""
     hf = save_tiny_checkpoint(name, tmp_path)
     ckpt = load_checkpoint(tmp_path)
     args, weights = ckpt.args, ckpt.weights
-    if args.qk_norm:
+    if args.local_layers:
+        args = dataclasses.replace(args, local_layers=())
+    elif args.qk_norm:
         layers = [dataclasses.replace(lw, q_norm=None, k_norm=None) for lw in weights.layers]
         weights = dataclasses.replace(weights, layers=layers)
     elif args.sliding_window is not None:

@@ -69,6 +69,21 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 8,
         "head_dim": 8,
     },
+    # Layers 0, 1, 3 local (window 12, shorter than the parity prompt), 2 global; head_dim 32 > hidden / heads.
+    "gemma3": {
+        **{k: v for k, v in _BASE.items() if k != "rope_theta"},
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 4,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 12,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        "pad_token_id": 2,
+    },
 }
 
 
@@ -81,10 +96,11 @@ def make_hf_model(name: str, seed: int = 0, **overrides: Any):
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    offset_norms = config.model_type.startswith("gemma")  # Gemma's norms scale by 1 + w: w is near 0
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                p.copy_((0.0 if offset_norms else 1.0) + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.15 * torch.randn_like(p))
     return model.eval()

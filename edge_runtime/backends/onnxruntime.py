@@ -147,6 +147,12 @@ class OrtBackend:
             "num_logits_to_keep": _ov(p.keep),
             "write_index": _ov(d.write_index),
         }
+        if d.attn_mask_local is not None and d.cos_local is not None and d.sin_local is not None:
+            self._decode_values |= {
+                "cos_local": _ov(d.cos_local),
+                "sin_local": _ov(d.sin_local),
+                "attn_mask_local": _ov(d.attn_mask_local),
+            }
         for name, value in self._decode_values.items():
             if name in self.inputs:
                 io.bind_ortvalue_input(name, value)
