@@ -35,11 +35,12 @@ from .gguf_tokenizer import build_tokenizer
 
 Progress = Callable[[str], None]
 
-# GGUF architecture -> (HF model_type, HF class, whether llama.cpp permuted Q/K rows). Qwen2 goes
-# through llama.cpp's plain TextModel path (NeoX rope), so its rows are stored as Hugging Face has them.
+# GGUF architecture -> (HF model_type, HF class, whether llama.cpp permuted Q/K rows). Qwen2 and Qwen3 go
+# through llama.cpp's plain TextModel path (NeoX rope), so their rows are stored as Hugging Face has them.
 ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
     "llama": ("llama", "LlamaForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
 }
 
 _GLOBAL = {
@@ -57,6 +58,8 @@ _LAYER = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -197,6 +200,8 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
         config["mlp_bias"] = False
     else:
         config["use_sliding_window"] = False
+    if model_type == "qwen3":
+        config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
     rope = _rope_scaling(gg, arch, head_dim, theta)
     if rope is not None:
         config["rope_scaling"] = rope

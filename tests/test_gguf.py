@@ -41,6 +41,9 @@ _LAYER_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -160,7 +163,9 @@ def _greedy(bundle: Path, prompt: list[int], n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "llama-llama3-rope", "qwen2"])
+@pytest.mark.parametrize(
+    "name", ["llama-tied", "llama-untied", "llama-llama3-rope", "qwen2", "qwen3-tied", "qwen3-bias"]
+)
 def test_f32_gguf_round_trips_exactly(tmp_path, name):
     """HF -> GGUF (llama.cpp's permutation) -> our converter gives back every tensor bit for bit,
     and the config the architecture parser reads."""
@@ -181,6 +186,32 @@ def test_f32_gguf_round_trips_exactly(tmp_path, name):
     rope_in, rope_out = (get_arch(c).parse(c).rope for c in (orig, config))
     np.testing.assert_allclose(rope_out.inv_freq(16), rope_in.inv_freq(16), rtol=1e-6)  # llama3 from rope_freqs
     assert config["rms_norm_eps"] == orig["rms_norm_eps"]
+
+
+def test_qwen3_gguf_names_equal_transformers_gguf_loading(tmp_path):
+    """An independent reading of llama.cpp's Qwen3 names (attn_q_norm, attn_k_norm): transformers' GGUF loader
+    gives every tensor our converter gives, and the converted model's logits equal its. (Its loader maps no
+    attention_bias and no key_length, so the model here has no biases and Qwen3Config's head_dim 128.)"""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from edge_runtime.exporters import ReferenceModel, load_checkpoint
+
+    save_tiny_checkpoint("qwen3-tied", tmp_path / "hf", head_dim=128, num_attention_heads=2, num_key_value_heads=1)
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", linear_type=Q.F32)
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "back", dtype="f32")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
+    ref = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+    ours = CheckpointTensors(tmp_path / "back")
+    assert set(ours) == set(ref) - {"lm_head.weight"}  # tied: transformers lists the shared head too
+    for k in ours:
+        np.testing.assert_array_equal(ours[k], ref[k], err_msg=k)
+    ids = np.arange(3, 40)
+    ckpt = load_checkpoint(tmp_path / "back")
+    with torch.no_grad():
+        want = theirs.eval()(torch.from_numpy(ids)[None]).logits[0].double().numpy()
+    got = ReferenceModel(ckpt.args, ckpt.weights).forward(ids)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(got).max()
 
 
 def test_gguf_cli_export_equals_hf_export(tmp_path, tiny_gguf):
