@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .backends import Backend
 from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, VerifyMode, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
@@ -48,6 +49,8 @@ class LoadOptions:
     # process (a speculative draft and its target) must not spin: each one's idle threads would hold the
     # cores the other is running on.
     spin: bool = True
+    # ONNX Runtime execution providers in priority order (a target profile's backend.providers); None: CPU.
+    providers: tuple[str, ...] | None = None
 
 
 class Engine:
@@ -81,8 +84,14 @@ class Engine:
         )
         d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
         d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
-        self.backend = OrtBackend(
-            bundle.graph_file, m, self.pool, threads=opts.threads, profile=opts.profile, spin=opts.spin
+        self.backend: Backend = OrtBackend(
+            bundle.graph_file,
+            m,
+            self.pool,
+            threads=opts.threads,
+            profile=opts.profile,
+            spin=opts.spin,
+            providers=opts.providers,
         )
         self._decoding = False
         self._decode_steps = 0  # counts to the next whole-row output check
@@ -188,6 +197,7 @@ def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> L
         window=window,
         threads=opts.threads or profile.backend.threads or None,
         memory_budget=opts.memory_budget if opts.memory_budget is not None else profile.memory_budget_bytes,
+        providers=opts.providers or profile.backend.providers or None,
     )
 
 

@@ -1,1 +1,35 @@
-"""Execution backends. Each runs one graph call over the static pool; only ONNX Runtime exists today."""
+"""Execution backends. Each runs one graph call over the static pool; only ONNX Runtime exists today
+(on the providers the target profile names: providers.py). TensorRT's availability and the fallback of a
+`tensorrt` target: tensorrt.py.
+
+The engine talks to a `Backend`; the ring, the pool and the sampling never see which one runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edge_runtime.ring import StepInputs
+
+
+class Backend(Protocol):
+    """One compiled graph over the static pool (edge_runtime.pool.StaticPool), bound once."""
+
+    providers: list[str]  # what it runs on, for reports (ONNX Runtime execution providers)
+
+    def run_decode(self, row: int) -> None:
+        """One token, inputs already in the pool's decode buffers; logits (or next_token) into the pool."""
+        ...
+
+    def run_chunk(self, ids: np.ndarray, plan: StepInputs, keep: int) -> np.ndarray:
+        """A chunk of tokens with its planned inputs; the last `keep` rows' logits."""
+        ...
+
+    def kernel_ops(self) -> set[str]:
+        """edge-runtime's own ops the graph runs (kernels.DOMAIN)."""
+        ...
+
+    def end_profiling(self) -> Path | None: ...

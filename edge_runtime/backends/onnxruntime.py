@@ -23,6 +23,8 @@ from edge_runtime.manifest import NEXT_TOKEN, KvUpdate, Manifest
 from edge_runtime.pool import StaticPool
 from edge_runtime.ring import StepInputs
 
+from .providers import session_providers
+
 _ov = ort.OrtValue.ortvalue_from_numpy  # shares memory with the numpy array on CPU
 
 # Nothing of ours phones home or leaves traces on a device. ORT_DISABLE_TELEMETRY (set by
@@ -75,7 +77,10 @@ class OrtBackend:
         log_severity: int = 3,
         profile: Path | None = None,
         spin: bool = True,
+        providers: tuple[str, ...] | None = None,
     ):
+        """`providers`: ONNX Runtime execution providers in priority order (the target profile's; None: CPU),
+        those this onnxruntime lacks dropped with a ProviderFallbackWarning."""
         so = ort.SessionOptions()
         if not spin:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -88,7 +93,8 @@ class OrtBackend:
             so.profile_file_prefix = str(profile)
         kernels.register(so)
         try:
-            self.session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+            self.providers = session_providers(providers)
+            self.session = ort.InferenceSession(str(graph), so, providers=self.providers)
         except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
             if any(op in str(e) for op in kernels.OPS) and not kernels.available():
                 raise BundleError(

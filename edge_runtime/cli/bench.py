@@ -74,6 +74,7 @@ def run(
     draft_tokens: int | None,
 ) -> None:
     """Benchmark BUNDLE: fixed prompt and generation lengths, warm-up excluded, medians over trials."""
+    from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.environment import bundle_info, environment
     from edge_runtime.bench.fieldlog import append_record, make_record, new_run_id
     from edge_runtime.bench.figures import describe_meter
@@ -91,12 +92,8 @@ def run(
     if threads is not None and threads < 0:  # before the target line and the load: one line, nothing run
         raise EdgeRuntimeError(f"threads must be 1 or more (0 or none: one per core), got {threads}")
     detection = resolve_target(target)
-    profile = detection.profile
-    if profile.backend.name != "onnxruntime":
-        raise EdgeRuntimeError(
-            f"target '{profile.name}' uses the {profile.backend.name} backend, which this version does not have yet; "
-            "benchmark its trt-flavor bundles on ONNX Runtime CPU with --target x86"
-        )
+    # A TensorRT target: ONNX Runtime CPU where auto-detected (with a warning), refused where named.
+    profile = runtime_profile(detection.profile, auto_detected=target == "auto")
     for flag, out in (("--json-out", json_out), ("--plot", plot), ("--log", log_file)):
         if out is not None:
             _check_writable(out, flag)

@@ -155,6 +155,7 @@ def main(
     as_json: bool,
 ) -> None:
     """Generate text on this device. With no arguments: the bundled demo model, target auto-detected."""
+    from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.figures import format_energy, format_speed, run_figures
     from edge_runtime.bench.runner import PhaseMarks, open_sampler
     from edge_runtime.engine import LoadOptions, load
@@ -191,12 +192,8 @@ def main(
         ),
     )
     detection = resolve_target(target)
-    profile = detection.profile
-    if profile.backend.name != "onnxruntime":
-        raise EdgeRuntimeError(
-            f"target '{profile.name}' uses the {profile.backend.name} backend, which this version does not have yet; "
-            "its trt-flavor bundles run on ONNX Runtime CPU with --target x86"
-        )
+    # A TensorRT target: ONNX Runtime CPU where auto-detected (with a warning), refused where named.
+    profile = runtime_profile(detection.profile, auto_detected=target == "auto")
     if not as_json:
         click.echo(detection.reason, err=True)
     bundle_dir = bundle or ensure_bundle(resolve_checkpoint(model) if model else DEMO_CHECKPOINT, profile)

@@ -184,6 +184,7 @@ class ServeOptions:
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime import __version__
+    from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.runner import open_sampler
     from edge_runtime.chat import ChatTemplate
     from edge_runtime.engine import LoadOptions, load
@@ -201,13 +202,8 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     bundle, model, slots, max_tokens, model_id = opts.bundle, opts.model, opts.slots, opts.max_tokens, opts.model_id
     log = logging.getLogger("edge_serve")
     detection = resolve_target(opts.target)
-    profile = detection.profile
-    if profile.backend.name != "onnxruntime":
-        raise EdgeRuntimeError(
-            f"target '{profile.name}' uses the {profile.backend.name} backend, which this "
-            "version does not have yet; its trt-flavor bundles run on ONNX Runtime CPU with "
-            "--target x86"
-        )
+    # A TensorRT target: ONNX Runtime CPU where auto-detected (with a warning), refused where named.
+    profile = runtime_profile(detection.profile, auto_detected=opts.target == "auto")
     log.info(detection.reason)
     if model is not None:
         if model.lower().endswith(".gguf"):
