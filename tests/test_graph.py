@@ -125,7 +125,7 @@ def test_float32_angles_would_fail_the_position_test(checkpoints, monkeypatch):
 
 @pytest.mark.parametrize("precision", list(Precision), ids=lambda p: p.value)
 def test_trt_flavor_uses_only_tensorrt_10_3_ops(checkpoints, precision):
-    for name in ("llama-linear-rope-bias", "qwen2"):
+    for name in ("llama-linear-rope-bias", "qwen2", "qwen3-bias", "gemma3"):
         model = build_decoder(checkpoints[name].args, checkpoints[name].weights, Flavor.TRT, precision).model
         ops = {n.op_type for n in model.graph.node}
         assert {n.domain for n in model.graph.node} <= {""}
