@@ -41,6 +41,7 @@ ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
     "llama": ("llama", "LlamaForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM", False),
 }
 
 _GLOBAL = {
@@ -65,6 +66,18 @@ _LAYER = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 3's four norms a layer; llama.cpp stores every Gemma norm weight as 1 + w (its RMSNorm multiplies by the
+# weight alone), which the conversion undoes so the checkpoint is Hugging Face's.
+_LAYER_GEMMA3 = {
+    **_LAYER,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+_LAYERS_BY_ARCH = {"gemma3": _LAYER_GEMMA3}
+_NORM_PLUS_ONE = ("gemma3",)
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer global (the GGUF may say otherwise)
+GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's fixed RoPE base of Gemma 3's local layers
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.json's rope_scaling
 
@@ -82,12 +95,14 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor of architecture `arch` (names differ only in Gemma 3's norms)."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
+    layer = _LAYERS_BY_ARCH.get(arch, _LAYER)
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER:
-        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}"
+    if m and m.group(2) in layer:
+        return f"model.layers.{m.group(1)}.{layer[m.group(2)]}"
     return None
 
 
@@ -198,10 +213,12 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
     if model_type == "llama":
         config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
         config["mlp_bias"] = False
-    else:
+    elif model_type in ("qwen2", "qwen3"):
         config["use_sliding_window"] = False
     if model_type == "qwen3":
         config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
+    if arch == "gemma3":
+        config.update(_gemma3_config(gg, config))
     rope = _rope_scaling(gg, arch, head_dim, theta)
     if rope is not None:
         config["rope_scaling"] = rope
@@ -212,11 +229,31 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
     return config
 
 
+def _gemma3_config(gg: GGUFFile, config: dict[str, Any]) -> dict[str, Any]:
+    """What a Gemma 3 config.json has beyond the Llama keys, as llama.cpp runs the file: its window and
+    layer pattern, the local layers' RoPE base, and the softmax scale it derives (head_dim ** -0.5, except
+    the 27B shape's (hidden / heads) ** -0.5: llama.cpp's llm_load_hparams)."""
+    layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
+    pattern = _int(gg, "gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+    is_27b = layers == 62 and hidden == 5376
+    out: dict[str, Any] = {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": _int(gg, "gemma3.attention.sliding_window"),
+        "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)],
+        "rope_local_base_freq": GEMMA3_LOCAL_THETA,
+        "query_pre_attn_scalar": hidden // heads if is_27b else config["head_dim"],
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    }
+    del config["hidden_act"]
+    return out
+
+
 def _tensor_plan(gg: GGUFFile, config: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
     """(gguf name, hf name, shape) for every tensor; refuses tensors we would have to drop."""
     plan, unknown = [], []
     for name in gg.tensor_names:
-        target = hf_name(name)
+        target = hf_name(name, gg.architecture)
         if target is None:
             if name != _ROPE_FREQS:
                 unknown.append(name)
@@ -273,6 +310,8 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
                 w = reverse_permute(w, q_heads)
             elif permuted and ".attn_k." in name:
                 w = reverse_permute(w, kv_heads)
+            if gg.architecture in _NORM_PLUS_ONE and name.endswith("norm.weight"):
+                w = w - np.float32(1.0)
             if w.shape != shape:  # cannot happen for a well-formed file; guards the header we wrote
                 raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to {w.shape}, expected {shape}")
             f.write((f32_to_bf16_bits(w) if dtype == "bf16" else np.ascontiguousarray(w, np.float32)).tobytes())

@@ -126,7 +126,7 @@ def read_codes(path: Path, quant: QuantConfig) -> SourceCodes:
     imported: dict[str, str] = {}
     requantized: dict[str, str] = {}
     for name in gg.tensor_names:
-        target, shape = hf_name(name), gg.shape(name)
+        target, shape = hf_name(name, gg.architecture), gg.shape(name)
         if target is None or len(shape) != 2:
             continue
         type_name = gg.type_name(name)

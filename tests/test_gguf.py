@@ -51,11 +51,19 @@ _LAYER_NAMES = {
 }
 
 
-def _gguf_name(hf: str) -> str:
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def _gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in _NAMES:
         return _NAMES[hf]
     _, _, i, rest = hf.split(".", 3)
-    return f"blk.{i}.{_LAYER_NAMES[rest]}"
+    return f"blk.{i}.{(_GEMMA3_LAYER_NAMES if arch == 'gemma3' else _LAYER_NAMES)[rest]}"
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -64,7 +72,9 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _theta(config: dict) -> float:
-    return config.get("rope_theta") or config["rope_parameters"]["rope_theta"]  # transformers 5 nests it
+    params = config.get("rope_parameters") or {}
+    params = params.get("full_attention", params)  # Gemma 3 nests it by layer type
+    return config.get("rope_theta") or params["rope_theta"]  # transformers 5 nests it
 
 
 def write_gguf(
@@ -79,7 +89,7 @@ def write_gguf(
     unless everything is F32), tokenizer metadata from its tokenizer.json."""
     config = json.loads((ckpt / "config.json").read_text())
     model_type = config["model_type"]
-    arch = arch or model_type
+    arch = arch or {"gemma3_text": "gemma3"}.get(model_type, model_type)
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -94,6 +104,8 @@ def write_gguf(
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_rope_freq_base(_theta(config))
+    if arch == "gemma3":
+        w.add_sliding_window(config["sliding_window"])
     tok = json.loads((ckpt / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
@@ -120,7 +132,9 @@ def write_gguf(
         data = np.ascontiguousarray(tensors[name], np.float32)
         if model_type == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             data = llama_cpp_permute(data, heads if "q_proj" in name else kv)
-        gname = _gguf_name(name)
+        if arch == "gemma3" and name.endswith("norm.weight"):  # convert_hf_to_gguf.py stores Gemma's 1 + w
+            data = data + np.float32(1.0)
+        gname = _gguf_name(name, arch)
         qtype = Q.F32 if data.ndim == 1 else Q.F16 if "embd" in gname and linear_type != Q.F32 else linear_type
         if override_type and override_type[0] == gname:
             qtype = override_type[1]
@@ -210,6 +224,36 @@ def test_qwen3_gguf_names_equal_transformers_gguf_loading(tmp_path):
     ckpt = load_checkpoint(tmp_path / "back")
     with torch.no_grad():
         want = theirs.eval()(torch.from_numpy(ids)[None]).logits[0].double().numpy()
+    got = ReferenceModel(ckpt.args, ckpt.weights).forward(ids)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(got).max()
+
+
+def test_gemma3_gguf_equals_transformers_gguf_loading(tmp_path):
+    """Gemma 3 as llama.cpp stores it (norms as 1 + w, ffn_norm before the MLP, post_ffw_norm after, the window
+    in the metadata, every sixth layer global, local RoPE base 10,000): transformers' GGUF loader and our
+    converter give the same tensors, and our export of the GGUF the same logits. The config follows what both
+    infer from a GGUF: head_dim 256 = query_pre_attn_scalar, Gemma3TextConfig's layer pattern."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from edge_runtime.exporters import ReferenceModel, load_checkpoint
+
+    shape = {"head_dim": 256, "num_attention_heads": 1, "num_key_value_heads": 1, "query_pre_attn_scalar": 256}
+    save_tiny_checkpoint("gemma3", tmp_path / "hf", num_hidden_layers=7, layer_types=None, **shape)
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", linear_type=Q.F32)
+    config = convert_gguf(tmp_path / "m.gguf", tmp_path / "back", dtype="f32")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
+    ref = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+    ours, orig = CheckpointTensors(tmp_path / "back"), CheckpointTensors(tmp_path / "hf")
+    assert set(ours) == set(ref) - {"lm_head.weight"} == set(orig)
+    for k in ours:  # norms went through 1 + w and back in float32: equal to the float32 rounding of that
+        np.testing.assert_allclose(ours[k], ref[k], rtol=0, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(ours[k], orig[k], rtol=0, atol=1e-6, err_msg=k)
+    assert config["layer_types"] == theirs.config.layer_types and config["sliding_window"] == 12
+    ids = np.arange(3, 40)  # longer than the window: the local layers' mask matters
+    with torch.no_grad():
+        want = theirs.eval()(torch.from_numpy(ids)[None]).logits[0].double().numpy()
+    ckpt = load_checkpoint(tmp_path / "back")
     got = ReferenceModel(ckpt.args, ckpt.weights).forward(ids)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(got).max()
 
