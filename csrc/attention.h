@@ -9,9 +9,9 @@ typedef struct {
     int64_t T, hq, hkv, d, rot_half, capacity, past; /* rot_half: R/2 columns of the cos/sin cache */
     float scale;
     const float *qkv;                                 /* [T, (hq + 2 hkv) * d] */
-    void *keys, *values;                              /* [hkv, capacity, d] fp32 or fp16 (kv_f16), rows
+    void *keys, *values;                              /* [hkv, capacity, d] rows of kv_type (simd.h), rows
                                                          [past, past + T) written */
-    int kv_f16;                                       /* the cache holds fp16: read widened, written rounded */
+    int kv_type;                                      /* KV_F32, KV_F16 or KV_Q8: rows read widened, new ones rounded */
     const float *cos, *sin;                           /* [capacity, rot_half] */
     float *out;                                       /* [T, hq * d] */
     int out_of_memory;                                /* set by a task that could not get its scratch */

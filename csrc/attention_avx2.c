@@ -1,6 +1,7 @@
 /* AVX2 kernels for attention.h. Half-split RoPE on the first 2 * rot_half dims (the rest pass through),
- * scores q.k * scale, a max-subtracted softmax and the weighted sum of values, all in fp32; an fp16 cache
- * is widened as it is read and the new rows rounded as they are written (simd.h kv_load8, kv_store8). */
+ * scores q.k * scale, a max-subtracted softmax and the weighted sum of values, all in fp32; an fp16 or q8
+ * cache is widened as it is read and the new rows rounded as they are written (simd.h kv_load8,
+ * kv_store_row). */
 #include "attention.h"
 
 #include <immintrin.h>
@@ -25,37 +26,37 @@ void attn_write_kv(const AttnArgs *a, int64_t i) {
     float y[512]; /* d <= 512, checked when the kernel is created */
     for (int64_t j = 0; j < a->hkv; j++) {
         const float *k = row + (a->hq + j) * a->d, *v = row + (a->hq + a->hkv + j) * a->d;
-        int64_t at = (j * a->capacity + pos) * a->d;
-        void *kd = (void *)kv_at(a->keys, at, a->kv_f16), *vd = (void *)kv_at(a->values, at, a->kv_f16);
+        int64_t at = j * a->capacity + pos;
+        void *kd = (void *)kv_row(a->keys, at, a->d, a->kv_type);
+        void *vd = (void *)kv_row(a->values, at, a->d, a->kv_type);
         rope(a, k, pos, y);
-        for (int64_t e = 0; e < a->d; e += 8) {
-            kv_store8(kd, e, _mm256_loadu_ps(y + e), a->kv_f16);
-            kv_store8(vd, e, _mm256_loadu_ps(v + e), a->kv_f16);
-        }
+        kv_store_row(kd, y, a->d, a->kv_type);
+        kv_store_row(vd, v, a->d, a->kv_type);
     }
 }
 
-/* attn_head's body; `f16` is a constant at each call, so each cache type gets its own loops (simd.h). */
+/* attn_head's body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
+ * loops (simd.h). */
 static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_t i, int64_t h, float *scores,
-                                                       const int f16) {
+                                                       const int kt) {
     int64_t d = a->d, pos = a->past + i, kvh = h / (a->hq / a->hkv);
     float q[512]; /* d <= 512, checked when the kernel is created */
     rope(a, a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, pos, q);
-    const void *keys = kv_at(a->keys, kvh * a->capacity * d, f16);
-    const void *values = kv_at(a->values, kvh * a->capacity * d, f16);
+    const void *keys = kv_row(a->keys, kvh * a->capacity, d, kt);
+    const void *values = kv_row(a->values, kvh * a->capacity, d, kt);
     /* Scores four keys at a time, their four sums reduced together (one hsum a key cost as much as its dot). */
     float best = -INFINITY;
     int64_t r = 0;
     for (; r + 4 <= pos + 1; r += 4) {
-        const void *k0 = kv_at(keys, r * d, f16), *k1 = kv_at(keys, (r + 1) * d, f16);
-        const void *k2 = kv_at(keys, (r + 2) * d, f16), *k3 = kv_at(keys, (r + 3) * d, f16);
+        const void *k0 = kv_row(keys, r, d, kt), *k1 = kv_row(keys, r + 1, d, kt);
+        const void *k2 = kv_row(keys, r + 2, d, kt), *k3 = kv_row(keys, r + 3, d, kt);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t e = 0; e < d; e += 8) {
             __m256 qe = _mm256_loadu_ps(q + e);
-            a0 = _mm256_fmadd_ps(qe, kv_load8(k0, e, f16), a0);
-            a1 = _mm256_fmadd_ps(qe, kv_load8(k1, e, f16), a1);
-            a2 = _mm256_fmadd_ps(qe, kv_load8(k2, e, f16), a2);
-            a3 = _mm256_fmadd_ps(qe, kv_load8(k3, e, f16), a3);
+            a0 = _mm256_fmadd_ps(qe, kv_load8(k0, e, kt), a0);
+            a1 = _mm256_fmadd_ps(qe, kv_load8(k1, e, kt), a1);
+            a2 = _mm256_fmadd_ps(qe, kv_load8(k2, e, kt), a2);
+            a3 = _mm256_fmadd_ps(qe, kv_load8(k3, e, kt), a3);
         }
         __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
         __m128 sc = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(a->scale));
@@ -63,9 +64,9 @@ static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_
         for (int j = 0; j < 4; j++) best = scores[r + j] > best ? scores[r + j] : best;
     }
     for (; r <= pos; r++) {
-        const void *k = kv_at(keys, r * d, f16);
+        const void *k = kv_row(keys, r, d, kt);
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), kv_load8(k, e, f16), acc);
+        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), kv_load8(k, e, kt), acc);
         float sc = hsum8(acc) * a->scale;
         scores[r] = sc;
         best = sc > best ? sc : best;
@@ -99,15 +100,15 @@ static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
         if (n == 8) {
             for (int64_t row = 0; row <= pos; row++) { /* in order: each value row read contiguously */
-                const void *v = kv_at(values, row * d + e0, f16);
+                const void *v = kv_row(values, row, d, kt);
                 __m256 p = _mm256_set1_ps(scores[row]);
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, 8 * j, f16), acc[j]);
+                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, e0 + 8 * j, kt), acc[j]);
             }
         } else {
             for (int64_t row = 0; row <= pos; row++) {
-                const void *v = kv_at(values, row * d + e0, f16);
+                const void *v = kv_row(values, row, d, kt);
                 __m256 p = _mm256_set1_ps(scores[row]);
-                for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, 8 * j, f16), acc[j]);
+                for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, e0 + 8 * j, kt), acc[j]);
             }
         }
         for (int j = 0; j < n; j++) _mm256_storeu_ps(o + e0 + 8 * j, _mm256_mul_ps(acc[j], inv));
@@ -115,8 +116,10 @@ static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_
 }
 
 void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
-    if (a->kv_f16)
-        head(a, i, h, scores, 1);
+    if (a->kv_type == KV_F16)
+        head(a, i, h, scores, KV_F16);
+    else if (a->kv_type == KV_Q8)
+        head(a, i, h, scores, KV_Q8);
     else
-        head(a, i, h, scores, 0);
+        head(a, i, h, scores, KV_F32);
 }

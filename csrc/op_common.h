@@ -73,21 +73,29 @@ OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **o
 void attn_cache_in_place(void *keys, const void *past_k, void *values, const void *past_v, size_t count, size_t elem,
                          int64_t *copies);
 
-/* Each attention op is registered twice under its name, once with an fp32 cache and once with an fp16 one
- * (past_key, past_value, present_key, present_value; the rest is fp32 in both): ONNX Runtime picks the
- * registration by the graph's input types and infers present_*'s type from it, which a dynamically typed
- * cache (two inputs) would need a shape-inference function for. One compute serves both. */
+/* Each attention op is registered once per cache type under its name: fp32, fp16 and q8 rows (uint8
+ * [1, Hkv, C, 4 + D], simd.h) for past_key, past_value, present_key and present_value, the rest fp32 in
+ * all three. ONNX Runtime picks the registration by the graph's input types and infers present_*'s type
+ * from it, which a dynamically typed cache (two inputs) would need a shape-inference function for. One
+ * compute serves all three. */
 static inline int attn_f16_output_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 0 ? ONNX_FLOAT : ONNX_FLOAT16;
 }
+static inline int attn_q8_output_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 0 ? ONNX_FLOAT : ONNX_UINT8;
+}
 
-/* Whether past_key and past_value are fp16 (1) or fp32 (0); -1 for any other or mixed types. */
-OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *f16);
+/* The cache type (simd.h KV_F32, KV_F16, KV_Q8) of past_key and past_value; -1 for mixed or other types. */
+OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *type);
+
+/* Bytes of one cache element as ONNX Runtime counts them (a q8 row is 4 + D uint8). */
+static inline size_t attn_cache_elem(int type) { return type == 0 ? 4 : type == 1 ? 2 : 1; }
 
 /* In matmul_op.c. */
 extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op;
 /* In ring_attention_op.c. */
-extern const OrtCustomOp edge_ring_attention_op, edge_ring_attention_f16_op;
+extern const OrtCustomOp edge_ring_attention_op, edge_ring_attention_f16_op, edge_ring_attention_q8_op;
 
 #endif

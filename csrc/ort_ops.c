@@ -7,7 +7,8 @@
  * LinearAttention, over attention.h: GroupQueryAttention's packed-qkv form (inputs qkv, past_key,
  * past_value, seqlens_k, cos_cache, sin_cache; outputs out, present_key, present_value; attributes
  * num_heads, kv_num_heads, scale). Bound with present_* on past_*'s buffers, it writes only the new rows.
- * The cache (past_*, present_*) is fp32 or fp16, the rest fp32.
+ * The cache (past_*, present_*) is fp32, fp16 or q8 rows (uint8 [1, Hkv, C, 4 + D]: simd.h), the rest
+ * fp32.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "op_common.h"
 #include "qgemm.h"
 #include "silu_mul.h"
+#include "simd.h"
 
 const OrtApi *g_api;
 
@@ -91,6 +93,9 @@ static int attn_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i
 static int attn_f16_input_type(const OrtCustomOp *op, size_t i) {
     return i == 1 || i == 2 ? ONNX_FLOAT16 : attn_input_type(op, i); /* the fp16-cache registration */
 }
+static int attn_q8_input_type(const OrtCustomOp *op, size_t i) {
+    return i == 1 || i == 2 ? ONNX_UINT8 : attn_input_type(op, i); /* q8 rows */
+}
 
 OrtStatus *attn_heads_create(const OrtKernelInfo *info, const char *op, void **out) {
     char msg[120];
@@ -119,12 +124,16 @@ void attn_cache_in_place(void *keys, const void *past_k, void *values, const voi
     if (values != past_v) memcpy(values, past_v, count * elem);
 }
 
-OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *f16) {
+OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *type) {
     int tk = 0, tv = 0;
     size_t n = 0;
     TRY(element_count(past_k, &n, NULL, NULL, &tk));
     TRY(element_count(past_v, &n, NULL, NULL, &tv));
-    *f16 = tk != tv ? -1 : tk == ONNX_FLOAT16 ? 1 : tk == ONNX_FLOAT ? 0 : -1;
+    *type = tk != tv                ? -1
+            : tk == ONNX_FLOAT      ? KV_F32
+            : tk == ONNX_FLOAT16    ? KV_F16
+            : tk == ONNX_UINT8      ? KV_Q8
+                                    : -1;
     return NULL;
 }
 
@@ -178,11 +187,12 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
                     "LinearAttention: expects qkv [1, T, W], past_key and past_value [1, Hkv, C, D], seqlens_k [1], "
                     "cos_cache and sin_cache of one shape");
     AttnArgs a = {0};
-    a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.d = kd[3], a.scale = k->scale;
+    TRY(attn_cache_type(in[1], in[2], &a.kv_type));
+    if (a.kv_type < 0)
+        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: past_key and past_value must be of one type");
+    a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.scale = k->scale;
+    a.d = kd[3] - (a.kv_type == KV_Q8 ? 4 : 0); /* a q8 row: its scale, then D codes */
     a.rot_half = cd[1];
-    TRY(attn_cache_type(in[1], in[2], &a.kv_f16));
-    if (a.kv_f16 < 0)
-        return fail(ORT_INVALID_ARGUMENT, "LinearAttention: past_key and past_value must both be float or float16");
     if (qd[2] != (a.hq + 2 * a.hkv) * a.d || a.d % 8 != 0 || a.d > 512 || 2 * a.rot_half > a.d || cd[0] < a.capacity)
         return fail(ORT_INVALID_ARGUMENT, "LinearAttention: qkv width, head size (multiple of 8, <= 512) or cos_cache shape");
     int32_t *seqlens;
@@ -206,7 +216,7 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(pv_v, &a.values));
     /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
      * cache is copied first (correct, but a full copy per call). */
-    attn_cache_in_place(a.keys, past_k, a.values, past_v, kn, a.kv_f16 ? 2 : 4, &g_cache_copies);
+    attn_cache_in_place(a.keys, past_k, a.values, past_v, kn, attn_cache_elem(a.kv_type), &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) attn_write_kv(&a, i);
     size_t tasks = (size_t)(a.T * a.hq);
     if (a.T == 1 && a.past < 64) { /* a few microseconds of work: less than waking the pool */
@@ -225,8 +235,11 @@ static const OrtCustomOp attn_op = EDGE_OP(attn_create, attn_compute, attn_name,
                                            op_required, attn_outputs, float_type, op_required);
 static const OrtCustomOp attn_f16_op = EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_f16_input_type,
                                                op_required, attn_outputs, attn_f16_output_type, op_required);
-static const OrtCustomOp *const g_ops[] = {&edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op, &attn_f16_op,
-                                           &edge_ring_attention_op, &edge_ring_attention_f16_op};
+static const OrtCustomOp attn_q8_op = EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_q8_input_type,
+                                              op_required, attn_outputs, attn_q8_output_type, op_required);
+static const OrtCustomOp *const g_ops[] = {
+    &edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op, &attn_f16_op, &attn_q8_op,
+    &edge_ring_attention_op, &edge_ring_attention_f16_op, &edge_ring_attention_q8_op};
 
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where
  * EDGE_KERNELS_ISA names one this CPU lacks or the CPU runs none (kernels.isa(), for reports). */

@@ -15,8 +15,8 @@ typedef struct {
     int64_t sinks;                            /* columns [0, sinks) take the sink-rotated query */
     float scale;
     const float *qkv;                         /* [T, (hq + 2 hkv) * d] */
-    void *keys, *values;                      /* [hkv, capacity, d] fp32 or fp16 (kv_f16) */
-    int kv_f16;                               /* the cache holds fp16: read widened, written rounded */
+    void *keys, *values;                      /* [hkv, capacity, d] rows of kv_type (simd.h) */
+    int kv_type;                              /* KV_F32, KV_F16 or KV_Q8: rows read widened, new ones rounded */
     const float *cos, *sin;                   /* [T, rot_half] at each row's absolute position */
     const float *cos_sink, *sin_sink;         /* [T, rot_half] at its cache-logical position */
     const float *mask;                        /* [T, capacity] additive */

@@ -5,8 +5,8 @@
  * A task walks its row's unmasked columns in buffer order with LinearAttention's exact arithmetic
  * (attention_avx2.c: keys four at a time, the same sum trees, exp and value order). While the ring is
  * linear those columns are rows 0..pos, so a chunk that crosses into the full ring computes its
- * still-linear rows bit for bit as the decode steps that ran LinearAttention did. An fp16 cache is read and
- * written as LinearAttention reads and writes it (simd.h kv_load8, kv_store8), so that holds for it too. */
+ * still-linear rows bit for bit as the decode steps that ran LinearAttention did. An fp16 or q8 cache is read and
+ * written as LinearAttention reads and writes it (simd.h kv_load8, kv_store_row), so that holds for it too. */
 #include "ring_attention.h"
 
 #include <immintrin.h>
@@ -30,27 +30,26 @@ void ring_write_kv(const RingArgs *a, int64_t i) {
     float y[512]; /* d <= 512, checked when the op runs */
     for (int64_t j = 0; j < a->hkv; j++) {
         const float *k = src + (a->hq + j) * a->d, *v = src + (a->hq + a->hkv + j) * a->d;
-        int64_t at = (j * a->capacity + row) * a->d;
-        void *kd = (void *)kv_at(a->keys, at, a->kv_f16), *vd = (void *)kv_at(a->values, at, a->kv_f16);
+        int64_t at = j * a->capacity + row;
+        void *kd = (void *)kv_row(a->keys, at, a->d, a->kv_type);
+        void *vd = (void *)kv_row(a->values, at, a->d, a->kv_type);
         rope(k, c, s, a->rot_half, a->d, y);
-        for (int64_t e = 0; e < a->d; e += 8) {
-            kv_store8(kd, e, _mm256_loadu_ps(y + e), a->kv_f16);
-            kv_store8(vd, e, _mm256_loadu_ps(v + e), a->kv_f16);
-        }
+        kv_store_row(kd, y, a->d, a->kv_type);
+        kv_store_row(vd, v, a->d, a->kv_type);
     }
 }
 
 /* The four scores q.k_j * scale as LinearAttention's four-key step sums them. */
 static inline __attribute__((always_inline)) __m128 dot4(const float *q, const void *k0, const void *k1,
                                                          const void *k2, const void *k3, int64_t d, float scale,
-                                                         const int f16) {
+                                                         const int kt) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t e = 0; e < d; e += 8) {
         __m256 qe = _mm256_loadu_ps(q + e);
-        a0 = _mm256_fmadd_ps(qe, kv_load8(k0, e, f16), a0);
-        a1 = _mm256_fmadd_ps(qe, kv_load8(k1, e, f16), a1);
-        a2 = _mm256_fmadd_ps(qe, kv_load8(k2, e, f16), a2);
-        a3 = _mm256_fmadd_ps(qe, kv_load8(k3, e, f16), a3);
+        a0 = _mm256_fmadd_ps(qe, kv_load8(k0, e, kt), a0);
+        a1 = _mm256_fmadd_ps(qe, kv_load8(k1, e, kt), a1);
+        a2 = _mm256_fmadd_ps(qe, kv_load8(k2, e, kt), a2);
+        a3 = _mm256_fmadd_ps(qe, kv_load8(k3, e, kt), a3);
     }
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(scale));
@@ -58,21 +57,22 @@ static inline __attribute__((always_inline)) __m128 dot4(const float *q, const v
 
 /* dot4 with a query per key: the one group of a row that holds both sink and window columns. */
 static inline __attribute__((always_inline)) __m128 dot4_mixed(const float *const q[4], const void *const k[4],
-                                                               int64_t d, float scale, const int f16) {
+                                                               int64_t d, float scale, const int kt) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t e = 0; e < d; e += 8) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + e), kv_load8(k[0], e, f16), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + e), kv_load8(k[1], e, f16), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + e), kv_load8(k[2], e, f16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + e), kv_load8(k[3], e, f16), a3);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + e), kv_load8(k[0], e, kt), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + e), kv_load8(k[1], e, kt), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + e), kv_load8(k[2], e, kt), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + e), kv_load8(k[3], e, kt), a3);
     }
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), _mm_set1_ps(scale));
 }
 
-/* ring_head's body; `f16` is a constant at each call, so each cache type gets its own loops (simd.h). */
+/* ring_head's body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
+ * loops (simd.h). */
 static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_t i, int64_t h, float *scores,
-                                                       int32_t *cols, const int f16) {
+                                                       int32_t *cols, const int kt) {
     int64_t d = a->d, cap = a->capacity, kvh = h / (a->hq / a->hkv);
     const float *x = a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, *mask = a->mask + i * cap;
     float *o = a->out + i * a->hq * d + h * d;
@@ -87,19 +87,19 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
     float q[512], qs[512]; /* d <= 512, checked when the op runs */
     rope(x, a->cos + i * a->rot_half, a->sin + i * a->rot_half, a->rot_half, d, q);
     if (n_sink) rope(x, a->cos_sink + i * a->rot_half, a->sin_sink + i * a->rot_half, a->rot_half, d, qs);
-    const void *keys = kv_at(a->keys, kvh * cap * d, f16), *values = kv_at(a->values, kvh * cap * d, f16);
+    const void *keys = kv_row(a->keys, kvh * cap, d, kt), *values = kv_row(a->values, kvh * cap, d, kt);
     float best = -INFINITY;
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
-        const void *k[4] = {kv_at(keys, cols[j] * d, f16), kv_at(keys, cols[j + 1] * d, f16),
-                            kv_at(keys, cols[j + 2] * d, f16), kv_at(keys, cols[j + 3] * d, f16)};
+        const void *k[4] = {kv_row(keys, cols[j], d, kt), kv_row(keys, cols[j + 1], d, kt),
+                            kv_row(keys, cols[j + 2], d, kt), kv_row(keys, cols[j + 3], d, kt)};
         __m128 sc;
         if (j >= n_sink || j + 4 <= n_sink) {
-            sc = dot4(j >= n_sink ? q : qs, k[0], k[1], k[2], k[3], d, a->scale, f16);
+            sc = dot4(j >= n_sink ? q : qs, k[0], k[1], k[2], k[3], d, a->scale, kt);
         } else {
             const float *qj[4];
             for (int m = 0; m < 4; m++) qj[m] = j + m < n_sink ? qs : q;
-            sc = dot4_mixed(qj, k, d, a->scale, f16);
+            sc = dot4_mixed(qj, k, d, a->scale, kt);
         }
         _mm_storeu_ps(scores + j, sc);
         for (int m = 0; m < 4; m++) {
@@ -108,10 +108,10 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
         }
     }
     for (; j < n; j++) {
-        const void *k = kv_at(keys, cols[j] * d, f16);
+        const void *k = kv_row(keys, cols[j], d, kt);
         const float *qj = j < n_sink ? qs : q;
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + e), kv_load8(k, e, f16), acc);
+        for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + e), kv_load8(k, e, kt), acc);
         float sc = hsum8(acc) * a->scale + mask[cols[j]];
         scores[j] = sc;
         best = sc > best ? sc : best;
@@ -141,15 +141,15 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
         for (int m = 0; m < 8; m++) acc[m] = _mm256_setzero_ps();
         if (w == 8) {
             for (int64_t r = 0; r < n; r++) {
-                const void *vr = kv_at(values, cols[r] * d + e0, f16);
+                const void *vr = kv_row(values, cols[r], d, kt);
                 __m256 p = _mm256_set1_ps(scores[r]);
-                for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, 8 * m, f16), acc[m]);
+                for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, e0 + 8 * m, kt), acc[m]);
             }
         } else {
             for (int64_t r = 0; r < n; r++) {
-                const void *vr = kv_at(values, cols[r] * d + e0, f16);
+                const void *vr = kv_row(values, cols[r], d, kt);
                 __m256 p = _mm256_set1_ps(scores[r]);
-                for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, 8 * m, f16), acc[m]);
+                for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, e0 + 8 * m, kt), acc[m]);
             }
         }
         for (int m = 0; m < w; m++) _mm256_storeu_ps(o + e0 + 8 * m, _mm256_mul_ps(acc[m], inv));
@@ -157,8 +157,10 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
 }
 
 void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols) {
-    if (a->kv_f16)
-        head(a, i, h, scores, cols, 1);
+    if (a->kv_type == KV_F16)
+        head(a, i, h, scores, cols, KV_F16);
+    else if (a->kv_type == KV_Q8)
+        head(a, i, h, scores, cols, KV_Q8);
     else
-        head(a, i, h, scores, cols, 0);
+        head(a, i, h, scores, cols, KV_F32);
 }

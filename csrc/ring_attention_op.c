@@ -4,7 +4,7 @@
  *            cos, sin, cos_sink, sin_sink [T, R/2], sink_rows [1] int64, attn_mask [T, C] (or [1, 1, T, C])
  *   outputs: out [1, T, Hq * D], present_key, present_value [1, Hkv, C, D]
  *   attributes: num_heads, kv_num_heads, scale
- *   past_* and present_* are fp32 or fp16 (one type), the rest fp32.
+ *   past_* and present_* are fp32, fp16 or q8 rows (one type; simd.h), the rest fp32.
  *
  * Every new key (rotated at its absolute position) and value is written at rows write_index.. first, then
  * each (row, head) attends the whole buffer under its mask row, so a row's result depends on the cache and
@@ -15,6 +15,7 @@
 
 #include "op_common.h"
 #include "ring_attention.h"
+#include "simd.h"
 
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, N_IN };
 
@@ -28,6 +29,9 @@ static int ring_input_type(const OrtCustomOp *op, size_t i) {
 }
 static int ring_f16_input_type(const OrtCustomOp *op, size_t i) {
     return i == IN_PAST_K || i == IN_PAST_V ? ONNX_FLOAT16 : ring_input_type(op, i); /* op_common.h says why */
+}
+static int ring_q8_input_type(const OrtCustomOp *op, size_t i) {
+    return i == IN_PAST_K || i == IN_PAST_V ? ONNX_UINT8 : ring_input_type(op, i);
 }
 
 static OrtStatus *ring_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
@@ -76,10 +80,11 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
         return fail(ORT_INVALID_ARGUMENT,
                     "RingAttention: expects qkv [1, T, W] and past_key, past_value of one shape [1, kv_num_heads, C, D]");
     RingArgs a = {0};
-    a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.d = kd[3], a.scale = k->scale;
-    TRY(attn_cache_type(in[IN_PAST_K], in[IN_PAST_V], &a.kv_f16));
-    if (a.kv_f16 < 0)
-        return fail(ORT_INVALID_ARGUMENT, "RingAttention: past_key and past_value must both be float or float16");
+    TRY(attn_cache_type(in[IN_PAST_K], in[IN_PAST_V], &a.kv_type));
+    if (a.kv_type < 0)
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: past_key and past_value must be of one type");
+    a.T = qd[1], a.hq = k->hq, a.hkv = k->hkv, a.capacity = kd[2], a.scale = k->scale;
+    a.d = kd[3] - (a.kv_type == KV_Q8 ? 4 : 0); /* a q8 row: its scale, then D codes */
     if (qd[2] != (a.hq + 2 * a.hkv) * a.d || a.d % 8 != 0 || a.d > 512)
         return fail(ORT_INVALID_ARGUMENT, "RingAttention: qkv width is not (num_heads + 2 kv_num_heads) * D, or D "
                                           "is not a multiple of 8 up to 512");
@@ -121,7 +126,8 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(pv_v, &a.values));
     /* The host binds present_* to past_*'s buffers, so only the new rows are written; anywhere else the
      * cache is copied first (correct, but a full copy per call). */
-    attn_cache_in_place(a.keys, past_k, a.values, past_v, count[IN_PAST_K], a.kv_f16 ? 2 : 4, &g_cache_copies);
+    attn_cache_in_place(a.keys, past_k, a.values, past_v, count[IN_PAST_K], attn_cache_elem(a.kv_type),
+                        &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) ring_write_kv(&a, i);
     size_t tasks = (size_t)(a.T * a.hq);
     if (tasks == 0) return NULL;
@@ -140,3 +146,6 @@ const OrtCustomOp edge_ring_attention_op = EDGE_OP(ring_create, ring_compute, ri
 const OrtCustomOp edge_ring_attention_f16_op = EDGE_OP(ring_create, ring_compute, ring_name, ring_inputs,
                                                        ring_f16_input_type, op_required, ring_outputs,
                                                        attn_f16_output_type, op_required);
+const OrtCustomOp edge_ring_attention_q8_op = EDGE_OP(ring_create, ring_compute, ring_name, ring_inputs,
+                                                      ring_q8_input_type, op_required, ring_outputs,
+                                                      attn_q8_output_type, op_required);

@@ -34,8 +34,9 @@ MANIFEST_MAX_BYTES = 16 << 20  # real manifests are tens of KB; a bigger file is
 KV_HEADS_FIRST = "[1, num_kv_heads, capacity, head_dim]"  # `trt`, and `ort` bundles before 0.2
 # `ort` graphs since 0.3 attend with GroupQueryAttention until the ring is full, then the whole buffer.
 LINEAR_UNTIL_FULL = "seqlens_k_until_full_then_capacity"
-# graph.kv["dtype"]: the K/V buffers' element types a runtime allocates.
-KV_DTYPES = ("float32", "float16")
+# graph.kv["dtype"]: the K/V buffers' element types a runtime allocates, as (numpy storage dtype, extra
+# elements a row). "q8": each row is its fp32 scale then its int8 codes, uint8 [.., 4 + head_dim] (csrc/simd.h).
+KV_DTYPES = {"float32": ("float32", 0), "float16": ("float16", 0), "q8": ("uint8", 4)}
 # Graph output of bundles whose LM head is a MatMulQ4 or MatMulQ8: numpy.argmax of each kept row's logits, [1, kept, 1]
 # int64 (the greedy token, computed where the logits were written; older bundles lack it).
 NEXT_TOKEN = "next_token"
@@ -93,16 +94,21 @@ class GraphSpec:
 
     @property
     def kv_dtype(self) -> str:
-        """The K/V buffers' element type (numpy name): graph.kv["dtype"], the activation dtype in bundles
+        """The K/V cache's element type (a KV_DTYPES name): graph.kv["dtype"], the activation dtype in bundles
         written before the cache could differ from it (`edge-export --kv-dtype`)."""
         value = self.kv.get("dtype", self.activation_dtype)
         if value not in KV_DTYPES:
             raise BundleError(f"graph.kv.dtype {value!r} is not one this runtime knows ({', '.join(KV_DTYPES)})")
         return value
 
+    @property
+    def kv_storage(self) -> str:
+        """The numpy dtype of the K/V buffers (uint8 for q8 rows)."""
+        return KV_DTYPES[self.kv_dtype][0]
+
     def kv_shape(self, kv_heads: int, capacity: int, head_dim: int) -> tuple[int, ...]:
-        """One layer's K (or V) buffer shape under this graph's layout."""
-        return (1, kv_heads, capacity, head_dim)
+        """One layer's K (or V) buffer shape under this graph's layout (a q8 row holds its scale too)."""
+        return (1, kv_heads, capacity, head_dim + KV_DTYPES[self.kv_dtype][1])
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class StaticPool:
     def allocate(cls, manifest: Manifest, geometry: RingGeometry) -> StaticPool:
         m, g = manifest.model, geometry
         dtype = np.dtype(manifest.graph.activation_dtype)
-        kv_dtype = np.dtype(manifest.graph.kv_dtype)  # fp16 under fp32 activations: --kv-dtype fp16
+        kv_dtype = np.dtype(manifest.graph.kv_storage)  # fp16 or q8 rows under fp32 activations: --kv-dtype
         host_copy = manifest.graph.kv_update is KvUpdate.HOST_COPY
         cols = g.capacity + (1 if host_copy else 0)
         half = m.rotary_dim // 2
@@ -77,8 +77,8 @@ class StaticPool:
             next_token=np.zeros((1, 1, 1), np.int64) if NEXT_TOKEN in manifest.graph.outputs else None,
         )
         if host_copy:
-            pool.new_keys = [np.zeros((1, h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
-            pool.new_values = [np.zeros((1, h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
+            pool.new_keys = [np.zeros(manifest.graph.kv_shape(h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
+            pool.new_values = [np.zeros(manifest.graph.kv_shape(h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
         return pool
 
     def nbytes(self) -> int:
@@ -117,8 +117,9 @@ class StaticPool:
 
     @staticmethod
     def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry) -> int:
-        itemsize = np.dtype(manifest.graph.kv_dtype).itemsize
-        return 2 * sum(h * geometry.capacity * manifest.model.head_dim * itemsize for h in manifest.model.num_kv_heads)
+        g, itemsize = manifest.graph, np.dtype(manifest.graph.kv_storage).itemsize
+        shapes = [g.kv_shape(h, geometry.capacity, manifest.model.head_dim) for h in manifest.model.num_kv_heads]
+        return 2 * sum(int(np.prod(s)) * itemsize for s in shapes)
 
 
 def _committed(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -37,6 +37,8 @@ from .blocks import WeightFormat
 from .graph import ONNX_DTYPE, GraphBuilder
 
 MS = "com.microsoft"
+# A uint8 cache holds q8 rows: each row's fp32 scale (4 bytes), then its head_dim int8 codes (csrc/simd.h).
+Q8_ROW_EXTRA = 4
 
 
 def gqa_can_run(head_dim: int, rotary_dim: int) -> bool:
@@ -299,7 +301,7 @@ def _full_ring(
 def cache_io(g: GraphBuilder, layer: int, hkv: int, head_dim: int) -> tuple[str, str, list[str]]:
     """Declare layer `layer`'s past_key/past_value inputs and present_* outputs: (past_k, past_v, present),
     all of the cache's dtype (g.kv_dtype)."""
-    cache_shape = [1, hkv, "capacity", head_dim]
+    cache_shape = [1, hkv, "capacity", head_dim + (Q8_ROW_EXTRA if g.kv_dtype == np.uint8 else 0)]
     past_k = g.input(f"past_key.{layer}", g.kv_dtype, cache_shape)
     past_v = g.input(f"past_value.{layer}", g.kv_dtype, cache_shape)
     present = [f"present_key.{layer}", f"present_value.{layer}"]

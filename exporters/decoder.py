@@ -50,14 +50,17 @@ class Precision(enum.Enum):
 
 class KvDtype(enum.Enum):
     """The KV cache's element type (`edge-export --kv-dtype`). fp16 halves the bytes attention reads per token
-    at a full ring; only edge-runtime's LinearAttention/RingAttention take it under fp32 activations."""
+    at a full ring, q8 (int8 codes and an fp32 scale a row, llama.cpp's q8_0 with one block a row) nearly
+    quarters them; only edge-runtime's LinearAttention/RingAttention take them under fp32 activations."""
 
     FP32 = "fp32"
     FP16 = "fp16"
+    Q8 = "q8"
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self is KvDtype.FP16 else np.float32)
+        """The cache buffers' storage dtype (q8 rows are uint8 bytes: blocks_ort.Q8_ROW_EXTRA)."""
+        return np.dtype({KvDtype.FP16: np.float16, KvDtype.Q8: np.uint8}.get(self, np.float32))
 
 
 OPSET = {Flavor.ORT: 24, Flavor.TRT: 21}
@@ -82,7 +85,7 @@ def kv_dtype_problem(args: ModelArgs | None, flavor: Flavor, quant: QuantConfig 
     """Why the graph cannot hold a `kv` cache (None: it can; `args` None: the options alone, before a model is
     read). FP32 is every graph's default (`trt` keeps its cache in its activation dtype). GroupQueryAttention,
     ONNX Attention and TensorScatter need the cache in the activation dtype, so an fp16 cache needs
-    edge-runtime's attention ops at every fill."""
+    edge-runtime's attention ops at every fill; so does a q8 one."""
     if kv is KvDtype.FP32:
         return None
     if flavor is Flavor.TRT:
@@ -157,7 +160,8 @@ def build_decoder(
             "update": (KvUpdate.IN_PLACE_SCATTER if flavor is Flavor.ORT else KvUpdate.HOST_COPY).value,
             "layout": KV_HEADS_FIRST,
             "attended_columns": LINEAR_UNTIL_FULL if flavor is Flavor.ORT else "capacity_plus_tokens",
-            "dtype": g.kv_dtype.name,  # the buffers the runtime allocates (GraphSpec.kv_dtype)
+            # the buffers the runtime allocates (manifest.KV_DTYPES)
+            "dtype": "q8" if kv_dtype is KvDtype.Q8 else g.kv_dtype.name,
         },
     }
     return BuiltGraph(

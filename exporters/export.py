@@ -50,7 +50,7 @@ from .validate import (
     float32_probe,
     fp32_tolerance,
     validation_grid,
-    with_fp16_kv,
+    with_kv_dtype,
 )
 
 GRAPH_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
@@ -212,8 +212,8 @@ def _validate(
         cases = grid(_session(str(graph), built), probe)
         tol = fp32_tolerance(cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
         worst = _check(cases, tol.value, _label(precision, tol))
-    if built.io["kv"]["dtype"] == "float16" and built.activation_dtype != np.float16:
-        tol = with_fp16_kv(tol)
+    if built.io["kv"]["dtype"] != np.dtype(built.activation_dtype).name:  # --kv-dtype fp16 / q8
+        tol = with_kv_dtype(tol, built.io["kv"]["dtype"])
     what = "" if q is None and not prepared.pruned else " run with the exported (pruned/dequantized) weights"
     return ValidationRecord(
         reference=f"{reference_dtype} numpy StreamingLLM transcription (exporters/reference.py){what}",

@@ -3,7 +3,7 @@
 edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
             [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO]
             [--calib FILE] [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge] [--gguf-codes keep|requantize]
-            [--kv-dtype fp32|fp16]
+            [--kv-dtype fp32|fp16|q8]
 edge-export inspect BUNDLE_DIR
 
 Without --target the defaults are portable (ort flavor, float weights, ONNX Runtime's own kernels: runs on
@@ -157,11 +157,12 @@ def main() -> None:
 )
 @click.option(
     "--kv-dtype",
-    type=click.Choice(["fp32", "fp16"]),
+    type=click.Choice(["fp32", "fp16", "q8"]),
     default="fp32",
     show_default=True,
     help="KV cache element type. fp16 halves the cache's memory and the bytes attention reads per token at a full "
-    "ring; it needs --kernel edge (LinearAttention/RingAttention) on a quantized ort bundle.",
+    "ring; q8 (int8 codes and an fp32 scale per row) nearly quarters them. Both need --kernel edge "
+    "(LinearAttention/RingAttention) on a quantized ort bundle.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @debug_option
