@@ -105,6 +105,13 @@ def heldout_perplexity(args: ModelArgs, weights: ModelWeights, ids: np.ndarray) 
     return perplexity(ReferenceModel(args, weights), ids)
 
 
+def calibration_perplexity(args: ModelArgs, weights: ModelWeights, sequences: list[np.ndarray]) -> float:
+    """exp(mean NLL) over all predicted tokens of the sequences (float64 reference, one forward each)."""
+    ref = ReferenceModel(args, weights)
+    nll = sum(np.log(perplexity(ref, s)) * (len(s) - 1) for s in sequences)
+    return float(np.exp(nll / sum(len(s) - 1 for s in sequences)))
+
+
 def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
     if ckpt.tokenizer_file is None:
         raise ExportError(f"'{ckpt.path}' has no tokenizer.json, which calibration needs to read its text")
@@ -152,10 +159,14 @@ class InputStats:
     # counts that row once per later token of its sequence, since every query attends to the sink's key
     # and value and an error there reaches every position, where X^T X weighs it as 1 row of ~500.
     sinks: list[np.ndarray]  # [K] float64 each, one per sequence
+    # sum X and sum of (T - 1) x_0 over sequences: the constant column of X^T X (with and without the
+    # sink weighting), which pruning's reconstruction needs to refit a bias
+    col_sum: np.ndarray  # [K] float64
+    sink_sum: np.ndarray  # [K] float64
 
     @classmethod
     def empty(cls, k: int) -> InputStats:
-        return cls(np.zeros((k, k)), np.zeros(k), 0, [])
+        return cls(np.zeros((k, k)), np.zeros(k), 0, [], np.zeros(k), np.zeros(k))
 
     def add(self, x: np.ndarray) -> None:
         """The rows of one sequence, first token first."""
@@ -165,6 +176,8 @@ class InputStats:
         self.abs_sum += np.abs(x32).sum(axis=0, dtype=np.float64)
         self.rows += x32.shape[0]
         self.sinks.append(np.sqrt(x32.shape[0] - 1) * x32[0].astype(np.float64))
+        self.col_sum += x32.sum(axis=0, dtype=np.float64)
+        self.sink_sum += (x32.shape[0] - 1) * x32[0].astype(np.float64)
 
     @property
     def sink_gram(self) -> np.ndarray:
@@ -186,7 +199,14 @@ class InputStats:
     def divided(self, s: np.ndarray) -> InputStats:
         """The statistics of X / s (s per input channel)."""
         s = np.asarray(s, dtype=np.float64)
-        return InputStats(self.gram / np.outer(s, s), self.abs_sum / s, self.rows, [r / s for r in self.sinks])
+        return InputStats(
+            self.gram / np.outer(s, s),
+            self.abs_sum / s,
+            self.rows,
+            [r / s for r in self.sinks],
+            self.col_sum / s,
+            self.sink_sum / s,
+        )
 
     def output_error(self, approx: np.ndarray, exact: np.ndarray) -> float:
         """||X approx^T - X exact^T||_F / ||X exact^T||_F, from the Gram matrix alone."""

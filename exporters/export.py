@@ -70,6 +70,8 @@ class ExportOptions:
     overwrite: bool = False
     quant: QuantConfig = field(default_factory=QuantConfig)  # method none: float weights of `precision`
     prune: float | None = None  # fraction of attention + MLP parameters to remove, in (0, 1)
+    # Instead of `prune`: the largest pruning whose calibration perplexity rises at most this many percent
+    prune_budget: float | None = None
     calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else models.GENERAL_CALIBRATION
     # A device profile's window is a memory budget, not a model property: cut it to the trained context
     # (`edge-export --target`, first-use exports) instead of refusing the export.
@@ -112,6 +114,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
         opts.quant,
         opts.prune,
         opts.calibration,
+        prune_budget=opts.prune_budget,
         trt=opts.flavor is Flavor.TRT,
         weights_label=opts.precision.value,
         progress=progress,
@@ -339,6 +342,7 @@ def _provenance(
             "kernel": opts.quant.kernel.value,
             "table_bits": opts.quant.table_bits,
             "prune": opts.prune,
+            "prune_budget": opts.prune_budget,
             "kv_dtype": opts.kv_dtype.value,
         },
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},

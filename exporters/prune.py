@@ -14,12 +14,26 @@ ranking spans layers and both kinds; within a layer chunks go in ascending order
 chunk of each kind stays, and pruned widths are multiples of `unit` (32, or the INT4 block) so the
 result stays quantizable. The result is a plain `ModelWeights` whose layers may differ in width;
 the reference and the graph builder read widths from the weight shapes.
+
+Reconstruction (`reconstruct`, on by default): removing input channels of o_proj / down_proj drops
+their contribution X_c W_c^T; the kept columns are then refitted by least squares on the calibration
+statistics, W' = argmin ||X W^T - X_k W'^T||^2 + lam ||W' - W[:, k]||^2, i.e.
+(G_kk + lam I) W'^T = G_k: W^T + lam W[:, k]^T with G = X^T X of the unpruned model's inputs (one shot:
+every layer is refitted on the unpruned model's activations, no re-calibration between layers). The
+damping pulls toward the plainly sliced weights rather than toward zero, so the refit can never raise
+the objective above slicing's (the damped objective at the solution is at most slicing's, whose damping
+term is 0). Where the projection has a bias (Llama's attention_bias / mlp_bias) it is refitted with the
+weights (a constant input column), which moves the dropped channels' mean contribution into the bias.
+
+`prune_to_budget` finds the largest global ratio whose calibration perplexity stays within a budget,
+by bisection over the same ranking (a global cut gives every layer its own ratio).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +43,23 @@ import numpy as np
 from edge_runtime.errors import ExportError
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 
-from .calibrate import LinearInputs, copy_layer
+from .calibrate import InputStats, LinearInputs, copy_layer
+
+# lam = RECON_DAMP x the mean diagonal of G_kk, as GPTQ damps its Hessian: scale-free, and enough to
+# make a rank-deficient G_kk (fewer distinct calibration rows than channels, or dead channels)
+# solvable without noticeably biasing a well-conditioned one.
+RECON_DAMP = 0.01
+# Each sequence's first-token row (the attention sink every later query reads) counts once more per
+# later token, as in GPTQ (quant_model.GPTQ_SINK_WEIGHT): an error on that row reaches every position.
+RECON_SINK_WEIGHT = 1.0
+BUDGET_STEPS = 7  # bisection steps over (0, max ratio): a resolution of max/128, ~0.007 of the parameters
 
 
 @dataclass(frozen=True)
 class PruneConfig:
     ratio: float  # fraction of the attention + MLP parameters to remove
     unit: int = 32  # pruned widths are multiples of this
+    reconstruct: bool = True  # refit o_proj / down_proj on the calibration statistics (module docstring)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio < 1):
@@ -92,19 +116,31 @@ def _layer_chunks(i: int, lw: LayerWeights, acts: LinearInputs, d: int, unit: in
     return [mlp, heads]
 
 
-def prune_model(
-    args: ModelArgs,
-    weights: ModelWeights,
-    acts: LinearInputs,
-    config: PruneConfig,
-    progress: Callable[[str], None] = lambda _m: None,
-) -> tuple[ModelWeights, dict[str, Any]]:
+@dataclass(frozen=True)
+class Ranking:
+    """Every layer's removal chunks, ascending importance within a layer (computed once per model)."""
+
+    queues: list[list[_Chunk]]
+    prunable: int  # attention + MLP weights of the unpruned model
+
+    @property
+    def max_ratio(self) -> float:
+        return sum(c.params for q in self.queues for c in q) / self.prunable
+
+
+def rank(args: ModelArgs, weights: ModelWeights, acts: LinearInputs, unit: int) -> Ranking:
     d = args.head_dim
-    queues = [q for i, lw in enumerate(weights.layers) for q in _layer_chunks(i, lw, acts, d, config.unit)]
-    prunable = sum(
-        sum(getattr(lw, f).size for f in ("q", "k", "v", "o", "gate", "up", "down")) for lw in weights.layers
-    )
-    target = config.ratio * prunable
+    queues = [q for i, lw in enumerate(weights.layers) for q in _layer_chunks(i, lw, acts, d, unit)]
+    return Ranking(queues, sum(_prunable(lw) for lw in weights.layers))
+
+
+def _prunable(lw: LayerWeights) -> int:
+    return sum(getattr(lw, f).size for f in ("q", "k", "v", "o", "gate", "up", "down"))
+
+
+def _select(ranking: Ranking, target: float) -> tuple[dict[tuple[int, str], list[np.ndarray]], int]:
+    """Chunks removed globally, cheapest score per parameter first, until `target` parameters are gone."""
+    queues = ranking.queues
     heap = [(q[0].score / q[0].params, n, 0) for n, q in enumerate(queues) if q]
     heapq.heapify(heap)
     removed: dict[tuple[int, str], list[np.ndarray]] = {}
@@ -117,7 +153,22 @@ def prune_model(
         if k + 1 < len(queues[n]):
             nxt = queues[n][k + 1]
             heapq.heappush(heap, (nxt.score / nxt.params, n, k + 1))
-    if gone < target:
+    return removed, gone
+
+
+def prune_model(
+    args: ModelArgs,
+    weights: ModelWeights,
+    acts: LinearInputs,
+    config: PruneConfig,
+    progress: Callable[[str], None] = lambda _m: None,
+    ranking: Ranking | None = None,
+) -> tuple[ModelWeights, dict[str, Any]]:
+    d = args.head_dim
+    ranking = ranking or rank(args, weights, acts, config.unit)
+    prunable = ranking.prunable
+    removed, gone = _select(ranking, config.ratio * prunable)
+    if gone < config.ratio * prunable:
         raise ExportError(
             f"prune ratio {config.ratio} is not reachable: keeping one {config.unit}-wide chunk of MLP channels and "
             f"of heads per layer allows at most {gone / prunable:.2f}; use a smaller --prune"
@@ -127,13 +178,25 @@ def prune_model(
     for i, lw in enumerate(weights.layers):
         drop_ch = np.concatenate(removed.get((i, "mlp"), [np.zeros(0, int)]))
         drop_kv = np.concatenate(removed.get((i, "heads"), [np.zeros(0, int)]))
-        layers.append(_slice_layer(lw, d, drop_ch, drop_kv))
+        refit = (acts.o[i], acts.down[i]) if config.reconstruct else None
+        layers.append(_slice_layer(lw, d, drop_ch, drop_kv, refit))
     pruned = ModelWeights(weights.embed, weights.final_norm, weights.lm_head, layers)
-    after = sum(sum(getattr(lw, f).size for f in ("q", "k", "v", "o", "gate", "up", "down")) for lw in layers)
+    after = sum(_prunable(lw) for lw in layers)
     record = {
         "ratio": config.ratio,
+        "removed": round(1 - after / prunable, 4),
         "unit": config.unit,
         "importance": "||X[:, c]|| * ||W[:, c]|| of o_proj / down_proj input channels on the calibration text",
+        "reconstruction": (
+            {
+                "method": "least squares of o_proj / down_proj on the kept inputs' calibration X^T X "
+                "(bias refitted where the projection has one)",
+                "damp": RECON_DAMP,
+                "sink_weight": RECON_SINK_WEIGHT,
+            }
+            if config.reconstruct
+            else None
+        ),
         "prunable_parameters_before": int(prunable),
         "prunable_parameters_after": int(after),
         "intermediate_size": [lw.down.shape[1] for lw in layers],
@@ -147,7 +210,112 @@ def prune_model(
     return pruned, record
 
 
-def _slice_layer(lw: LayerWeights, d: int, drop_ch: np.ndarray, drop_kv: np.ndarray) -> LayerWeights:
+def prune_to_budget(
+    args: ModelArgs,
+    weights: ModelWeights,
+    acts: LinearInputs,
+    budget_pct: float,
+    evaluate: Callable[[ModelWeights], float],
+    unit: int = 32,
+    reconstruct: bool = True,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> tuple[ModelWeights, dict[str, Any]]:
+    """The largest global ratio whose `evaluate` (calibration perplexity) is at most (1 + budget_pct/100) x
+    the unpruned model's, by BUDGET_STEPS bisection steps over (0, the ranking's maximum): 1 + BUDGET_STEPS
+    evaluations at most (fewer where two ratios select the same chunks). Perplexity need not be monotone
+    in the ratio; the result is always a measured point within the budget."""
+    if not (isinstance(budget_pct, (int, float)) and budget_pct > 0):
+        raise ExportError(f"prune budget {budget_pct!r} must be a positive percentage (e.g. --prune-budget 10)")
+    t0 = time.perf_counter()
+    ranking = rank(args, weights, acts, unit)
+    base = evaluate(weights)
+    limit = base * (1 + budget_pct / 100)
+    progress(f"prune budget: calibration perplexity {base:.3f}, at most {limit:.3f} (+{budget_pct:g}%)")
+    lo, hi = 0.0, ranking.max_ratio
+    best: tuple[ModelWeights, dict[str, Any], float] | None = None
+    trials: list[dict[str, float]] = []
+    seen: dict[int, float] = {}  # parameters removed -> perplexity (two ratios may select the same chunks)
+    for _ in range(BUDGET_STEPS):
+        mid = (lo + hi) / 2
+        cand, record = prune_model(args, weights, acts, PruneConfig(mid, unit, reconstruct), ranking=ranking)
+        gone = record["prunable_parameters_before"] - record["prunable_parameters_after"]
+        ppl = seen.get(gone)
+        if ppl is None:
+            ppl = seen[gone] = evaluate(cand)
+            trials.append({"ratio": round(mid, 4), "removed": record["removed"], "calibration_ppl": round(ppl, 4)})
+            progress(f"  ratio {mid:.3f} (removed {record['removed']:.1%}): calibration perplexity {ppl:.3f}")
+        if ppl <= limit:
+            lo = mid
+            if best is None or record["removed"] > best[1]["removed"]:
+                best = (cand, record, ppl)
+        else:
+            hi = mid
+    if best is None:
+        raise ExportError(
+            f"no pruning stays within +{budget_pct:g}% calibration perplexity: removing "
+            f"{trials[-1]['removed']:.1%} already gives {trials[-1]['calibration_ppl']:.3f} against {base:.3f}; "
+            f"raise --prune-budget or drop it"
+        )
+    pruned, record, ppl = best
+    record["budget"] = {
+        "budget_pct": budget_pct,
+        "evaluations": len(trials) + 1,
+        "trials": trials,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    record["calibration_ppl"] = calibration_record(base, ppl)
+    progress(
+        f"prune budget: removed {record['removed']:.1%} of attention+MLP parameters, calibration perplexity "
+        f"{base:.3f} -> {ppl:.3f} ({100 * (ppl / base - 1):+.2f}%), {len(trials) + 1} evaluations"
+    )
+    return pruned, record
+
+
+def calibration_record(before: float, after: float) -> dict[str, float]:
+    return {"unpruned": round(before, 4), "pruned": round(after, 4), "change_pct": round(100 * (after / before - 1), 3)}
+
+
+def reconstruct(
+    w: np.ndarray,
+    stats: InputStats,
+    keep: np.ndarray,
+    bias: np.ndarray | None = None,
+    damp: float = RECON_DAMP,
+    sink_weight: float = RECON_SINK_WEIGHT,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """W' [out, len(keep)] (and the refitted bias) minimising ||X W^T + b - X_k W'^T - b'||^2 +
+    lam ||W' - W[:, keep]||^2 over the (sink-weighted) calibration rows X of `stats`."""
+    w = np.asarray(w, dtype=np.float64)
+    g_k = stats.gram[keep]  # [k, K]: only the kept rows of G, never a second full copy
+    if sink_weight:
+        s = np.asarray(stats.sinks).reshape(-1, stats.gram.shape[0])
+        g_k = g_k + sink_weight * (s[:, keep].T @ s)
+    z = g_k[:, keep]
+    rhs = g_k @ w.T  # [k, out]
+    prior = w[:, keep].T
+    lam = damp * float(np.mean(np.diag(z)))
+    damping = np.full(len(keep), lam)
+    if bias is not None:
+        b = np.asarray(bias, dtype=np.float64)
+        col = stats.col_sum + sink_weight * stats.sink_sum  # the constant column's products with X
+        n = stats.rows + sink_weight * (stats.rows - len(stats.sinks))  # sum of (T - 1) = rows - sequences
+        z = np.block([[z, col[keep][:, None]], [col[keep][None, :], np.array([[n]])]])
+        rhs = np.vstack([rhs + np.outer(col[keep], b), (col @ w.T + n * b)[None, :]])
+        prior = np.vstack([prior, b[None, :]])
+        damping = np.append(damping, 0.0)  # n > 0 rows: the constant column needs none
+    sol = np.linalg.solve(z + np.diag(damping), rhs + damping[:, None] * prior)
+    if bias is not None:
+        return sol[:-1].T, sol[-1]
+    return sol.T, None
+
+
+def _slice_layer(
+    lw: LayerWeights,
+    d: int,
+    drop_ch: np.ndarray,
+    drop_kv: np.ndarray,
+    refit: tuple[InputStats, InputStats] | None = None,  # o_proj's and down_proj's input statistics
+) -> LayerWeights:
     keep_ch = np.setdiff1d(np.arange(lw.down.shape[1]), drop_ch)
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
     grp = hq // hkv
@@ -158,18 +326,26 @@ def _slice_layer(lw: LayerWeights, d: int, drop_ch: np.ndarray, drop_kv: np.ndar
     def rows(a: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:
         return None if a is None else np.asarray(a)[idx]
 
+    o, o_bias = np.asarray(lw.o)[:, q_rows], lw.o_bias
+    down, down_bias = np.asarray(lw.down)[:, keep_ch], lw.down_bias
+    if refit is not None and len(drop_kv):
+        o, o_bias = reconstruct(lw.o, refit[0], q_rows, lw.o_bias)
+    if refit is not None and len(drop_ch):
+        down, down_bias = reconstruct(lw.down, refit[1], keep_ch, lw.down_bias)
     return copy_layer(
         lw,
         q=rows(lw.q, q_rows),
         k=rows(lw.k, kv_rows),
         v=rows(lw.v, kv_rows),
-        o=np.asarray(lw.o)[:, q_rows],
+        o=o,
+        o_bias=lw.o_bias if o_bias is None else o_bias,
         q_bias=rows(lw.q_bias, q_rows),
         k_bias=rows(lw.k_bias, kv_rows),
         v_bias=rows(lw.v_bias, kv_rows),
         gate=rows(lw.gate, keep_ch),
         up=rows(lw.up, keep_ch),
-        down=np.asarray(lw.down)[:, keep_ch],
+        down=down,
+        down_bias=lw.down_bias if down_bias is None else down_bias,
         gate_bias=rows(lw.gate_bias, keep_ch),
         up_bias=rows(lw.up_bias, keep_ch),
     )

@@ -6,17 +6,26 @@ Every option is checked before any work, so a bad one fails fast and leaves noth
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_runtime.errors import ExportError
-from edge_runtime.models import ModelWeights
+from edge_runtime.models import ModelArgs, ModelWeights
 
-from .calibrate import CalibrationSet, capture_linear_inputs, heldout_ids, heldout_perplexity, load_calibration
+from .calibrate import (
+    CalibrationSet,
+    LinearInputs,
+    calibration_perplexity,
+    capture_linear_inputs,
+    heldout_ids,
+    heldout_perplexity,
+    load_calibration,
+)
 from .checkpoint import Checkpoint
-from .prune import PruneConfig, prune_model
+from .prune import PruneConfig, calibration_record, prune_model, prune_to_budget
 from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
 
@@ -24,6 +33,16 @@ if TYPE_CHECKING:
     from .gguf_quant import SourceCodes
 
 Progress = Callable[[str], None]
+# Pruning is judged on this many calibration tokens (the first sequences; at least one): one float64
+# forward per evaluation, ~20 s on SmolLM2-135M, where all 16,384 would take minutes each. They are also
+# reconstruction's fitting data, so the figure is optimistic; the manifest's held-out perplexity is not.
+PRUNE_EVAL_TOKENS = 2048
+# A plain --prune whose calibration perplexity rises more than this has destroyed the model: warn.
+DESTRUCTIVE_PRUNE_PCT = 50.0
+
+
+class PruneQualityWarning(UserWarning):
+    """--prune R raised the calibration perplexity past DESTRUCTIVE_PRUNE_PCT."""
 
 
 @dataclass
@@ -66,6 +85,7 @@ def prepare_weights(
     prune_ratio: float | None,
     calibration: Path | None,
     *,
+    prune_budget: float | None = None,
     trt: bool,
     weights_label: str,
     progress: Progress,
@@ -73,34 +93,40 @@ def prepare_weights(
 ) -> PreparedWeights:
     """`source_codes`: a GGUF source's codes to keep as they are (gguf_quant.py; its record goes into the
     manifest even when it imports nothing, saying why)."""
+    if prune_ratio is not None and prune_budget is not None:
+        raise ExportError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
+    if prune_budget is not None and not (isinstance(prune_budget, (int, float)) and 0 < prune_budget < 1e6):
+        raise ExportError(f"prune budget {prune_budget!r} must be a positive percentage (e.g. --prune-budget 10)")
     prune = None if prune_ratio is None else PruneConfig(prune_ratio, unit=pruning_unit(quant))
+    pruning = prune is not None or prune_budget is not None
     check_options(quant, trt)
     args, weights = ckpt.args, ckpt.weights
     # Pruning changes the inputs of o_proj and down_proj only (to multiples of the block).
-    check_blocks(weights, ckpt.arch.weights, quant, LINEARS if prune is None else ("q", "k", "v", "gate", "up"))
+    check_blocks(weights, ckpt.arch.weights, quant, ("q", "k", "v", "gate", "up") if pruning else LINEARS)
     record: dict[str, Any] = {"method": quant.method.value, "weights": weights_label, "per_tensor": {}}
     imported = source_codes.tensors if source_codes is not None else {}
     if source_codes is not None:
         record["gguf_codes"] = source_codes.record
-    if imported and (prune is not None or quant.method.needs_calibration or not quant.enabled):
+    if imported and (pruning or quant.method.needs_calibration or not quant.enabled):
         raise ValueError("GGUF codes are imported by plain int4/int8 exports only")  # plan_import refuses the rest
-    if not quant.enabled and prune is None:
+    if not quant.enabled and not pruning:
         return PreparedWeights(weights, None, record, pruned=False)
 
     calib: CalibrationSet | None = None
     acts = None
-    if quant.method.needs_calibration or prune is not None or calibration is not None:
+    if quant.method.needs_calibration or pruning or calibration is not None:
         calib = load_calibration(ckpt, calibration)
         record["calibration"] = calib.record()
-    if quant.method.needs_calibration or prune is not None:
+    if quant.method.needs_calibration or pruning:
         t0 = time.perf_counter()
         progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
         acts = capture_linear_inputs(args, weights, calib, progress)
         record["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
 
-    if prune is not None:
-        progress(f"pruning {prune.ratio:.0%} of attention+MLP parameters (widths in multiples of {prune.unit})")
-        weights, record["pruning"] = prune_model(args, weights, acts, prune, progress)
+    if pruning:
+        weights, record["pruning"] = _prune(
+            args, weights, acts, calib, prune, prune_budget, pruning_unit(quant), progress
+        )
         acts = None  # they were the unpruned model's
         if quant.method.needs_calibration:
             progress("re-calibrating the pruned model")
@@ -129,7 +155,48 @@ def prepare_weights(
             "exported": round(after, 4),
             "change_pct": round(100 * (after / before - 1), 3),
         }
-    return PreparedWeights(weights, quantized, record, pruned=prune is not None)
+    return PreparedWeights(weights, quantized, record, pruned=pruning)
+
+
+def _prune(
+    args: ModelArgs,
+    weights: ModelWeights,
+    acts: LinearInputs,
+    calib: CalibrationSet,
+    prune: PruneConfig | None,
+    budget: float | None,
+    unit: int,
+    progress: Progress,
+) -> tuple[ModelWeights, dict[str, Any]]:
+    """--prune R or --prune-budget PCT, with the calibration perplexity before and after either way."""
+    seqs, n = [], 0
+    for s in calib.sequences:  # the first PRUNE_EVAL_TOKENS tokens' sequences, at least one
+        if seqs and n + len(s) > PRUNE_EVAL_TOKENS:
+            break
+        seqs.append(s)
+        n += len(s)
+
+    def evaluate(w: ModelWeights) -> float:
+        return calibration_perplexity(args, w, seqs)
+
+    if budget is not None:
+        progress(f"pruning within +{budget:g}% calibration perplexity on {n} calibration tokens (bisection)")
+        pruned, rec = prune_to_budget(args, weights, acts, budget, evaluate, unit, progress=progress)
+    else:
+        progress(f"pruning {prune.ratio:.0%} of attention+MLP parameters (widths in multiples of {prune.unit})")
+        pruned, rec = prune_model(args, weights, acts, prune, progress)
+        before, after = evaluate(weights), evaluate(pruned)
+        rec["calibration_ppl"] = calibration_record(before, after)
+        change = rec["calibration_ppl"]["change_pct"]
+        progress(f"calibration perplexity {before:.3f} -> {after:.3f} ({change:+.2f}%) on {n} calibration tokens")
+        if change > DESTRUCTIVE_PRUNE_PCT:
+            msg = (
+                f"--prune {prune.ratio:g} raises calibration perplexity by {change:+.0f}% ({before:.3f} -> "
+                f"{after:.3f}): the pruned model is likely destroyed; try --prune-budget 10"
+            )
+            warnings.warn(msg, PruneQualityWarning, stacklevel=3)  # edge-export prints it as one line
+    rec["calibration_ppl"]["tokens"] = n
+    return pruned, rec
 
 
 def exact_twin(quantized: QuantizedModel) -> QuantizedModel:

@@ -1,8 +1,9 @@
 """`edge-export`: build a validated bundle from a Hugging Face checkpoint, or inspect one.
 
 edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
-            [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N] [--prune RATIO]
-            [--calib FILE] [--fp-embeddings | --table-bits 4|8] [--kernel mlas|edge] [--gguf-codes keep|requantize]
+            [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N]
+            [--prune RATIO | --prune-budget PCT] [--calib FILE] [--fp-embeddings | --table-bits 4|8]
+            [--kernel mlas|edge] [--gguf-codes keep|requantize]
             [--kv-dtype fp32|fp16|q8]
 edge-export inspect BUNDLE_DIR
 
@@ -121,6 +122,14 @@ def main() -> None:
 )
 @click.option("--prune", type=float, default=None, help="Remove this fraction (0..1) of attention+MLP parameters.")
 @click.option(
+    "--prune-budget",
+    type=float,
+    default=None,
+    metavar="PCT",
+    help="Instead of --prune: remove the most attention+MLP parameters that keep the calibration perplexity within "
+    "+PCT percent of the unpruned model's (bisection over the global ranking; a few float64 forwards).",
+)
+@click.option(
     "--calib",
     type=click.Path(path_type=Path),
     default=None,
@@ -178,6 +187,7 @@ def build(
     quant: str | None,
     block: int | None,
     prune: float | None,
+    prune_budget: float | None,
     calib: Path | None,
     fp_embeddings: bool,
     table_bits: str | None,
@@ -194,6 +204,8 @@ def build(
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
     from edge_runtime.models import resolve_checkpoint
 
+    if prune is not None and prune_budget is not None:
+        raise click.UsageError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
     source = resolve_checkpoint(checkpoint)
     s = _settings(target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits)
     s = s.with_overrides(sinks=sinks, window=window)
@@ -217,6 +229,7 @@ def build(
             kernel=MatMulKernel(s.kernel),
         ),
         prune=prune,
+        prune_budget=prune_budget,
         calibration=calib,
         kv_dtype=KvDtype(kv_dtype),
     )
@@ -232,7 +245,7 @@ def build(
         opts.quant,
         gguf_source=gguf_source,
         trt=opts.flavor is Flavor.TRT,
-        prune=prune is not None,
+        prune=prune is not None or prune_budget is not None,
     )
     t0 = time.perf_counter()
 
@@ -292,9 +305,12 @@ def summary_line(out: Path, manifest: Manifest) -> str:
     size = sum(stored_bytes(p) for p in out.iterdir())
     ppl = manifest.quantization.get("heldout_ppl")
     target = manifest.provenance.get("target")
+    pr = manifest.quantization.get("pruning", {})
+    cal = pr.get("calibration_ppl")
     return (
         f"{out}: {manifest.graph.flavor}/{manifest.graph.weight_dtype}, {size / 1e6:.1f} MB, "
         f"validation max rel err {manifest.validation.max_rel_err:.2e} (tolerance {manifest.validation.tolerance:g})"
+        + (f", pruned {pr['removed']:.1%} (calib. ppl {cal['unpruned']:.3f} -> {cal['pruned']:.3f})" if cal else "")
         + (f", held-out ppl {ppl['original']:.3f} -> {ppl['exported']:.3f}" if ppl else "")
         + (f", for target {target}" if target else "")
     )
@@ -402,10 +418,16 @@ def _quantization_lines(q: dict) -> list[str]:
     if "pruning" in q:
         p = q["pruning"]
         kept = p["prunable_parameters_after"] / p["prunable_parameters_before"]
+        budget = f"budget +{p['budget']['budget_pct']:g}% -> " if "budget" in p else f"ratio {p['ratio']:g} -> "
         lines.append(
-            f"pruned      ratio {p['ratio']:g} -> kept {kept:.1%} of attention+MLP parameters; "
+            f"pruned      {budget}kept {kept:.1%} of attention+MLP parameters; "
             f"MLP widths {p['intermediate_size']}, KV heads {p['num_kv_heads']}"
         )
+        if "calibration_ppl" in p:
+            c = p["calibration_ppl"]
+            lines.append(
+                f"            calibration perplexity {c['unpruned']:.3f} -> {c['pruned']:.3f} ({c['change_pct']:+.2f}%)"
+            )
     if "calibration" in q:
         c = q["calibration"]
         lines.append(f"calibration {c['file']} ({c['tokens']} tokens)")
