@@ -2,8 +2,9 @@
 
 At a terminal it prompts with `> ` (Ctrl-D leaves, Ctrl-C cuts a reply short); from a pipe it reads one user
 message per line and, with `--json`, prints one JSON object per turn. Each turn renders the whole conversation,
-and the session (session.py) feeds only what its ring does not already hold: TTFT stays flat as the conversation
-grows, and past the ring's capacity the oldest turns are evicted as StreamingLLM does (sinks kept).
+encodes only the text from the last special token on (conversation.py), and the session (session.py) feeds only
+what its ring does not already hold: TTFT stays flat as the conversation grows, and past the ring's capacity
+the oldest turns are evicted as StreamingLLM does (sinks kept).
 `/save FILE` writes the session snapshot to FILE and the messages beside it (FILE.messages.json); `/load FILE`
 puts both back.
 """
@@ -21,6 +22,7 @@ from typing import Any
 import click
 
 from edge_runtime.chat import ChatTemplate
+from edge_runtime.conversation import ConversationEncoder
 from edge_runtime.errors import SnapshotError
 from edge_runtime.generate import GenerationConfig, stream_generate
 from edge_runtime.session import RingOverflowWarning, Session
@@ -67,6 +69,7 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
     interactive = sys.stdin.isatty() and not opts.as_json
     head = [] if opts.system is None else [{"role": "system", "content": opts.system}]
     history: list[dict[str, str]] = []
+    encoder = ConversationEncoder(tok)
     if interactive:
         click.echo("chat: Ctrl-D leaves, Ctrl-C cuts a reply short, /help lists the commands", err=True)
     for line in _lines(interactive):
@@ -81,7 +84,7 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
             continue
         history.append({"role": "user", "content": line})
         text = template.render([*head, *history], add_generation_prompt=True)
-        conversation = tok.encode(text, add_special_tokens=False)
+        conversation = encoder.encode(text)  # re-encodes from the last special token: time ~ the turn
         rest = session.match(conversation)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RingOverflowWarning)
