@@ -16,6 +16,8 @@ the whole text.
 
 from __future__ import annotations
 
+import threading
+
 from tokenizers import Tokenizer as HFTokenizer
 
 from .tokenizer import Tokenizer
@@ -54,8 +56,31 @@ class ConversationEncoder:
         return 0, 0
 
 
+class ConversationCache:
+    """Several conversations at once (edge-serve: each request carries its whole conversation): `encode(text)`
+    continues the cached conversation that shares the most text with it, else the least recently used one.
+    Thread-safe: requests are prepared in a thread pool."""
+
+    def __init__(self, tokenizer: Tokenizer, size: int = 8):
+        self._encoders = [ConversationEncoder(tokenizer) for _ in range(max(1, size))]  # most recent last
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        with self._lock:
+            # A conversation this one continues shares most of its text; sharing only a system prompt or the
+            # first header makes it another client's, which the least recently used encoder is given instead.
+            shared = [(_common_prefix(e.text, text), e) for e in self._encoders if e.text]
+            continued = [(n, e) for n, e in shared if n >= len(e.text) // 2]
+            best = max(continued, key=lambda ne: ne[0])[1] if continued else self._encoders[0]
+            self._encoders.remove(best)
+            self._encoders.append(best)
+            return best.encode(text)
+
+
 def _common_prefix(a: str, b: str) -> int:
     """Length of the longest common prefix, by bisection on slice equality (C comparisons, not a Python loop)."""
+    if b.startswith(a):
+        return len(a)
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2

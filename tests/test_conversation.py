@@ -8,7 +8,7 @@ import pytest
 
 from edge_runtime.bundle import open_bundle
 from edge_runtime.chat import ChatTemplate
-from edge_runtime.conversation import ConversationEncoder
+from edge_runtime.conversation import ConversationCache, ConversationEncoder
 from edge_runtime.tokenizer import Tokenizer
 
 WORDS = ["Move the red block", " onto the blue one.", "Done: red at (3, 4), blue at (3, 5)!", "  ", "\n\nok ", "é✓"]
@@ -76,3 +76,16 @@ def test_a_template_without_special_tokens_falls_back_to_full_encodes(tied_bundl
     plain = ChatTemplate("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
     enc = _check_growing(plain, tok, turns=6)
     assert enc.reencoded == len(enc.text)
+
+
+def test_the_servers_cache_continues_each_of_several_interleaved_conversations(tied_bundle):
+    b = open_bundle(tied_bundle)
+    tok = Tokenizer(b.tokenizer_file, b.manifest.tokenizer)
+    chatml = ChatTemplate("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}")
+    cache = ConversationCache(tok, size=2)
+    a, c = _turns(12), [{"role": "user", "content": "another robot"}, *_turns(11)]
+    for n in range(1, 12):
+        for turns in (a, c):  # two clients taking turns
+            text = chatml.render(turns[:n])
+            assert cache.encode(text) == tok.encode(text, add_special_tokens=False)
+    assert all(e.reencoded < len(e.text) // 2 for e in cache._encoders)  # each continued its own

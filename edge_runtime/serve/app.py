@@ -24,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge_runtime.chat import ChatTemplate
+from edge_runtime.conversation import ConversationCache
 from edge_runtime.engine import Engine
 from edge_runtime.tokenizer import Tokenizer
 
@@ -53,6 +54,11 @@ class ServerState:
     max_body: int = DEFAULT_MAX_BODY
     created: int = field(default_factory=lambda: int(time.time()))
     extra: dict[str, Any] = field(default_factory=dict)  # /v1/models' extra fields (target, cache geometry)
+    # Recent conversations' ids: a request re-encodes only what its conversation added (conversation.py).
+    conversations: ConversationCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.conversations = ConversationCache(self.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         # An absent model means this one (curl users, llama.cpp's habit); a wrong one is the client's mistake.

@@ -97,7 +97,7 @@ def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[list[int], GenPa
         text = state.template.render(messages, add_generation_prompt=True, tools=tools)
     except ChatTemplateError as e:  # the template itself refused this conversation (raise_exception)
         raise APIError(422, str(e), param="messages", code="template_refused") from None
-    ids = state.tokenizer.encode(text, add_special_tokens=False)
+    ids = state.conversations.encode(text)  # = tokenizer.encode(text, add_special_tokens=False), incrementally
     if not ids:
         raise APIError(
             422,
