@@ -105,6 +105,8 @@ def test_the_manifest_records_the_target_and_the_window_is_cut_to_the_context(ti
         "kernel": "mlas",
         "table_bits": 8,
         "prune": None,
+        "prune_budget": None,
+        "kv_dtype": "fp32",
     }
     context = m["model"]["max_position_embeddings"]
     rpi5 = load_target("rpi5")
