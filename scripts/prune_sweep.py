@@ -1,0 +1,126 @@
+"""Held-out perplexity of pruned models, with and without reconstruction, from one calibration pass.
+
+    python scripts/prune_sweep.py --checkpoint "$(python scripts/real_model.py)" --ratios 0.1 0.15 0.25 \\
+        [--budget 10] [--heldout-budget 10] [--acts /tmp/acts.pkl] [--json OUT]
+
+Each export with --prune re-runs the float64 calibration forward (minutes on SmolLM2-135M); this script
+runs it once (cached in --acts) and prunes in memory with exporters/prune.py, so the rows differ only
+in the pruning. Perplexity is the float64 reference's over the same windows as scripts/quality_table.py
+(heldout_eval.windows of models/eval/python_docstrings.txt: 8 windows of 512 tokens, 4,088 predicted,
+no BOS for SmolLM2); an fp32 bundle's ORT graph matches that reference to ~1e-5 relative, so these are the
+fp32 bundles' perplexities without building them.
+  --budget PCT          also run prune_to_budget on calibration perplexity (what `--prune-budget PCT` exports)
+  --heldout-budget PCT  also the largest ratio within +PCT held-out perplexity (the same bisection on this text)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from heldout_eval import DEFAULT_TEXT, log_softmax, machine, read_text, text_ids, windows
+
+from exporters.calibrate import calibration_perplexity, capture_linear_inputs, load_calibration
+from exporters.checkpoint import load_checkpoint
+from exporters.prune import PruneConfig, prune_model, prune_to_budget
+from exporters.quant_pipeline import PRUNE_EVAL_TOKENS
+from exporters.reference import ReferenceModel
+
+
+def heldout_ppl(args, weights, wins: list[np.ndarray]) -> float:
+    ref = ReferenceModel(args, weights)
+    nll, count = 0.0, 0
+    for ids in wins:
+        logp = log_softmax(ref.forward(ids[:-1]))
+        nll -= float(logp[np.arange(len(ids) - 1), ids[1:]].sum())
+        count += len(ids) - 1
+    return math.exp(nll / count)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    ap.add_argument("--tokens", type=int, default=4088)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--ratios", type=float, nargs="*", default=[0.1, 0.15, 0.25])
+    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--heldout-budget", type=float, default=None)
+    ap.add_argument("--acts", type=Path, default=None, help="cache of the calibration statistics (pickle)")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    ck = load_checkpoint(a.checkpoint)
+    ids, prefix = text_ids(a.checkpoint, read_text(a.text))
+    wins = windows(ids, prefix, a.context, a.tokens)
+    if a.acts is not None and a.acts.is_file():
+        calib, acts = pickle.loads(a.acts.read_bytes())
+    else:
+        calib = load_calibration(ck)
+        t0 = time.perf_counter()
+        acts = capture_linear_inputs(ck.args, ck.weights, calib)
+        print(f"calibration forward: {calib.tokens} tokens in {time.perf_counter() - t0:.0f}s", flush=True)
+        if a.acts is not None:
+            a.acts.write_bytes(pickle.dumps((calib, acts), protocol=5))
+    seqs, n = [], 0
+    for s in calib.sequences:  # as quant_pipeline._prune judges pruning
+        if seqs and n + len(s) > PRUNE_EVAL_TOKENS:
+            break
+        seqs.append(s)
+        n += len(s)
+
+    rows = []
+
+    def row(name: str, weights, record: dict | None, seconds: float = 0.0) -> None:
+        t0 = time.perf_counter()
+        ppl = heldout_ppl(ck.args, weights, wins)
+        cal = calibration_perplexity(ck.args, weights, seqs)
+        base = rows[0]["heldout_ppl"] if rows else ppl
+        r = {
+            "name": name,
+            "removed": 0.0 if record is None else record["removed"],
+            "heldout_ppl": ppl,
+            "heldout_change_pct": 100 * (ppl / base - 1),
+            "calibration_ppl": cal,
+            "seconds": round(seconds + time.perf_counter() - t0, 1),
+            "record": record,
+        }
+        rows.append(r)
+        print(
+            f"{name}: removed {r['removed']:.1%}, held-out ppl {ppl:.3f} ({r['heldout_change_pct']:+.1f}%), "
+            f"calibration ppl {cal:.3f} [{r['seconds']:.0f}s]",
+            flush=True,
+        )
+
+    row("unpruned", ck.weights, None)
+    for ratio in a.ratios:
+        for rec in (False, True):
+            pruned, record = prune_model(ck.args, ck.weights, acts, PruneConfig(ratio, 32, reconstruct=rec))
+            row(f"prune {ratio:g}{', reconstructed' if rec else ', sliced'}", pruned, record)
+    for pct, evaluate, label in (
+        (a.budget, lambda w: calibration_perplexity(ck.args, w, seqs), "calibration"),
+        (a.heldout_budget, lambda w: heldout_ppl(ck.args, w, wins), "held-out"),
+    ):
+        if pct is None:
+            continue
+        t0 = time.perf_counter()
+        pruned, record = prune_to_budget(ck.args, ck.weights, acts, pct, evaluate, 32, progress=print)
+        row(f"budget +{pct:g}% on {label} perplexity", pruned, record, time.perf_counter() - t0)
+    caption = f"{a.checkpoint.name} on {a.text.name}, {len(wins)} windows of {a.context}; {machine()}"
+    print(caption)
+    if a.json:
+        a.json.write_text(json.dumps({"caption": caption, "rows": rows}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
