@@ -71,6 +71,34 @@ class QuantMethod(enum.Enum):
         return self in (QuantMethod.INT4_AWQ, QuantMethod.INT4_GPTQ)
 
 
+class MixedPlan(enum.Enum):
+    """Which of an INT4 export's fused Linear groups (per layer: qkv, o, gate_up, down; the `ort` graph runs
+    q/k/v and gate/up as one matmul each) stay INT8 per output channel (quant_model.py, docs §6)."""
+
+    NONE = "none"  # every Linear INT4
+    # down in the layers where llama.cpp's Q4_K_M gives ffn_down Q6_K (its use_more_bits: the first and last
+    # eighth and every third layer between): 14 of SmolLM2-135M's 30 down_projs, 11.7% of its Linear weights
+    LLAMA_DOWN = "llama-down"
+    # the groups whose INT4 rounding adds the most error to the residual stream per weight, on the
+    # calibration inputs, until the Linears average MIXED_CODE_BITS code bits a weight (needs calibration)
+    SENSITIVITY = "sensitivity"
+
+    @classmethod
+    def parse(cls, text: str) -> MixedPlan:
+        try:
+            return cls(text)
+        except ValueError:
+            known = ", ".join(m.value for m in cls)
+            raise ExportError(f"unknown mixed-precision plan {text!r}; choose one of: {known}") from None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self is MixedPlan.SENSITIVITY
+
+
+MIXED_CODE_BITS = 4.5  # the sensitivity plan's budget: average code bits per Linear weight (INT4 4, INT8 8)
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """How the weights are stored. `block` applies to INT4 (INT8 is per output channel)."""
@@ -83,6 +111,7 @@ class QuantConfig:
     # a small model reads in full every token; `ort` flavor only: TensorRT 10.3 gathers no INT4 table).
     table_bits: int = 8
     kernel: MatMulKernel = MatMulKernel.MLAS
+    mixed: MixedPlan = MixedPlan.NONE  # Linear groups kept INT8 per channel in an INT4 export
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, QuantMethod):
@@ -100,10 +129,21 @@ class QuantConfig:
             raise ExportError("the edge MatMulQ4/Q8 kernels compute with int8 activations (accuracy_level 4) only")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise ExportError(f"MatMulNBits accuracy_level {self.accuracy_level} must be one of {ACCURACY_LEVELS}")
+        if not isinstance(self.mixed, MixedPlan):
+            raise ExportError(f"mixed-precision plan {self.mixed!r} must be a MixedPlan")
+        if self.mixed is not MixedPlan.NONE and self.method.linear_bits != 4:
+            raise ExportError(
+                f"--mixed {self.mixed.value} keeps some INT4 Linears at INT8; it needs --quant int4, int4-awq or "
+                f"int4-gptq, not {self.method.value}"
+            )
 
     @property
     def enabled(self) -> bool:
         return self.method is not QuantMethod.NONE
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method.needs_calibration or self.mixed.needs_calibration
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,18 @@ from edge_runtime.errors import ExportError
 from edge_runtime.models import ModelArgs, ModelWeights, WeightNames
 
 from .calibrate import InputStats, LinearInputs, copy_layer
-from .quant import QuantConfig, QuantizedMatrix, QuantMethod, check_block, gptq, quantize_rtn, relative_error
+from .quant import (
+    MixedPlan,
+    QuantConfig,
+    QuantizedMatrix,
+    QuantMethod,
+    check_block,
+    gptq,
+    quantize_rtn,
+    relative_error,
+)
 from .quant_awq import apply_awq
+from .quant_mixed import GROUPS, choose_int8_groups
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 # GPTQ on SmolLM2-135M (int4 block 32, held-out python_docstrings.txt, ORT graph perplexity; fp32
@@ -89,6 +99,8 @@ def quantize_model(
     imported = dict(imported or {})
     if imported and method not in (QuantMethod.INT4, QuantMethod.INT8):
         raise ValueError(f"{method.value} re-rounds every weight; it takes no imported codes")
+    if imported and config.mixed is not MixedPlan.NONE:
+        raise ExportError(f"--mixed {config.mixed.value} re-rounds the GGUF's codes; add --gguf-codes requantize")
     check_blocks(weights, names, config)
     # Fused q/k/v and gate/up share one MatMulNBits, so an INT8 export holding imported blocks of 32
     # stores its requantized Linears in blocks of 32 too (where the block divides K), not per channel.
@@ -126,13 +138,21 @@ def quantize_model(
         out.bind(deq, qm)
         return deq
 
-    layers = []
+    # --mixed: a fixed plan is known before quantizing (its INT8 groups skip INT4 work); the sensitivity
+    # plan is chosen from every group's INT4 form, so all are quantized to INT4 first (quant_mixed.py).
+    int8_groups: set[tuple[int, str]] = set()
+    if config.mixed is not MixedPlan.NONE and not config.mixed.needs_calibration:
+        int8_groups, extra["mixed"] = choose_int8_groups(config.mixed, weights)
+    group_of = {f: g for g, parts in GROUPS.items() for f in parts}
+
+    forms: dict[tuple[int, str], QuantizedMatrix] = {}
     for i, lw in enumerate(weights.layers):
-        new = {}
         for f in LINEARS:
             w, name = getattr(lw, f), names.layer[f].format(i=i)
             x = acts.of(i, f) if acts is not None else None
-            if name in imported:
+            if (i, group_of[f]) in int8_groups:
+                qm = quantize_rtn(w, 8)  # per channel: MatMulNBits bits 8, MatMulQ8, trt's DequantizeLinear
+            elif name in imported:
                 qm = imported[name]
             elif bits == 8:
                 qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
@@ -140,10 +160,26 @@ def quantize_model(
                 qm = gptq(w, x.sink_weighted(GPTQ_SINK_WEIGHT), 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER)
             else:
                 qm = quantize_rtn(w, 4, block)
-            new[f] = add(name, w, qm, x)
-        layers.append(copy_layer(lw, **new))
-        worst = max(per_tensor[names.layer[f].format(i=i)]["rel_err"] for f in LINEARS)
+            forms[(i, f)] = qm
+        worst = max(relative_error(forms[(i, f)].dequantize(), getattr(lw, f)) for f in LINEARS)
         progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
+    if config.mixed.needs_calibration:
+        if acts is None:
+            raise ValueError(f"--mixed {config.mixed.value} needs calibration inputs")
+        int8_groups, extra["mixed"] = choose_int8_groups(config.mixed, weights, forms, acts, GPTQ_SINK_WEIGHT)
+        for i, f in forms:
+            if (i, group_of[f]) in int8_groups:
+                forms[(i, f)] = quantize_rtn(getattr(weights.layers[i], f), 8)
+    if "mixed" in extra:
+        progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
+
+    layers = []
+    for i, lw in enumerate(weights.layers):
+        new = {}
+        for f in LINEARS:
+            x = acts.of(i, f) if acts is not None else None
+            new[f] = add(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], x)
+        layers.append(copy_layer(lw, **new))
 
     tied = weights.lm_head is weights.embed
     if config.fp_embeddings:

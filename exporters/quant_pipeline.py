@@ -114,10 +114,10 @@ def prepare_weights(
 
     calib: CalibrationSet | None = None
     acts = None
-    if quant.method.needs_calibration or pruning or calibration is not None:
+    if quant.needs_calibration or pruning or calibration is not None:
         calib = load_calibration(ckpt, calibration)
         record["calibration"] = calib.record()
-    if quant.method.needs_calibration or pruning:
+    if quant.needs_calibration or pruning:
         t0 = time.perf_counter()
         progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
         acts = capture_linear_inputs(args, weights, calib, progress)
@@ -128,7 +128,7 @@ def prepare_weights(
             args, weights, acts, calib, prune, prune_budget, pruning_unit(quant), progress
         )
         acts = None  # they were the unpruned model's
-        if quant.method.needs_calibration:
+        if quant.needs_calibration:
             progress("re-calibrating the pruned model")
             acts = capture_linear_inputs(args, weights, calib, progress)
 

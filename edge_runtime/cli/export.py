@@ -3,7 +3,7 @@
 edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
             [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N]
             [--prune RATIO | --prune-budget PCT] [--calib FILE] [--fp-embeddings | --table-bits 4|8]
-            [--kernel mlas|edge] [--gguf-codes keep|requantize]
+            [--kernel mlas|edge] [--mixed none|llama-down|sensitivity] [--gguf-codes keep|requantize]
             [--kv-dtype fp32|fp16|q8]
 edge-export inspect BUNDLE_DIR
 
@@ -154,6 +154,15 @@ def main() -> None:
     "edge-runtime's kernel library is built) [default: mlas, or the target's where the library runs here].",
 )
 @click.option(
+    "--mixed",
+    type=click.Choice(["none", "llama-down", "sensitivity"]),
+    default="none",
+    show_default=True,
+    help="INT4 exports: Linear groups (per layer qkv, o, gate_up, down) kept INT8 per channel. llama-down: down_proj "
+    "in llama.cpp Q4_K_M's Q6_K layers (first and last eighth, every third between); sensitivity: the groups whose "
+    "INT4 error on calibration text is largest per weight, up to 4.5 code bits a Linear weight (calibrates).",
+)
+@click.option(
     "--gguf-codes",
     type=click.Choice(["keep", "requantize"]),
     default=None,
@@ -192,6 +201,7 @@ def build(
     fp_embeddings: bool,
     table_bits: str | None,
     kernel: str | None,
+    mixed: str,
     gguf_codes: str | None,
     kv_dtype: str,
     overwrite: bool,
@@ -201,7 +211,7 @@ def build(
     from edge_runtime.errors import ExportError
     from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision, kv_dtype_problem
     from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant import MatMulKernel, MixedPlan, QuantConfig, QuantMethod
     from edge_runtime.models import resolve_checkpoint
 
     if prune is not None and prune_budget is not None:
@@ -227,6 +237,7 @@ def build(
             fp_embeddings=fp_embeddings,
             table_bits=s.table_bits,
             kernel=MatMulKernel(s.kernel),
+            mixed=MixedPlan(mixed),
         ),
         prune=prune,
         prune_budget=prune_budget,
@@ -404,6 +415,12 @@ def _quantization_lines(q: dict) -> list[str]:
         if out:
             median = sorted(out)[len(out) // 2]
             lines.append(f"            Linear output error on calibration text: median {median:.2e}")
+    if q.get("mixed", {}).get("int8_groups"):
+        m = q["mixed"]
+        lines.append(
+            f"            --mixed {m['plan']}: {len(m['int8_groups'])} groups INT8 per channel "
+            f"({100 * m['int8_weight_share']:.1f}% of Linear weights, {m['linear_code_bits']:.2f} code bits a weight)"
+        )
     if "gguf_codes" in q:
         g = q["gguf_codes"]
         kinds = "/".join(sorted(set(g["imported"].values())))

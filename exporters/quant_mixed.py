@@ -1,0 +1,112 @@
+"""Mixed precision: which fused Linear groups of an INT4 export stay INT8 per output channel (--mixed).
+
+The unit is the fused group the `ort` graph runs as one matmul (blocks_ort.py): per layer qkv, o, gate_up
+and down; a group is INT8 or INT4 as a whole, so MatMulNBits (bits 8 / 4) and --kernel edge (MatMulQ8 /
+MatMulQ4) each see one precision per product. INT8 is per output channel, which every writer holds
+(MatMulNBits, MatMulQ8, the trt flavor's DequantizeLinear axis 1).
+
+Plans (quant.MixedPlan):
+  llama-down   down_proj in llama.cpp Q4_K_M's Q6_K layers (use_more_bits below), no calibration needed.
+  sensitivity  a greedy knapsack on a calibration proxy within MIXED_CODE_BITS code bits per Linear weight.
+
+The sensitivity proxy, per group g of layer i, from the calibration Gram matrices alone (no extra forward):
+
+    score(g) = rel(g)^2 * E(block of g)
+
+rel(g)^2 = ||X dW^T||^2 / ||X W^T||^2 is the INT4 rounding's relative output error energy over the group's
+stacked outputs (the Gram matrix of q/k/v sink-weighted, as GPTQ's: the first token's key and value are
+read by every later query), and E is the per-token energy of the block's output that g feeds (the
+attention block's o_proj output for qkv and o, the MLP's down_proj output for gate_up and down). A relative
+error in v, o or down carries through linearly to the block's output, and in gate/up nearly so, so the
+product estimates the squared error g's rounding adds to the residual stream, in the same units for every
+layer and group. INT8 leaves ~1/16 of INT4's step, so the INT8 error is neglected and each group buys
+score(g) for 4 extra bits on each of its weights: groups are taken by score per weight, largest first,
+while they fit the budget. What the proxy leaves out: how later layers amplify or damp an error, and the
+nonlinear path of q/k through softmax; the held-out measurement (README) is what judges the plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.models import ModelWeights
+
+from .calibrate import InputStats, LinearInputs
+from .quant import MIXED_CODE_BITS, MixedPlan, QuantizedMatrix
+
+GROUPS: dict[str, tuple[str, ...]] = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+SINK_WEIGHTED = ("qkv",)  # groups whose error at the first token reaches every later position
+
+
+def llama_use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits (llama-quant.cpp): the layers whose attn_v / ffn_down Q4_K_M makes Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _energy(stats: InputStats, w: np.ndarray, gram: np.ndarray | None = None) -> float:
+    g = stats.gram if gram is None else gram
+    w = np.asarray(w, dtype=np.float64)
+    return float(((w @ g) * w).sum())
+
+
+def group_scores(
+    weights: ModelWeights, int4: dict[tuple[int, str], QuantizedMatrix], acts: LinearInputs, sink_weight: float
+) -> dict[tuple[int, str], float]:
+    """score(g) of the module docstring for every (layer, group), from the INT4 forms `int4[(layer, linear)]`."""
+    scores = {}
+    for i, lw in enumerate(weights.layers):
+        block_energy = {
+            "attn": _energy(acts.of(i, "o"), lw.o) / max(acts.of(i, "o").rows, 1),
+            "mlp": _energy(acts.of(i, "down"), lw.down) / max(acts.of(i, "down").rows, 1),
+        }
+        for group, parts in GROUPS.items():
+            x = acts.of(i, parts[0])
+            gram = x.sink_weighted(sink_weight) if group in SINK_WEIGHTED else x.gram
+            err = sum(_energy(x, int4[(i, f)].dequantize() - getattr(lw, f), gram) for f in parts)
+            ref = sum(_energy(x, getattr(lw, f), gram) for f in parts)
+            block = "attn" if group in ("qkv", "o") else "mlp"
+            scores[(i, group)] = (err / ref if ref > 0 else 0.0) * block_energy[block]
+    return scores
+
+
+def group_params(weights: ModelWeights, i: int, group: str) -> int:
+    return sum(getattr(weights.layers[i], f).size for f in GROUPS[group])
+
+
+def choose_int8_groups(
+    plan: MixedPlan,
+    weights: ModelWeights,
+    int4: dict[tuple[int, str], QuantizedMatrix] | None = None,
+    acts: LinearInputs | None = None,
+    sink_weight: float = 1.0,
+) -> tuple[set[tuple[int, str]], dict[str, Any]]:
+    """The (layer, group) pairs kept INT8 and the manifest's `mixed` record."""
+    n = len(weights.layers)
+    record: dict[str, Any] = {"plan": plan.value}
+    if plan is MixedPlan.NONE:
+        return set(), record
+    if plan is MixedPlan.LLAMA_DOWN:
+        chosen = {(i, "down") for i in range(n) if llama_use_more_bits(i, n)}
+    else:
+        if int4 is None or acts is None:
+            raise ValueError("the sensitivity plan needs the INT4 forms and calibration inputs")  # a caller bug
+        scores = group_scores(weights, int4, acts, sink_weight)
+        total = sum(group_params(weights, i, g) for i in range(n) for g in GROUPS)
+        budget = (MIXED_CODE_BITS - 4) / 4 * total  # weights that may move from 4 to 8 code bits
+        chosen, spent = set(), 0
+        for key in sorted(scores, key=lambda k: -scores[k] / group_params(weights, *k)):
+            size = group_params(weights, *key)
+            if scores[key] > 0 and spent + size <= budget:
+                chosen.add(key)
+                spent += size
+        record["budget_code_bits"] = MIXED_CODE_BITS
+        record["proxy"] = "INT4 relative output error energy x the block's output energy (quant_mixed.py)"
+        record["scores"] = {f"{i}.{g}": float(f"{s:.4g}") for (i, g), s in sorted(scores.items())}
+    total = sum(group_params(weights, i, g) for i in range(n) for g in GROUPS)
+    int8 = sum(group_params(weights, i, g) for i, g in chosen)
+    record["int8_groups"] = [f"{i}.{g}" for i, g in sorted(chosen, key=lambda k: (k[0], list(GROUPS).index(k[1])))]
+    record["int8_weight_share"] = round(int8 / total, 5)
+    record["linear_code_bits"] = round(4 + 4 * int8 / total, 4)
+    return chosen, record
