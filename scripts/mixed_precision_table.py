@@ -1,0 +1,90 @@
+"""Held-out perplexity of INT4 exports with and without --mixed plans, by llama-perplexity's protocol
+(scripts/ppl_vs_llamacpp.py's scoring: 8 chunks of 512 tokens, the second half of each scored, no BOS).
+
+    python scripts/mixed_precision_table.py --checkpoint "$(python scripts/real_model.py)" \\
+        --text models/eval/python_docstrings.txt --bundles /tmp/qt-mixed [--only NAME ...]
+
+Bundles are exported without the float64 validation (as quality_table.py --no-validate) and reused when
+present. Calibrated rows share one calibration capture (the same text and weights give the same
+statistics), which saves ~3 minutes a row. bits/param: every byte of model.onnx* over the checkpoint's
+parameter count; code bits: the Linears' average integer code width (INT4 4, INT8 8; scales not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ppl_vs_llamacpp import our_ppl
+from quality_table import build
+
+import exporters.quant_pipeline as pipeline
+from exporters.quant import MixedPlan, QuantConfig, QuantMethod
+
+Q, M = QuantMethod, MixedPlan
+CONFIGS = {
+    "int4 RTN b32": QuantConfig(Q.INT4, 32),
+    "int4 RTN b32, mixed llama-down": QuantConfig(Q.INT4, 32, mixed=M.LLAMA_DOWN),
+    "int4 RTN b32, mixed sensitivity": QuantConfig(Q.INT4, 32, mixed=M.SENSITIVITY),
+    "int4 GPTQ b32, mixed llama-down": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.LLAMA_DOWN),
+    "int4 GPTQ b32, mixed sensitivity": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY),
+    "int4 GPTQ b32": QuantConfig(Q.INT4_GPTQ, 32),
+}
+
+_capture = pipeline.capture_linear_inputs
+_cache: dict = {}
+
+
+def _cached_capture(args, weights, calib, progress=lambda _m: None):
+    key = (calib.sha256, calib.tokens)
+    if key not in _cache:
+        _cache[key] = _capture(args, weights, calib, progress)
+    return _cache[key]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--text", type=Path, required=True)
+    ap.add_argument("--bundles", type=Path, required=True)
+    ap.add_argument("--only", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    pipeline.capture_linear_inputs = _cached_capture  # no pruning here: one model, one calibration
+    text = a.text.read_text(encoding="utf-8")
+    a.bundles.mkdir(parents=True, exist_ok=True)
+    params = None
+    for name in a.only:
+        out = a.bundles / name.replace(" ", "_").replace(",", "")
+        manifest = build(a.checkpoint, out, {"quant": CONFIGS[name]}, validate=False)
+        if params is None:
+            from exporters import load_checkpoint
+
+            ck = load_checkpoint(a.checkpoint)
+            params = ck.weights.embed.size + (0 if ck.weights.lm_head is ck.weights.embed else ck.weights.lm_head.size)
+            params += sum(v.size for lw in ck.weights.layers for v in vars(lw).values() if v is not None)
+            params += ck.weights.final_norm.size
+        ppl, n = our_ppl(out, text, 512, 8, a.threads)
+        size = sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("model.onnx"))
+        mixed = manifest["quantization"].get("mixed", {})
+        row = {
+            "name": name,
+            "ppl": round(ppl, 3),
+            "scored": n,
+            "mb": round(size / 1e6, 1),
+            "bits_per_param": round(8 * size / params, 3),
+            "linear_code_bits": mixed.get("linear_code_bits", 4.0),
+            "int8_groups": mixed.get("int8_groups", []),
+            "quantize_s": manifest["quantization"].get("quantize_seconds"),
+        }
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
