@@ -26,13 +26,13 @@ from .base import (
     ModelArgs,
     ModelWeights,
     RopeConfig,
-    WeightNames,
     opt_bool,
     opt_float,
     opt_int,
     parse_common,
     parse_rope,
 )
+from .qwen3 import WEIGHTS as QWEN3_WEIGHTS
 
 DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # Gemma3TextConfig's
 DEFAULT_PATTERN = 6  # every sixth layer global, when config.json lists no layer_types
@@ -47,28 +47,15 @@ def _adapt(w: ModelWeights) -> ModelWeights:
     return replace(w, final_norm=plus_one(w.final_norm), layers=layers)
 
 
-WEIGHTS = WeightNames(
-    embed="model.embed_tokens.weight",
-    final_norm="model.norm.weight",
-    lm_head="lm_head.weight",
+# Llama's names (Qwen3's q/k norms included); the norm after attention is Gemma's post-attention norm, and
+# the MLP's input norm is pre_feedforward_layernorm.
+WEIGHTS = replace(
+    QWEN3_WEIGHTS,
     layer={
-        "attn_norm": "model.layers.{i}.input_layernorm.weight",
-        "q": "model.layers.{i}.self_attn.q_proj.weight",
-        "k": "model.layers.{i}.self_attn.k_proj.weight",
-        "v": "model.layers.{i}.self_attn.v_proj.weight",
-        "o": "model.layers.{i}.self_attn.o_proj.weight",
-        "q_bias": "model.layers.{i}.self_attn.q_proj.bias",
-        "k_bias": "model.layers.{i}.self_attn.k_proj.bias",
-        "v_bias": "model.layers.{i}.self_attn.v_proj.bias",
-        "o_bias": "model.layers.{i}.self_attn.o_proj.bias",
-        "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
-        "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
+        **QWEN3_WEIGHTS.layer,
         "post_attn_norm": "model.layers.{i}.post_attention_layernorm.weight",
         "mlp_norm": "model.layers.{i}.pre_feedforward_layernorm.weight",
         "post_mlp_norm": "model.layers.{i}.post_feedforward_layernorm.weight",
-        "gate": "model.layers.{i}.mlp.gate_proj.weight",
-        "up": "model.layers.{i}.mlp.up_proj.weight",
-        "down": "model.layers.{i}.mlp.down_proj.weight",
     },
     adapt=_adapt,
 )
