@@ -53,6 +53,8 @@ class QuantMethod(enum.Enum):
     INT4 = "int4"  # Linear weights INT4 blocks, round to nearest (the baseline)
     INT4_AWQ = "int4-awq"  # activation-aware per-input-channel scales, then round to nearest
     INT4_GPTQ = "int4-gptq"  # GPTQ's error-compensating rounding on calibration activations
+    # AWQ's per-input-channel scales folded in first, then GPTQ's rounding of the scaled weights
+    INT4_AWQ_GPTQ = "int4-awq-gptq"
 
     @classmethod
     def parse(cls, text: str) -> QuantMethod:
@@ -68,7 +70,15 @@ class QuantMethod(enum.Enum):
 
     @property
     def needs_calibration(self) -> bool:
-        return self in (QuantMethod.INT4_AWQ, QuantMethod.INT4_GPTQ)
+        return self in (QuantMethod.INT4_AWQ, QuantMethod.INT4_GPTQ, QuantMethod.INT4_AWQ_GPTQ)
+
+    @property
+    def awq(self) -> bool:
+        return self in (QuantMethod.INT4_AWQ, QuantMethod.INT4_AWQ_GPTQ)
+
+    @property
+    def gptq(self) -> bool:
+        return self in (QuantMethod.INT4_GPTQ, QuantMethod.INT4_AWQ_GPTQ)
 
 
 class MixedPlan(enum.Enum):
@@ -96,7 +106,7 @@ class MixedPlan(enum.Enum):
         return self is MixedPlan.SENSITIVITY
 
 
-MIXED_CODE_BITS = 4.5  # the sensitivity plan's budget: average code bits per Linear weight (INT4 4, INT8 8)
+MIXED_CODE_BITS = 4.5  # the sensitivity plan's default budget: average code bits per Linear weight (INT4 4, INT8 8)
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,7 @@ class QuantConfig:
     table_bits: int = 8
     kernel: MatMulKernel = MatMulKernel.MLAS
     mixed: MixedPlan = MixedPlan.NONE  # Linear groups kept INT8 per channel in an INT4 export
+    mixed_bits: float = MIXED_CODE_BITS  # the sensitivity plan's budget (average Linear code bits, 4 < b <= 8)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, QuantMethod):
@@ -136,6 +147,10 @@ class QuantConfig:
                 f"--mixed {self.mixed.value} keeps some INT4 Linears at INT8; it needs --quant int4, int4-awq or "
                 f"int4-gptq, not {self.method.value}"
             )
+
+        bits = self.mixed_bits
+        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 4 < bits <= 8:
+            raise ExportError(f"mixed-precision budget {bits!r} must be average code bits in (4, 8], e.g. 4.5")
 
     @property
     def enabled(self) -> bool:

@@ -36,13 +36,19 @@ class ScaleSearch:
 
 
 def search_scales(
-    x: InputStats, weights: list[np.ndarray], block: int, tie: tuple[int, int, int] | None = None
+    x: InputStats,
+    weights: list[np.ndarray],
+    block: int,
+    tie: tuple[int, int, int] | None = None,
+    sink_weight: float = 0.0,
 ) -> ScaleSearch:
     """Grid-search alpha for Linears `weights` ([out, K] each) that share the input X (statistics `x`).
 
     `tie = (Hkv, G, D)` makes the scale equal across the G query heads of each KV head (o_proj).
+    `sink_weight`: the loss's Gram matrix counts each sequence's first row that many times per later
+    token (InputStats.sink_weighted, as GPTQ's Hessian).
     """
-    gram = x.gram  # ||X D^T||^2 = sum((D G) * D): K x K instead of n x K per candidate
+    gram = x.sink_weighted(sink_weight)  # ||X D^T||^2 = sum((D G) * D): K x K instead of n x K per candidate
     mean = x.mean_abs
     if tie is not None:
         hkv, grp, d = tie
@@ -68,6 +74,7 @@ def apply_awq(
     acts: LinearInputs,
     block: int,
     progress: Callable[[str], None] = lambda _m: None,
+    sink_weight: float = 0.0,
 ) -> tuple[ModelWeights, LinearInputs, dict]:
     """Scaled float weights (the same function), the inputs each Linear now sees, and the record."""
     d = args.head_dim
@@ -76,10 +83,11 @@ def apply_awq(
     record = {}
     for i, lw in enumerate(weights.layers):
         hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-        qkv = search_scales(acts.attn[i], [lw.q, lw.k, lw.v], block)
-        o = search_scales(acts.o[i], [lw.o], block, tie=(hkv, hq // hkv, d))
-        gu = search_scales(acts.mlp[i], [lw.gate, lw.up], block)
-        dn = search_scales(acts.down[i], [lw.down], block)
+        sw = sink_weight
+        qkv = search_scales(acts.attn[i], [lw.q, lw.k, lw.v], block, sink_weight=sw)
+        o = search_scales(acts.o[i], [lw.o], block, tie=(hkv, hq // hkv, d), sink_weight=sw)
+        gu = search_scales(acts.mlp[i], [lw.gate, lw.up], block, sink_weight=sw)
+        dn = search_scales(acts.down[i], [lw.down], block, sink_weight=sw)
         s_kv = o.scales.reshape(hkv, hq // hkv, d)[:, 0, :].reshape(-1)  # per v_proj output row
 
         def rows(w: np.ndarray | None, s: np.ndarray) -> np.ndarray | None:

@@ -7,7 +7,8 @@ MatMulQ4) each see one precision per product. INT8 is per output channel, which 
 
 Plans (quant.MixedPlan):
   llama-down   down_proj in llama.cpp Q4_K_M's Q6_K layers (use_more_bits below), no calibration needed.
-  sensitivity  a greedy knapsack on a calibration proxy within MIXED_CODE_BITS code bits per Linear weight.
+  sensitivity  a greedy knapsack on a calibration proxy within QuantConfig.mixed_bits code bits per Linear
+               weight (default MIXED_CODE_BITS, 4.5).
 
 The sensitivity proxy, per group g of layer i, from the calibration Gram matrices alone (no extra forward):
 
@@ -81,6 +82,7 @@ def choose_int8_groups(
     int4: dict[tuple[int, str], QuantizedMatrix] | None = None,
     acts: LinearInputs | None = None,
     sink_weight: float = 1.0,
+    budget_bits: float = MIXED_CODE_BITS,
 ) -> tuple[set[tuple[int, str]], dict[str, Any]]:
     """The (layer, group) pairs kept INT8 and the manifest's `mixed` record."""
     n = len(weights.layers)
@@ -94,14 +96,14 @@ def choose_int8_groups(
             raise ValueError("the sensitivity plan needs the INT4 forms and calibration inputs")  # a caller bug
         scores = group_scores(weights, int4, acts, sink_weight)
         total = sum(group_params(weights, i, g) for i in range(n) for g in GROUPS)
-        budget = (MIXED_CODE_BITS - 4) / 4 * total  # weights that may move from 4 to 8 code bits
+        budget = (budget_bits - 4) / 4 * total  # weights that may move from 4 to 8 code bits
         chosen, spent = set(), 0
         for key in sorted(scores, key=lambda k: -scores[k] / group_params(weights, *k)):
             size = group_params(weights, *key)
             if scores[key] > 0 and spent + size <= budget:
                 chosen.add(key)
                 spent += size
-        record["budget_code_bits"] = MIXED_CODE_BITS
+        record["budget_code_bits"] = budget_bits
         record["proxy"] = "INT4 relative output error energy x the block's output energy (quant_mixed.py)"
         record["scores"] = {f"{i}.{g}": float(f"{s:.4g}") for (i, g), s in sorted(scores.items())}
     total = sum(group_params(weights, i, g) for i in range(n) for g in GROUPS)

@@ -46,6 +46,7 @@ LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 GPTQ_SINK_WEIGHT = 1.0
 GPTQ_ACT_ORDER = True
 GPTQ_DAMP = 0.01  # of the mean diagonal, as in the GPTQ paper
+AWQ_SINK_WEIGHT = 0.0  # AWQ's scale-search loss: the sink rows' weight (InputStats.sink_weighted)
 
 
 @dataclass
@@ -108,10 +109,11 @@ def quantize_model(
     int8_block = imported[min(linear_names & set(imported))].block if linear_names & set(imported) else None
 
     extra: dict[str, Any] = {}
-    if method is QuantMethod.INT4_AWQ:
+    if method.awq:  # the scaled weights (the same float function) and the inputs they now see
         progress(f"searching AWQ scales ({len(weights.layers)} layers)")
-        weights, acts, extra["awq"] = apply_awq(args, weights, acts, block, progress)
-    if method is QuantMethod.INT4_GPTQ:
+        weights, acts, extra["awq"] = apply_awq(args, weights, acts, block, progress, AWQ_SINK_WEIGHT)
+        extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
+    if method.gptq:
         extra["gptq"] = {
             "act_order": GPTQ_ACT_ORDER,
             "static_groups": GPTQ_ACT_ORDER,
@@ -156,7 +158,7 @@ def quantize_model(
                 qm = imported[name]
             elif bits == 8:
                 qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
-            elif method is QuantMethod.INT4_GPTQ:
+            elif method.gptq:
                 qm = gptq(w, x.sink_weighted(GPTQ_SINK_WEIGHT), 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER)
             else:
                 qm = quantize_rtn(w, 4, block)
@@ -166,7 +168,9 @@ def quantize_model(
     if config.mixed.needs_calibration:
         if acts is None:
             raise ValueError(f"--mixed {config.mixed.value} needs calibration inputs")
-        int8_groups, extra["mixed"] = choose_int8_groups(config.mixed, weights, forms, acts, GPTQ_SINK_WEIGHT)
+        int8_groups, extra["mixed"] = choose_int8_groups(
+            config.mixed, weights, forms, acts, GPTQ_SINK_WEIGHT, config.mixed_bits
+        )
         for i, f in forms:
             if (i, group_of[f]) in int8_groups:
                 forms[(i, f)] = quantize_rtn(getattr(weights.layers[i], f), 8)

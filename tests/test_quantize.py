@@ -20,7 +20,7 @@ from edge_runtime.exporters.calibrate import InputStats, capture_linear_inputs, 
 from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, quantize_rtn
-from edge_runtime.exporters.quant_awq import apply_awq
+from edge_runtime.exporters.quant_awq import apply_awq, search_scales
 from edge_runtime.exporters.quant_graph import pack_nbits
 from edge_runtime.exporters.quant_model import quantize_model
 from edge_runtime.exporters.quant_pipeline import check_options
@@ -184,6 +184,51 @@ def test_sink_rows_count_once_per_later_token_and_steer_gptq():
     assert weighted < rtn < plain
 
 
+def test_awq_sink_weight_enters_the_scale_search_loss():
+    """The sink-weighted search minimises the loss on X^T X + w * sink_gram: its choice is no worse there
+    than the plain search's, and weight 0 is the plain search (the same alpha and scales)."""
+    rng = np.random.default_rng(7)
+    k, seqs, t = 64, 6, 80
+    stats = InputStats.empty(k)
+    for _ in range(seqs):
+        seq = rng.standard_normal((t, k)) * np.exp(rng.standard_normal(k))  # uneven channels: alpha matters
+        seq[0] = 20 * rng.standard_normal(k) * np.r_[np.zeros(48), np.ones(16)]  # sinks on 16 channels
+        stats.add(seq)
+    ws = [rng.standard_normal((32, k))]
+    plain, zero = search_scales(stats, ws, 32), search_scales(stats, ws, 32, sink_weight=0.0)
+    weighted = search_scales(stats, ws, 32, sink_weight=1.0)
+    assert plain.alpha == zero.alpha and np.array_equal(plain.scales, zero.scales)
+    g = stats.sink_weighted(1.0)
+
+    def loss(s):
+        d = ws[0] - quantize_rtn(ws[0] * s, 4, 32).dequantize() / s
+        return float(((d @ g) * d).sum())
+
+    print(f"alpha plain {plain.alpha}, sink-weighted {weighted.alpha}")
+    assert loss(weighted.scales) <= loss(plain.scales)
+
+
+def test_awq_then_gptq_rounds_the_scaled_weights(ckpts, acts):
+    """int4-awq-gptq: AWQ's scales folded first (the record has both stages), GPTQ's codes then lower the
+    calibration output error of AWQ's round-to-nearest on the same scaled weights."""
+    ck = ckpts["llama-untied"]
+
+    def quantized(method):
+        return quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(method, block=32), acts)
+
+    awq, both = quantized(QuantMethod.INT4_AWQ), quantized(QuantMethod.INT4_AWQ_GPTQ)
+    assert "awq" in both.record and "gptq" in both.record and "gptq" not in awq.record
+    assert [r["alpha"] for r in awq.record["awq"]["layer 0"].values()] == [
+        r["alpha"] for r in both.record["awq"]["layer 0"].values()
+    ]
+
+    def mean_out_err(qm):
+        return np.mean([v["rel_out_err"] for v in qm.record["per_tensor"].values() if "rel_out_err" in v])
+
+    print(f"mean Linear output error: AWQ {mean_out_err(awq):.4f}, AWQ + GPTQ {mean_out_err(both):.4f}")
+    assert mean_out_err(both) < mean_out_err(awq)
+
+
 def test_awq_scaling_is_folded_exactly(ckpts, acts):
     """Before rounding, the scaled model is the same function (norms, v rows and up rows absorb 1/s)."""
     ck = ckpts["llama-untied"]
@@ -229,6 +274,7 @@ FORMATS = [  # the trt flavor writes every INT4 method the same way: codes diffe
     ("llama-untied", QuantMethod.INT4, 32, ORT),
     ("llama-untied", QuantMethod.INT4_AWQ, 64, ORT),
     ("llama-untied", QuantMethod.INT4_GPTQ, 64, ORT),
+    ("llama-untied", QuantMethod.INT4_AWQ_GPTQ, 32, ORT),
     ("llama-tied", QuantMethod.INT4, 64, ORT),  # one table for GatherBlockQuantized and the LM head
     ("llama-tied", QuantMethod.INT4_GPTQ, 64, TRT),
     ("llama-untied", QuantMethod.INT4, 64, TRT),
@@ -406,7 +452,8 @@ def test_cli_unknown_quant_is_a_usage_error_naming_the_methods(ckpts, tmp_path):
     out = tmp_path / "out" / "b"
     r = CliRunner().invoke(export_cli, [str(ckpts["llama-untied"].path), "-o", str(out), "--quant", "int3"])
     assert r.exit_code == 2 and "Traceback" not in r.output and not (tmp_path / "out").exists()
-    assert "unknown quantization method 'int3'; choose one of: none, int8, int4, int4-awq, int4-gptq" in r.output
+    known = "none, int8, int4, int4-awq, int4-gptq, int4-awq-gptq"
+    assert f"unknown quantization method 'int3'; choose one of: {known}" in r.output.replace("\n", " ")
     help_text = CliRunner().invoke(export_cli, ["build", "--help"]).output
     assert "--quant [" + "|".join(m.value for m in QuantMethod) + "]" in help_text
 
@@ -449,7 +496,7 @@ def test_missing_or_empty_calibration_file(ckpts, tmp_path, content):
 
 
 def test_unknown_method_and_bad_levels_are_export_errors():
-    with pytest.raises(ExportError, match="choose one of: none, int8, int4, int4-awq, int4-gptq"):
+    with pytest.raises(ExportError, match="choose one of: none, int8, int4, int4-awq, int4-gptq, int4-awq-gptq"):
         QuantMethod.parse("nf4")
     with pytest.raises(ExportError, match="accuracy_level 7"):
         QuantConfig(QuantMethod.INT4, 32, accuracy_level=7)
