@@ -106,46 +106,59 @@ Q4_COLUMN(4, f16)
 Q4_COLUMN8(f32)
 Q4_COLUMN8(f16)
 
-/* Decode (one row, fp16 scales): eight scales converted at once for four pairs and one prefetch a cache
- * line, ~14 vector ops per pair instead of ~16; decode is the kernel's compute-bound case. */
-static inline void column_decode_f16(const char *tile, const uint8_t *bn, const void *sn, int64_t pairs, float *y,
-                                     int64_t N, int add) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const uint16_t *s16 = sn;
-    const __m256i pick[4] = {_mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2),
-                             _mm256_set_epi32(5, 5, 5, 5, 4, 4, 4, 4), _mm256_set_epi32(7, 7, 7, 7, 6, 6, 6, 6)};
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t p = 0;
-    for (; p + 4 <= pairs; p += 4) {
-        _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);
-        _mm_prefetch((const char *)(bn + p * 32 + 1088), _MM_HINT_T0);
-        __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s16 + 2 * p)));
-        for (int j = 0; j < 4; j++) {
-            const char *t = tile + (p + j) * 128;
-            __m256i v = _mm256_loadu_si256((const __m256i *)(bn + (p + j) * 32));
-            __m256i lo = _mm256_and_si256(v, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)TILE_XQ(t, 1, 0))),
-                                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(TILE_XQ(t, 1, 0) + 32))));
-            d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, 1, 0)));
-            __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));
-            __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(s8, pick[j]), _mm256_loadu_ps(TILE_SX(t, 1, 0)));
-            if (j % 2)
-                acc1 = _mm256_fmadd_ps(df, sc, acc1);
-            else
-                acc0 = _mm256_fmadd_ps(df, sc, acc0);
-        }
+/* Two to four rows (fp16 scales) summed exactly as the one-row decode below sums each row: pairs in
+ * groups of four, even pairs into one accumulator and odd into another, the last pairs apart. A chunk of
+ * up to four rows (a speculative verification) thus equals that many decode steps bit for bit. */
+#define Q4_COLUMN_DECODE_ORDER(M)                                                                          \
+    static inline void column_##M##_exact(const char *tile, const uint8_t *bn, const void *sn, int64_t pairs, \
+                                          float *y, int64_t N, int add) {                                  \
+        const __m256i low4 = _mm256_set1_epi8(0x0F);                                                       \
+        const __m256i ones = _mm256_set1_epi16(1);                                                         \
+        const uint16_t *s16 = sn;                                                                          \
+        __m256 acc0[M], acc1[M];                                                                           \
+        for (int r = 0; r < M; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                               \
+        int64_t p = 0;                                                                                     \
+        for (; p + 4 <= pairs; p += 4) {                                                                   \
+            _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);                                 \
+            _mm_prefetch((const char *)(bn + p * 32 + 1088), _MM_HINT_T0);                                 \
+            __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s16 + 2 * p)));                  \
+            for (int j = 0; j < 4; j++) {                                                                  \
+                const char *t = tile + (p + j) * M * 128;                                                  \
+                __m256i v = _mm256_loadu_si256((const __m256i *)(bn + (p + j) * 32));                      \
+                __m256i lo = _mm256_and_si256(v, low4);                                                    \
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                              \
+                __m256 sw = _mm256_permutevar8x32_ps(s8, _mm256_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1,  \
+                                                                          2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j)); \
+                for (int r = 0; r < M; r++) {                                                              \
+                    const int8_t *xq = TILE_XQ(t, M, r);                                                   \
+                    __m256i d = _mm256_add_epi16(                                                          \
+                        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                 \
+                        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));         \
+                    d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, M, r)));         \
+                    __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                            \
+                    __m256 sc = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, M, r)));                      \
+                    if (j % 2)                                                                             \
+                        acc1[r] = _mm256_fmadd_ps(df, sc, acc1[r]);                                        \
+                    else                                                                                   \
+                        acc0[r] = _mm256_fmadd_ps(df, sc, acc0[r]);                                        \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        float rest[M];                                                                                     \
+        for (int r = 0; r < M; r++) rest[r] = 0.0f;                                                        \
+        if (p < pairs) column_##M##_f16(tile + p * M * 128, bn + p * 32, s16 + 2 * p, pairs - p, rest, 1, 0); \
+        for (int r = 0; r < M; r++)                                                                        \
+            y[r * N] = (add ? y[r * N] : 0.0f) + hsum8(_mm256_add_ps(acc0[r], acc1[r])) + rest[r];         \
     }
-    float rest = 0.0f;
-    if (p < pairs) column_1_f16(tile + p * 128, bn + p * 32, s16 + 2 * p, pairs - p, &rest, N, 0);
-    y[0] = (add ? y[0] : 0.0f) + hsum8(_mm256_add_ps(acc0, acc1)) + rest;
-}
+Q4_COLUMN_DECODE_ORDER(1)
+Q4_COLUMN_DECODE_ORDER(2)
+Q4_COLUMN_DECODE_ORDER(3)
+Q4_COLUMN_DECODE_ORDER(4)
 
 typedef void (*ColumnFn)(const char *, const uint8_t *, const void *, int64_t, float *, int64_t, int);
 static const ColumnFn k_columns[2][4] = {
     {column_1_f32, column_2_f32, column_3_f32, column_4_f32},
-    {column_1_f16, column_2_f16, column_3_f16, column_4_f16},
+    {column_1_exact, column_2_exact, column_3_exact, column_4_exact},
 };
 
 static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const void *scales, int fp16_scales,
@@ -172,7 +185,7 @@ static void tile(const void *scratch, int64_t r0, int m, const uint8_t *B, const
     }
     for (int part = 0; part < 2 && m > part * 4; part++) { /* one or two tiles of at most four rows */
         int rows = m - part * 4 < 4 ? m - part * 4 : 4;
-        ColumnFn column = rows == 1 && fp16_scales ? column_decode_f16 : k_columns[fp16_scales ? 1 : 0][rows - 1];
+        ColumnFn column = k_columns[fp16_scales ? 1 : 0][rows - 1];
         const char *t = (part ? t1 : t0) + p0 * rows * 128;
         for (int64_t n = n0; n < n1; n++)
             column(t, b0 + n * nb * 16, s0 + (size_t)(n * nb) * scale_bytes, pairs, y + part * 4 * N + n, N, add);

@@ -39,11 +39,11 @@ ISAS = ("avx2", "avx512vnni")
 # Most rows one call of an op computes bit for bit as that many one-row calls (None: any number), per
 # implementation; tests/test_kernels_q8.py holds each entry to it. Both close a column's float sums at the
 # same K chunks at every row count; MatMulQ8 keeps decode's sum tree up to 16 rows (csrc/q8kernel.h); the
-# AVX2 MatMulQ4 decodes one row down its own two-accumulator path, which no multi-row call shares. SiluMul,
-# LinearAttention and RingAttention work row by row.
+# AVX2 MatMulQ4 sums up to four rows in decode's two-accumulator order, and more rows (prompt tiles of
+# eight, K in chunks past four rows) in their own. SiluMul, LinearAttention and RingAttention work row by row.
 _EXACT_ROWS: dict[tuple[str, str], int | None] = {
     (MATMUL_Q4, "avx512vnni"): None,
-    (MATMUL_Q4, "avx2"): 1,
+    (MATMUL_Q4, "avx2"): 4,
     (MATMUL_Q8, "avx512vnni"): 16,
     (MATMUL_Q8, "avx2"): 16,
 }

@@ -339,6 +339,7 @@ def test_rows_up_to_exact_rows_are_bit_for_bit_decode_steps(op, isa, monkeypatch
     _pin_isa(monkeypatch, isa)
     cap = kernels.exact_rows({op})
     rng = np.random.default_rng(5)
+    tight = []
     for k in (576, 1536, 2048):
         n = 80
         if op == kernels.MATMUL_Q4:
@@ -350,5 +351,8 @@ def test_rows_up_to_exact_rows_are_bit_for_bit_decode_steps(op, isa, monkeypatch
         one = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(24)])
         for m in range(1, (cap or 24) + 1):
             assert np.array_equal(sess.run(None, {"x": x[:m]})[0], one[:m]), (k, m)
-        if cap is not None:  # the cap is the kernel's, not a loose bound: one row more rounds differently
-            assert not np.array_equal(sess.run(None, {"x": x[: cap + 1]})[0], one[: cap + 1])
+        if cap is not None:
+            tight.append(not np.array_equal(sess.run(None, {"x": x[: cap + 1]})[0], one[: cap + 1]))
+    # The cap is the kernel's, not a loose bound: one row more rounds differently at some K (AVX2's
+    # MatMulQ4 at five rows still equals decode where K is not chunked, K = 576).
+    assert cap is None or any(tight)

@@ -318,43 +318,37 @@ def _chunk_calls(engine) -> list[tuple[int, bool]]:
 
 @needs_kernels
 def test_edge_int4_chunks_are_decode_steps_bit_for_bit_across_the_wrap(edge_int4):
-    """A prefill chunk's logits equal decode()'s of the same tokens bit for bit while the ring is linear, in
-    the chunk that turns it full (its first rows still linear), past S + W - 1 and past the buffer's wrap:
+    """A prefill chunk as wide as this CPU's kernels keep exact (9 rows, or engine.exact_rows: 4 on AVX2)
+    gives logits equal to decode()'s of the same tokens bit for bit while the ring is linear, in the chunk
+    that turns it full (its first rows still linear), past S + W - 1 and past the buffer's wrap:
     RingAttention computes each row as a one-row call does."""
     engine = load(edge_int4, SMALL)
-    if engine.exact_rows is not None and engine.exact_rows < 9:
-        pytest.skip(f"this CPU's MatMulQ4 ({kernels.isa()}) rounds multi-row chunks differently")
-    assert kernels.RING_ATTENTION in engine.backend.kernel_ops()
+    width = min(9, engine.exact_rows or 9)
+    assert width > 1 and kernels.RING_ATTENTION in engine.backend.kernel_ops()
     ids = np.random.default_rng(1).integers(3, engine.manifest.model.vocab_size, 80).tolist()
     calls = _chunk_calls(engine)
-    for start in (10, 24, 30, 40, 60):  # S + W = 28, capacity 36
+    for start in (10, 24, 27, 30, 40, 60):  # S + W = 28, capacity 36
         engine.reset()
         engine.prefill(ids[:start])
         del calls[:]
-        chunk = engine.prefill(ids[start : start + 9], all_logits=True)
-        assert all(full == (start + 9 > SMALL.sinks + SMALL.window) for _, full in calls)
+        chunk = engine.prefill(ids[start : start + width], all_logits=True)
+        assert all(full == (start + width > SMALL.sinks + SMALL.window) for _, full in calls)
         engine.reset()
         engine.prefill(ids[:start])
-        steps = np.stack([engine.decode(t).copy() for t in ids[start : start + 9]])
+        steps = np.stack([engine.decode(t).copy() for t in ids[start : start + width]])
         assert np.array_equal(chunk, steps), f"chunk at token {start}: {np.abs(chunk - steps).max():.3g} apart"
 
 
 @needs_kernels
-def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(edge_int4, recwarn):
-    """On the edge kernels a verification chunk is as wide as engine.exact_rows allows (any width on
-    VNNI's MatMulQ4 with MatMulQ8's LM head: 16 rows), and greedy speculation with k = 8 equals plain
-    greedy on a small ring wrapped several times: past S + W - 1 RingAttention computes a chunk's rows
-    as decode steps do, bit for bit."""
+def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(edge_int4):
+    """On the edge kernels a verification chunk is as wide as engine.exact_rows allows (VNNI's MatMulQ4
+    any width, with MatMulQ8's LM head 16 rows; AVX2's MatMulQ4 4 rows), and greedy speculation with k = 8
+    equals plain greedy on a small ring wrapped several times: past S + W - 1 RingAttention computes a
+    chunk's rows as decode steps do, bit for bit."""
     engine = load(edge_int4, SMALL)
     assert engine.backend.kernel_ops() >= {kernels.MATMUL_Q4, kernels.MATMUL_Q8, kernels.RING_ATTENTION}
-    if kernels.isa() != "avx512vnni":
-        assert engine.exact_rows == 1  # AVX2's MatMulQ4 decodes down its own path: speculation is off
-        spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
-        prompt = repetitive_prompt(engine.manifest.model.vocab_size)
-        assert greedy(engine, prompt, 20, spec) == greedy(engine, prompt, 20)
-        assert spec.stats.verify_steps == 0 and any(w.category is SpeculationOffWarning for w in recwarn)
-        return
-    assert engine.exact_rows == 16
+    cap = {"avx512vnni": 16, "avx2": 4}[kernels.isa()]
+    assert engine.exact_rows == cap
     prompt = repetitive_prompt(engine.manifest.model.vocab_size)
     want = greedy(engine, prompt, 96)
     spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
@@ -362,8 +356,28 @@ def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(edge_int4, r
     assert greedy(engine, prompt, 96, spec) == want
     st = spec.stats
     assert engine.ring.written > 3 * engine.geometry.capacity  # the ring wrapped three times
-    assert st.verify_steps > 5 and st.proposed / st.verify_steps > 4  # chunks past the old 4-row cap
-    assert sum(rows > 1 and full for rows, full in calls) > 5  # verified on the full ring
+    assert st.verify_steps > 5 and st.proposed / st.verify_steps > min(8, cap - 1) - 1
+    prefill = int(np.searchsorted(np.cumsum([rows for rows, _ in calls]), len(prompt))) + 1  # the prompt's chunks
+    verified = [rows for rows, full in calls[prefill:] if rows > 1 and full]
+    assert len(verified) > 5 and max(verified) <= min(9, cap)  # on the full ring, never past the cap
+
+
+def test_speculation_is_off_with_a_warning_where_no_two_rows_round_alike(tied_bundle, monkeypatch):
+    """Where the bundle's kernels keep only one row exact, exact speculation does not verify at all (one
+    warning) and the output is plain greedy's; exact=False speculates anyway."""
+    from edge_runtime.engine import Engine
+
+    engine = load(tied_bundle, SMALL)
+    monkeypatch.setattr(Engine, "exact_rows", property(lambda self: 1))
+    prompt = repetitive_prompt(engine.manifest.model.vocab_size)
+    want = greedy(engine, prompt, 20)
+    spec = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False)
+    with pytest.warns(SpeculationOffWarning, match="speculation is off"):
+        assert greedy(engine, prompt, 20, spec) == want
+    assert spec.stats.verify_steps == 0
+    loose = SpeculativeDecoder(PromptLookup(), k=8, adaptive=False, exact=False)
+    greedy(engine, prompt, 20, loose)
+    assert loose.stats.verify_steps > 0
 
 
 def test_a_draft_catching_up_reports_it_and_sleeps_between_calls(tied_bundle):
