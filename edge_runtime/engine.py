@@ -29,6 +29,7 @@ from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
+    from .targets.schema import TensorRTOptions
 
 
 class MemoryBudgetError(EdgeRuntimeError):
@@ -51,6 +52,10 @@ class LoadOptions:
     spin: bool = True
     # ONNX Runtime execution providers in priority order (a target profile's backend.providers); None: CPU.
     providers: tuple[str, ...] | None = None
+    # A `tensorrt` target's builder options (targets.schema.TensorRTOptions): run on TensorRT (backends/
+    # trt_backend.py, the engine built on first use); None: ONNX Runtime. Not verified on a GPU.
+    tensorrt: TensorRTOptions | None = None
+    cuda_graph: bool = False  # TensorRT only: replay the decode step as a captured CUDA graph
 
 
 class Engine:
@@ -84,15 +89,24 @@ class Engine:
         )
         d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
         d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
-        self.backend: Backend = OrtBackend(
-            bundle.graph_file,
-            m,
-            self.pool,
-            threads=opts.threads,
-            profile=opts.profile,
-            spin=opts.spin,
-            providers=opts.providers,
-        )
+        self.backend: Backend
+        if opts.tensorrt is not None:
+            from .backends.trt_backend import open_trt_backend
+
+            g = self.geometry
+            self.backend = open_trt_backend(
+                bundle.path, m, self.pool, g.capacity, g.slack, opts.tensorrt, cuda_graph=opts.cuda_graph
+            )
+        else:
+            self.backend = OrtBackend(
+                bundle.graph_file,
+                m,
+                self.pool,
+                threads=opts.threads,
+                profile=opts.profile,
+                spin=opts.spin,
+                providers=opts.providers,
+            )
         self._decoding = False
         self._decode_steps = 0  # counts to the next whole-row output check
 
@@ -198,6 +212,7 @@ def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> L
         threads=opts.threads or profile.backend.threads or None,
         memory_budget=opts.memory_budget if opts.memory_budget is not None else profile.memory_budget_bytes,
         providers=opts.providers or profile.backend.providers or None,
+        tensorrt=opts.tensorrt or (profile.backend.tensorrt if profile.backend.name == "tensorrt" else None),
     )
 
 

@@ -57,7 +57,8 @@ def test_tensorrt_unavailable_says_what_to_install(monkeypatch):
     assert "pip install 'edge-runtime[trt]'" in unavailable_reason("x86_64")
     assert "JetPack" in unavailable_reason("aarch64") and "cuda-python" in unavailable_reason("aarch64")
     monkeypatch.setattr(tensorrt, "_importable", lambda module: True)
-    assert "no TensorRT backend yet" in unavailable_reason("x86_64")  # never claims a backend it lacks
+    monkeypatch.setattr(tensorrt, "_device_reason", lambda: "no CUDA device: cudaGetDeviceCount found 0")
+    assert unavailable_reason("x86_64") == "no CUDA device: cudaGetDeviceCount found 0"  # installed is not enough
 
 
 def test_a_named_tensorrt_target_is_refused_in_one_line_with_the_way_out():

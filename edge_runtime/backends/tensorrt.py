@@ -1,10 +1,9 @@
 """The TensorRT backend's availability: what a `tensorrt` target needs here, and what to install.
 
-Not built yet: the engine build (TensorRT's ONNX parser on the `trt` bundle, FP16 + weight-only INT4/INT8,
-optimization profiles from the manifest, an engine cache beside the bundle) and the runtime (device
-buffers, the ring rows written on the device). Until then a `tensorrt` profile runs its `trt` bundle on
-ONNX Runtime CPU where the target was auto-detected (`runtime_profile`), and is refused with the reason
-where it was named.
+The backend itself: trt_engine.py (engine build and cache), trt_backend.py (execution), cuda_buffers.py
+(device memory). It runs where tensorrt and cuda-python import and a CUDA device answers; elsewhere a
+`tensorrt` profile runs its `trt` bundle on ONNX Runtime CPU where the target was auto-detected
+(`runtime_profile`), and is refused with the reason where it was named. Not verified on a GPU.
 
 The CUDA binding is NVIDIA's cuda-python, not pycuda: it ships wheels for x86-64 and aarch64 (Jetson), so
 nothing compiles against the CUDA headers on the device, and it is the binding TensorRT's own samples use.
@@ -35,21 +34,29 @@ def install_hint(machine: str | None = None) -> str:
     return "pip install 'edge-runtime[trt]' (tensorrt and cuda-python)"
 
 
-def unavailable_reason(machine: str | None = None) -> str:
-    """Why a `tensorrt` target cannot run on its GPU here. Never empty: the backend itself is not built."""
+def unavailable_reason(machine: str | None = None) -> str | None:
+    """Why a `tensorrt` target cannot run on its GPU here (a package missing, no CUDA device); None if it can."""
     missing = [name for name, module in (("tensorrt", "tensorrt"), ("cuda-python", "cuda")) if not _importable(module)]
     if missing:
         return f"{' and '.join(missing)} not installed ({install_hint(machine)})"
-    return "tensorrt and cuda-python are installed, but this edge-runtime has no TensorRT backend yet"
+    return _device_reason()
+
+
+def _device_reason() -> str | None:
+    from .cuda_buffers import no_device_reason
+
+    return no_device_reason()
 
 
 def runtime_profile(profile: TargetProfile, *, auto_detected: bool) -> TargetProfile:
-    """The profile to run with: itself for ONNX Runtime targets; for a `tensorrt` one, where the target was
-    auto-detected, the same profile on ONNX Runtime CPU (its `trt` bundle runs there) with a warning, and
-    where it was named on the command line, a one-line error with the reason and the way out."""
+    """The profile to run with: itself for ONNX Runtime targets and for `tensorrt` ones where TensorRT runs
+    here; otherwise, where the target was auto-detected, the same profile on ONNX Runtime CPU (its `trt`
+    bundle runs there) with a warning, and where it was named, a one-line error with the reason and the way out."""
     if profile.backend.name == "onnxruntime":
         return profile
     reason = unavailable_reason()
+    if reason is None:
+        return profile
     if not auto_detected:
         raise EdgeRuntimeError(
             f"target '{profile.name}' uses the {profile.backend.name} backend: {reason}; its trt-flavor bundles run "

@@ -46,6 +46,7 @@ class QuantChoice(click.ParamType):
 
 if TYPE_CHECKING:
     from edge_runtime.manifest import Manifest
+    from edge_runtime.targets import TargetProfile
     from edge_runtime.targets.export_settings import ExportSettings
 
 
@@ -183,6 +184,13 @@ def main() -> None:
     "(LinearAttention/RingAttention) on a quantized ort bundle.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
+@click.option(
+    "--build-engine",
+    is_flag=True,
+    help="With a TensorRT --target (orin-*), on the device: also build the bundle's TensorRT engine into "
+    "OUT/trt-engines (what edge-run would build on first use). Needs tensorrt, cuda-python and the GPU. Not verified "
+    "on a GPU.",
+)
 @debug_option
 @friendly_errors
 def build(
@@ -205,6 +213,7 @@ def build(
     gguf_codes: str | None,
     kv_dtype: str,
     overwrite: bool,
+    build_engine: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
     bundle in OUT. Without --target the defaults are portable; --target T applies the device profile's."""
@@ -221,6 +230,7 @@ def build(
     s = s.with_overrides(sinks=sinks, window=window)
     _check_options(window=window, block=block, quant=s.quant, table_bits=str(s.table_bits))
     _check_output(source, out, overwrite=overwrite)
+    engine_target = _engine_target(target) if build_engine else None  # refused before the export, not after
     opts = ExportOptions(
         checkpoint=source,
         out=out,
@@ -271,6 +281,30 @@ def build(
             opts = dataclasses.replace(opts, source_codes=codes)
         manifest = export(dataclasses.replace(opts, checkpoint=hf_dir), progress=progress)
     click.echo(summary_line(out, manifest))
+    if engine_target is not None:
+        from edge_runtime.backends.trt_engine import engine_for_target
+
+        click.echo(f"{out}: TensorRT engine {engine_for_target(out, engine_target, progress)}")
+
+
+def _engine_target(target: str | None) -> TargetProfile:
+    """--build-engine's target: a TensorRT one where TensorRT runs here, else a one-line error."""
+    from edge_runtime.backends.tensorrt import unavailable_reason
+    from edge_runtime.errors import ExportError
+    from edge_runtime.targets import resolve_target
+
+    profile = resolve_target(target).profile if target is not None else None
+    if profile is None or profile.backend.tensorrt is None:
+        raise ExportError(
+            "--build-engine builds a TensorRT engine: give a TensorRT --target (orin-nano, orin-nx, orin-agx)"
+        )
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ExportError(
+            f"--build-engine needs TensorRT on this machine: {reason}; or drop it: edge-run builds the "
+            "engine on the device on first use"
+        )
+    return profile
 
 
 def _settings(
