@@ -242,6 +242,48 @@ def test_gpu_check_reports_what_it_could_not_check_without_a_gpu():
     assert "no GPU" in r.stdout
 
 
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["plain", "cuda-graph"])
+def test_the_backends_host_side_matches_onnxruntime_on_a_fake_device(trt_bundles, tmp_path, monkeypatch, cuda_graph):
+    """TrtBackend over fake_gpu's host-memory CUDA and an "engine" that runs the graph on ONNX Runtime: its
+    staging, per-profile shapes, ring-row copies and decode-graph replay must give ONNX Runtime's own logits,
+    through a chunked prompt and past the ring's capacity."""
+    from edge_runtime.backends import cuda_buffers, trt_backend
+
+    from .fake_gpu import FakeCudaRuntime, fake_tensorrt
+
+    bundle = trt_bundles["fp16"]
+    cpu = load(bundle)
+    cuda = FakeCudaRuntime()
+    monkeypatch.setattr(cuda_buffers, "runtime", lambda: cuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cpu.manifest, cpu.geometry.capacity, cuda))
+    plan = tmp_path / "fake.engine"
+    plan.write_text(str(bundle / "model.onnx"))
+    monkeypatch.setattr(trt_backend, "ensure_engine", lambda *args: plan)
+    gpu = load(bundle, LoadOptions(tensorrt=ORIN, cuda_graph=cuda_graph))
+    assert isinstance(gpu.backend, trt_backend.TrtBackend) and gpu.backend.providers == ["TensorRT 10.3.0-fake"]
+
+    cap = cpu.geometry.capacity
+    prompt = np.random.default_rng(3).integers(0, cpu.manifest.model.vocab_size, cap + 20).tolist()
+    chunks = len(cpu.ring.chunks(len(prompt)))
+    assert chunks >= 2
+    a, b = cpu.prefill(prompt), gpu.prefill(prompt)
+    np.testing.assert_array_equal(b, a)
+    steps = cap + 10  # the ring wraps again while decoding
+    for _ in range(steps):
+        token = int(np.argmax(a))
+        a, b = cpu.decode(token), gpu.decode(token)
+        np.testing.assert_array_equal(b, a)
+    engine = gpu.backend.runtime.engines[0]
+    assert engine.runs == [steps, chunks]  # one decode run per step, one prefill run per chunk
+    assert cuda.copies["graph_launches"] == (steps - 1 if cuda_graph else 0)
+    layers = cpu.manifest.model.num_layers
+    assert cuda.copies["d2d_2d"] == 2 * layers * (steps + chunks)  # every new row written on the "device"
+    assert not any(k.any() for k in gpu.pool.keys)  # the host pool is not the cache ...
+    gpu.backend.kv_to_host()  # ... until it is copied back
+    for x, y in zip((*gpu.pool.keys, *gpu.pool.values), (*cpu.pool.keys, *cpu.pool.values), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 # -- where CUDA / TensorRT run ---------------------------------------------------------------------------
 
 
