@@ -1,7 +1,9 @@
-"""Weight quantization numerics: symmetric INT8 per-channel and INT4 block-wise codes (RTN, GPTQ).
+"""Weight quantization numerics: symmetric INT8 per-channel and INT4 block-wise codes (RTN, GPTQ), and
+asymmetric INT4 blocks (a zero point per block).
 
 A `QuantizedMatrix` is the one integer form of a Linear weight `[out, in]`: signed codes and one
-positive scale per block of `block` consecutive input channels (`block == in`: per channel). Both
+positive scale per block of `block` consecutive input channels (`block == in`: per channel), and for
+asymmetric blocks a signed zero offset per block (w = (code - zero) * scale). Both
 graph flavors are written from it (MatMulNBits for `ort`, DequantizeLinear for `trt`; see
 quant_graph.py), so the two graphs compute with the same dequantized weights, bit for bit.
 
@@ -14,6 +16,12 @@ most negative value dominates this is MLAS's rule, exactly so when that scale is
 (a test checks it against ORT).
 Scales are rounded *up* to fp16-representable values so an fp16 TensorRT graph holds the same
 scales as an fp32 CPU graph; codes are computed with the rounded scale.
+
+Asymmetric INT4 (`QuantConfig.asymmetric`, MatMulNBits' zero_points; `ort` flavor with ONNX Runtime's
+kernels only: TensorRT 10.3 takes symmetric Q/DQ and MatMulQ4 a fixed zero point of 8): the 16 levels
+span [min(w, 0), max(w, 0)] of the block instead of [-8, 7] steps of max|w|, so a block whose values lean
+to one side wastes no levels; zero stays exactly representable. Codes and zeros are kept signed
+(code - 8, zero - 8), the graph stores both + 8 as MatMulNBits' unsigned nibbles.
 
 GPTQ (Frantar et al. 2023) is implemented here in numpy because ONNX Runtime's copy
 (`onnxruntime.quantization.neural_compressor.gptq`) cannot serve: its package imports `onnx_ir`
@@ -121,6 +129,7 @@ class QuantConfig:
     # a small model reads in full every token; `ort` flavor only: TensorRT 10.3 gathers no INT4 table).
     table_bits: int = 8
     kernel: MatMulKernel = MatMulKernel.MLAS
+    asymmetric: bool = False  # INT4 Linear blocks with a zero point each (MatMulNBits; module docstring)
     mixed: MixedPlan = MixedPlan.NONE  # Linear groups kept INT8 per channel in an INT4 export
     mixed_bits: float = MIXED_CODE_BITS  # the sensitivity plan's budget (average Linear code bits, 4 < b <= 8)
 
@@ -148,6 +157,10 @@ class QuantConfig:
                 f"int4-gptq, not {self.method.value}"
             )
 
+        if self.asymmetric and self.method.linear_bits != 4:
+            raise ExportError(f"asymmetric blocks apply to INT4 Linears; --quant {self.method.value} has none")
+        if self.asymmetric and self.kernel is MatMulKernel.EDGE:
+            raise ExportError("asymmetric INT4 needs --kernel mlas: MatMulQ4 computes with a fixed zero point of 8")
         bits = self.mixed_bits
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 4 < bits <= 8:
             raise ExportError(f"mixed-precision budget {bits!r} must be average code bits in (4, 8], e.g. 4.5")
@@ -169,6 +182,7 @@ class QuantizedMatrix:
     scales: np.ndarray  # float32 [out, in // block], positive, fp16-representable
     bits: int
     block: int  # input channels per scale; == in for per-channel
+    zeros: np.ndarray | None = None  # int8 [out, in // block] in the codes' range (asymmetric); None: 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -182,10 +196,13 @@ class QuantizedMatrix:
         """float32 [out, in]; exact (a <= 8-bit code times an fp16 scale fits fp32's mantissa)."""
         out, k = self.codes.shape
         blocks = self.codes.reshape(out, k // self.block, self.block).astype(np.float32)
+        if self.zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
+            blocks -= self.zeros[:, :, None]
         return (blocks * self.scales[:, :, None]).reshape(out, k)
 
     def storage_bytes(self, scale_bytes: int = 4) -> int:
-        return self.codes.size * self.bits // 8 + self.scales.size * scale_bytes
+        zeros = 0 if self.zeros is None else self.zeros.size * self.bits // 8
+        return self.codes.size * self.bits // 8 + self.scales.size * scale_bytes + zeros
 
 
 def check_block(name: str, w: np.ndarray, block: int) -> None:
@@ -202,7 +219,21 @@ def block_scales(w: np.ndarray, bits: int) -> np.ndarray:
     """Positive, fp16-representable scales for groups `w [..., block]` (the last axis is one block)."""
     qmax = 2 ** (bits - 1) - 1
     w = w.astype(np.float64)
-    s = np.maximum(w.max(axis=-1) / qmax, -w.min(axis=-1) / (qmax + 1))
+    return _fp16_up(np.maximum(w.max(axis=-1) / qmax, -w.min(axis=-1) / (qmax + 1)), w)
+
+
+def block_scales_asym(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Asymmetric (scales, zeros) for groups `w [..., block]`: 2^bits levels over [min(w, 0), max(w, 0)],
+    zeros signed like the codes (the level of 0.0, minus 2^(bits-1))."""
+    levels = 2**bits - 1
+    w = w.astype(np.float64)
+    lo, hi = np.minimum(w.min(axis=-1), 0.0), np.maximum(w.max(axis=-1), 0.0)
+    s = _fp16_up((hi - lo) / levels, w)
+    zeros = np.clip(np.rint(-lo / s.astype(np.float64)), 0, levels) - 2 ** (bits - 1)
+    return s, zeros.astype(np.int8)
+
+
+def _fp16_up(s: np.ndarray, w: np.ndarray) -> np.ndarray:
     s = np.maximum(s, _FP16_TINY)  # an all-zero block still gets a valid (non-zero) scale
     s16 = s.astype(np.float16)
     low = s16.astype(np.float64) < s  # round up so the grid still covers the block
@@ -212,23 +243,34 @@ def block_scales(w: np.ndarray, bits: int) -> np.ndarray:
     return s16.astype(np.float32)
 
 
-def round_codes(w: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+def round_codes(w: np.ndarray, scales: np.ndarray, bits: int, zeros: np.ndarray | None = None) -> np.ndarray:
     qmax = 2 ** (bits - 1) - 1
-    return np.clip(np.rint(w / scales), -qmax - 1, qmax).astype(np.int8)
+    q = np.rint(w / scales)
+    return np.clip(q if zeros is None else q + zeros, -qmax - 1, qmax).astype(np.int8)
 
 
-def quantize_rtn(w: np.ndarray, bits: int, block: int | None = None) -> QuantizedMatrix:
+def quantize_rtn(w: np.ndarray, bits: int, block: int | None = None, asymmetric: bool = False) -> QuantizedMatrix:
     """Round to nearest: INT4 blocks of `block`, or (block None) INT8/INT4 per output channel."""
     out, k = w.shape
     block = k if block is None else block
     groups = np.asarray(w, dtype=np.float64).reshape(out, k // block, block)
+    if asymmetric:
+        scales, zeros = block_scales_asym(groups, bits)
+        codes = round_codes(groups, scales[:, :, None].astype(np.float64), bits, zeros[:, :, None])
+        return QuantizedMatrix(codes=codes.reshape(out, k), scales=scales, bits=bits, block=block, zeros=zeros)
     scales = block_scales(groups, bits)
     codes = round_codes(groups, scales[:, :, None].astype(np.float64), bits).reshape(out, k)
     return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block)
 
 
 def gptq(
-    w: np.ndarray, hessian: np.ndarray, bits: int, block: int, damp: float = 0.01, act_order: bool = False
+    w: np.ndarray,
+    hessian: np.ndarray,
+    bits: int,
+    block: int,
+    damp: float = 0.01,
+    act_order: bool = False,
+    asymmetric: bool = False,
 ) -> QuantizedMatrix:
     """GPTQ: quantize input columns one at a time, spreading each column's rounding error over the
     columns not yet quantized through the inverse Hessian `H = X^T X` of the calibration inputs
@@ -238,7 +280,8 @@ def gptq(
     reached. With `act_order` the columns go in order of decreasing H[j, j] (the most active inputs
     first, while the most columns are left to absorb their error) and every block's scale is fixed
     beforehand from the original weights ("static groups"), since a block's columns are then spread
-    over the whole order. Lazy batches of 128 columns keep the updates matrix-sized.
+    over the whole order. Lazy batches of 128 columns keep the updates matrix-sized. `asymmetric`: each
+    block's grid has a zero point too (block_scales_asym), fixed where its scale is.
     """
     out, k = w.shape
     W = np.array(w, dtype=np.float64)
@@ -247,8 +290,15 @@ def gptq(
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     scales = np.zeros((out, k // block), np.float32)
+    zeros = np.zeros((out, k // block), np.int8)
+
+    def grid(wb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if asymmetric:
+            return block_scales_asym(wb, bits)
+        return block_scales(wb, bits), np.zeros(wb.shape[:-1], np.int8)
+
     if act_order:
-        scales = block_scales(W.reshape(out, k // block, block), bits)
+        scales, zeros = grid(W.reshape(out, k // block, block))
         perm = np.argsort(-np.diag(H), kind="stable")
         W, H = W[:, perm], H[np.ix_(perm, perm)]
     else:
@@ -261,6 +311,7 @@ def gptq(
 
     codes = np.zeros((out, k), np.int8)
     col_scales = np.repeat(scales, block, axis=1)[:, perm].astype(np.float64)  # per permuted column (act_order)
+    col_zeros = np.repeat(zeros, block, axis=1)[:, perm].astype(np.float64)
     lazy = max(128, block)
     for i1 in range(0, k, lazy):
         i2 = min(i1 + lazy, k)
@@ -270,17 +321,18 @@ def gptq(
         for i in range(i2 - i1):
             col = i1 + i
             if act_order:
-                s = col_scales[:, col]
+                s, z = col_scales[:, col], col_zeros[:, col]
             elif col % block == 0:
-                s = block_scales(W1[:, i : i + block], bits).astype(np.float64)
-                scales[:, col // block] = s
-            q = round_codes(W1[:, i], s, bits)
+                sb, zb = grid(W1[:, i : i + block])
+                scales[:, col // block], zeros[:, col // block] = sb, zb
+                s, z = sb.astype(np.float64), zb.astype(np.float64)
+            q = round_codes(W1[:, i], s, bits, z)
             codes[:, perm[col]] = q
-            e = (W1[:, i] - q * s) / Hinv1[i, i]
+            e = (W1[:, i] - (q - z) * s) / Hinv1[i, i]
             W1[:, i:] -= np.outer(e, Hinv1[i, i:])
             err[:, i] = e
         W[:, i2:] -= err @ Hinv[i1:i2, i2:]
-    return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block)
+    return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block, zeros=zeros if asymmetric else None)
 
 
 def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:

@@ -41,6 +41,7 @@ def search_scales(
     block: int,
     tie: tuple[int, int, int] | None = None,
     sink_weight: float = 0.0,
+    asymmetric: bool = False,
 ) -> ScaleSearch:
     """Grid-search alpha for Linears `weights` ([out, K] each) that share the input X (statistics `x`).
 
@@ -60,7 +61,7 @@ def search_scales(
         s = s / np.sqrt(s.max() * s.min())
         loss = 0.0
         for w in weights:  # (X/s) Q(W s)^T = X (Q(W s)/s)^T: the error in the original coordinates
-            delta = w - quantize_rtn(w * s, 4, block).dequantize() / s
+            delta = w - quantize_rtn(w * s, 4, block, asymmetric).dequantize() / s
             loss += float(((delta @ gram) * delta).sum())
         losses.append((loss, alpha, s))
     best = min(losses, key=lambda t: t[0])
@@ -75,6 +76,7 @@ def apply_awq(
     block: int,
     progress: Callable[[str], None] = lambda _m: None,
     sink_weight: float = 0.0,
+    asymmetric: bool = False,
 ) -> tuple[ModelWeights, LinearInputs, dict]:
     """Scaled float weights (the same function), the inputs each Linear now sees, and the record."""
     d = args.head_dim
@@ -83,11 +85,11 @@ def apply_awq(
     record = {}
     for i, lw in enumerate(weights.layers):
         hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-        sw = sink_weight
-        qkv = search_scales(acts.attn[i], [lw.q, lw.k, lw.v], block, sink_weight=sw)
-        o = search_scales(acts.o[i], [lw.o], block, tie=(hkv, hq // hkv, d), sink_weight=sw)
-        gu = search_scales(acts.mlp[i], [lw.gate, lw.up], block, sink_weight=sw)
-        dn = search_scales(acts.down[i], [lw.down], block, sink_weight=sw)
+        kw = {"sink_weight": sink_weight, "asymmetric": asymmetric}
+        qkv = search_scales(acts.attn[i], [lw.q, lw.k, lw.v], block, **kw)
+        o = search_scales(acts.o[i], [lw.o], block, tie=(hkv, hq // hkv, d), **kw)
+        gu = search_scales(acts.mlp[i], [lw.gate, lw.up], block, **kw)
+        dn = search_scales(acts.down[i], [lw.down], block, **kw)
         s_kv = o.scales.reshape(hkv, hq // hkv, d)[:, 0, :].reshape(-1)  # per v_proj output row
 
         def rows(w: np.ndarray | None, s: np.ndarray) -> np.ndarray | None:

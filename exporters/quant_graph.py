@@ -2,8 +2,9 @@
 
 Both write the same `QuantizedMatrix` codes and scales (docs/architecture.md §5, §6):
 
-  ort flavor (ONNX Runtime CPU), codes + 2^(bits-1) as unsigned, no zero points (symmetric):
-    x ─► com.microsoft::MatMulNBits(B [N, k_blocks, blob], scales [N, k_blocks], accuracy_level) ─► y
+  ort flavor (ONNX Runtime CPU), codes + 2^(bits-1) as unsigned, no zero points (symmetric), or with
+  asymmetric INT4 blocks their zeros + 8 as MatMulNBits' zero_points (two nibbles a byte, block 0 low):
+    x ─► com.microsoft::MatMulNBits(B [N, k_blocks, blob], scales [N, k_blocks][, zp], accuracy_level) ─► y
     ids ─► com.microsoft::GatherBlockQuantized(the same B, scales [V, k_blocks, 1]) ─► [1, T, k_blocks, blk]
         ─► Reshape [1, T, H]                        (the tied table is stored once, read by both ops)
 
@@ -63,6 +64,19 @@ def nbits_block(qm: QuantizedMatrix, name: str) -> int:
     )
 
 
+def pack_zero_points(qm: QuantizedMatrix) -> np.ndarray | None:
+    """MatMulNBits' 4-bit zero_points, uint8 [N, ceil(k_blocks / 2)] (the first block in the low nibble),
+    or None for symmetric codes (MatMulNBits' default zero point 2^(bits-1))."""
+    if qm.zeros is None:
+        return None
+    if qm.bits != 4:
+        raise ValueError("zero points are written for INT4 blocks only")  # QuantConfig allows no other
+    u = (qm.zeros.astype(np.int16) + 8).astype(np.uint8)
+    if u.shape[1] % 2:
+        u = np.pad(u, ((0, 0), (0, 1)), constant_values=8)
+    return np.ascontiguousarray(u[:, 0::2] | (u[:, 1::2] << 4))
+
+
 def pack_nbits(qm: QuantizedMatrix, name: str) -> tuple[np.ndarray, np.ndarray, int]:
     """(B uint8 [N, k_blocks, blob], scales float32 [N, k_blocks], block) in MatMulNBits' layout."""
     n, k = qm.shape
@@ -100,7 +114,8 @@ class NBitsWeights:
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         qm = self.model.require(w, prefix)
         b, scales, blk = pack_nbits(qm, prefix)
-        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), (*qm.shape, qm.bits), scales, blk, qm)
+        w_q = g.weight(f"{prefix}/weight_q", b)
+        y = self._nbits(g, prefix, x, w_q, (*qm.shape, qm.bits), scales, blk, qm, pack_zero_points(qm))
         return _bias(g, prefix, y, bias)
 
     def matmul_concat(
@@ -109,12 +124,16 @@ class NBitsWeights:
         """One MatMulNBits over the parts' rows stacked along N (blocks run along K, so stacking is exact)."""
         qms = [self.model.require(w, prefix) for w in ws]
         packed = [pack_nbits(qm, prefix) for qm in qms]
-        if len({(qm.bits, blk) for qm, (_, _, blk) in zip(qms, packed, strict=True)}) != 1:
-            raise ValueError(f"{prefix}: fused parts differ in bits or block")  # one QuantConfig: a builder bug
+        forms = {(qm.bits, blk, qm.zeros is None) for qm, (_, _, blk) in zip(qms, packed, strict=True)}
+        if len(forms) != 1:  # one QuantConfig and whole groups in --mixed: a builder bug
+            raise ValueError(f"{prefix}: fused parts differ in bits, block or zero points")
         b = np.concatenate([p[0] for p in packed])
         scales = np.concatenate([p[1] for p in packed])
+        zps = [pack_zero_points(qm) for qm in qms]
+        zp = None if zps[0] is None else np.concatenate(zps)
         nkb = (b.shape[0], qms[0].shape[1], qms[0].bits)
-        y = self._nbits(g, prefix, x, g.weight(f"{prefix}/weight_q", b), nkb, scales, packed[0][2], qms[0])
+        w_q = g.weight(f"{prefix}/weight_q", b)
+        y = self._nbits(g, prefix, x, w_q, nkb, scales, packed[0][2], qms[0], zp)
         return _bias(g, prefix, y, concat_biases(ws, biases))
 
     def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
@@ -159,10 +178,12 @@ class NBitsWeights:
         scales: np.ndarray,
         blk: int,
         qm: QuantizedMatrix,
+        zero_points: np.ndarray | None = None,
     ) -> str:
         """`nkb`: (N, K, bits) of the packed matrix `b`; `qm`: (one of) the matrices it packs, for its form."""
         n, k, bits = nkb
-        op = edge_matmul(bits, qm.per_channel, blk, k) if self.kernel is MatMulKernel.EDGE else None
+        edge = self.kernel is MatMulKernel.EDGE and zero_points is None  # MatMulQ4's zero point is fixed at 8
+        op = edge_matmul(bits, qm.per_channel, blk, k) if edge else None
         if op == MATMUL_Q4:
             g.domains[EDGE_DOMAIN] = 1
             # fp16 scales are exact (block_scales makes them fp16-representable) and cut a decode step's
@@ -174,9 +195,12 @@ class NBitsWeights:
             s = g.weight(f"{prefix}/scales_channel", np.ascontiguousarray(scales[:, 0]))  # [N]: one per row
             return g.op(MATMUL_Q8, [x, b, s], f"{prefix}/{MATMUL_Q8}", domain=EDGE_DOMAIN, K=k, N=n)
         g.domains[MS_DOMAIN] = 1
+        inputs = [x, b, g.weight(f"{prefix}/scales", scales)]
+        if zero_points is not None:
+            inputs.append(g.weight(f"{prefix}/zero_points", zero_points))
         return g.op(
             "MatMulNBits",
-            [x, b, g.weight(f"{prefix}/scales", scales)],
+            inputs,
             f"{prefix}/MatMulNBits",
             domain=MS_DOMAIN,
             K=k,
@@ -196,6 +220,8 @@ class QdqWeights:
 
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         qm = self.model.require(w, prefix)
+        if qm.zeros is not None:  # check_options refuses asymmetric blocks with --flavor trt: a caller bug
+            raise ValueError(f"{prefix}: the trt flavor writes symmetric codes only")
         # Codes transposed to [K, N] (MatMul's B); blocks run along K = axis 0.
         if qm.per_channel:
             codes = g.weight(f"{prefix}/weight_q", qm.codes.T)  # int8

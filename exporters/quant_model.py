@@ -100,6 +100,8 @@ def quantize_model(
     imported = dict(imported or {})
     if imported and method not in (QuantMethod.INT4, QuantMethod.INT8):
         raise ValueError(f"{method.value} re-rounds every weight; it takes no imported codes")
+    if imported and config.asymmetric:
+        raise ExportError("asymmetric blocks re-round the GGUF's codes; add --gguf-codes requantize")
     if imported and config.mixed is not MixedPlan.NONE:
         raise ExportError(f"--mixed {config.mixed.value} re-rounds the GGUF's codes; add --gguf-codes requantize")
     check_blocks(weights, names, config)
@@ -111,7 +113,9 @@ def quantize_model(
     extra: dict[str, Any] = {}
     if method.awq:  # the scaled weights (the same float function) and the inputs they now see
         progress(f"searching AWQ scales ({len(weights.layers)} layers)")
-        weights, acts, extra["awq"] = apply_awq(args, weights, acts, block, progress, AWQ_SINK_WEIGHT)
+        weights, acts, extra["awq"] = apply_awq(
+            args, weights, acts, block, progress, AWQ_SINK_WEIGHT, config.asymmetric
+        )
         extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
     if method.gptq:
         extra["gptq"] = {
@@ -159,9 +163,10 @@ def quantize_model(
             elif bits == 8:
                 qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
             elif method.gptq:
-                qm = gptq(w, x.sink_weighted(GPTQ_SINK_WEIGHT), 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER)
+                hessian = x.sink_weighted(GPTQ_SINK_WEIGHT)
+                qm = gptq(w, hessian, 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER, asymmetric=config.asymmetric)
             else:
-                qm = quantize_rtn(w, 4, block)
+                qm = quantize_rtn(w, 4, block, asymmetric=config.asymmetric)
             forms[(i, f)] = qm
         worst = max(relative_error(forms[(i, f)].dequantize(), getattr(lw, f)) for f in LINEARS)
         progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
@@ -208,6 +213,8 @@ def quantize_model(
     if unused:  # a caller bug: codes read for tensors this model does not quantize
         raise ValueError(f"imported codes for tensors not quantized here: {', '.join(unused[:3])}")
     scheme = "symmetric, positive fp16-representable scales, no zero points"
+    if config.asymmetric:
+        scheme = "INT4 Linears asymmetric (a zero point per block), the rest symmetric; positive fp16 scales"
     if imported:
         scheme = "symmetric, no zero points; fp16 scales, positive except in GGUF-imported tensors (as stored)"
     out.record = {

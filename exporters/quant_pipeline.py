@@ -70,6 +70,8 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
         if reason is not None:  # the export validates the graph here, so the op must run here
             raise ExportError(f"--kernel edge cannot be used: {reason}; export with --kernel mlas")
         kernels.check_pin()
+    if trt and quant.asymmetric:
+        raise ExportError("asymmetric INT4 blocks need --flavor ort: TensorRT 10.3 takes symmetric Q/DQ only")
     if trt and quant.enabled and quant.table_bits == 4 and not quant.fp_embeddings:
         raise ExportError("--table-bits 4 needs --flavor ort: the trt flavor stores the table as INT8 per row")
 
