@@ -194,3 +194,133 @@ def fake_tensorrt(manifest, max_chunk: int, cuda: FakeCudaRuntime) -> SimpleName
             self.level = level
 
     return SimpleNamespace(__version__="10.3.0-fake", Logger=Logger, Runtime=Runtime, nptype=np.dtype)
+
+
+class FakeBuild:
+    """What a fake TensorRT build was asked for: flags, pool limit, level, profiles, timing cache, phases."""
+
+    def __init__(self) -> None:
+        self.flags: list[str] = []
+        self.profiles: list[dict] = []
+        self.workspace = self.level = self.timing_cache_in = None
+        self.parsed: str | None = None
+
+
+def fake_tensorrt_builder(build: FakeBuild, *, parse_errors: list | None = None) -> SimpleNamespace:
+    """A `tensorrt` module with the builder API trt_engine.build_engine calls; the network's inputs are the
+    ONNX graph's, `num_logits_to_keep` a shape tensor as TensorRT's parser makes it."""
+    import onnx
+
+    class Network:
+        def __init__(self) -> None:
+            self.inputs: list = []
+
+        @property
+        def num_inputs(self):
+            return len(self.inputs)
+
+        def get_input(self, i):
+            return self.inputs[i]
+
+    class OnnxParser:
+        def __init__(self, network, logger):
+            self.network, self.errors = network, list(parse_errors or [])
+
+        @property
+        def num_errors(self):
+            return len(self.errors)
+
+        def get_error(self, i):
+            return self.errors[i]
+
+        def parse_from_file(self, path):
+            build.parsed = path
+            model = onnx.load(path, load_external_data=False)
+            self.network.inputs = [
+                SimpleNamespace(name=i.name, is_shape_tensor=i.name == "num_logits_to_keep") for i in model.graph.input
+            ]
+            return not self.errors
+
+    class Profile:
+        def __init__(self) -> None:
+            self.shapes: dict = {}
+
+        def set_shape(self, name, lo, opt, hi):
+            self.shapes[name] = ("shape", lo, opt, hi)
+
+        def set_shape_input(self, name, lo, opt, hi):
+            self.shapes[name] = ("values", lo, opt, hi)
+
+    class Config:
+        def __init__(self) -> None:
+            self.progress_monitor = None
+            self.cache = b""
+
+        def set_memory_pool_limit(self, pool, size):
+            build.workspace = size
+
+        @property
+        def builder_optimization_level(self):
+            return build.level
+
+        @builder_optimization_level.setter
+        def builder_optimization_level(self, level):
+            build.level = level
+
+        def set_flag(self, flag):
+            build.flags.append(flag)
+
+        def add_optimization_profile(self, p):
+            build.profiles.append(p.shapes)
+
+        def create_timing_cache(self, data):
+            build.timing_cache_in = data
+            return SimpleNamespace(serialize=lambda: b"timings")
+
+        def set_timing_cache(self, cache, ignore_mismatch):
+            self.cache = cache
+
+        def get_timing_cache(self):
+            return self.cache
+
+    class Builder:
+        def __init__(self, logger):
+            pass
+
+        def create_network(self, flags):
+            return Network()
+
+        def create_builder_config(self):
+            return Config()
+
+        def create_optimization_profile(self):
+            return Profile()
+
+        def build_serialized_network(self, network, config):
+            monitor = config.progress_monitor
+            monitor.phase_start("Building engine", None, 2)
+            monitor.phase_start("Tactic timing", "Building engine", 10)  # nested: not reported
+            monitor.phase_finish("Tactic timing")
+            monitor.phase_finish("Building engine")
+            return b"serialized plan"
+
+    class IProgressMonitor:
+        def __init__(self) -> None:
+            pass
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level=None):
+            self.level = level
+
+    flags = SimpleNamespace(**{n: n for n in ("FP16", "BF16", "TF32", "INT8", "INT4", "FP8")})
+    return SimpleNamespace(
+        __version__="10.3.0-fake",
+        Logger=Logger,
+        Builder=Builder,
+        OnnxParser=OnnxParser,
+        BuilderFlag=flags,
+        MemoryPoolType=SimpleNamespace(WORKSPACE="workspace"),
+        IProgressMonitor=IProgressMonitor,
+    )

@@ -242,6 +242,55 @@ def test_gpu_check_reports_what_it_could_not_check_without_a_gpu():
     assert "no GPU" in r.stdout
 
 
+def test_first_use_builds_the_engine_with_the_profiles_and_progress_then_loads_it_from_the_cache(
+    trt_bundles, monkeypatch
+):
+    """ensure_engine over fake_gpu's builder API: what it asks TensorRT for, once; then the cache."""
+    from edge_runtime.backends import cuda_buffers
+
+    from .fake_gpu import FakeBuild, FakeCudaRuntime, fake_tensorrt_builder
+
+    bundle, build, lines = trt_bundles["int4"], FakeBuild(), []
+    monkeypatch.setattr(cuda_buffers, "runtime", lambda: FakeCudaRuntime())  # compute capability 8.7
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt_builder(build))
+    m = open_bundle(bundle).manifest
+    cap = m.cache.sinks + m.cache.window + m.cache.slack
+    profile = EngineProfile.for_ring(cap, m.cache.slack, ORIN)
+    path = trt_engine.ensure_engine(bundle, m, profile, lines.append)
+    assert path.parent == bundle / "trt-engines" and path.read_bytes() == b"serialized plan"
+    assert build.parsed == str(bundle / "model.onnx")
+    assert build.flags == ["FP16", "INT8"]  # orin-nano's [fp16, int8]; the INT4 blocks need none
+    assert (build.workspace, build.level, build.timing_cache_in) == (ORIN.workspace_bytes, 3, b"")
+    decode, prefill = build.profiles
+    assert decode["input_ids"] == ("shape", (1, 1), (1, 1), (1, 1))
+    assert prefill["attn_mask"] == ("shape", (1, cap + 1), (m.cache.slack + 1, cap + m.cache.slack + 1), (cap, 2 * cap))
+    assert prefill["num_logits_to_keep"] == ("values", (1,), (1,), (cap,))
+    assert len(decode) == len(m.graph.inputs)
+    assert (bundle / "trt-engines" / "timing-10.3.0-fake-sm87.cache").read_bytes() == b"timings"
+    assert lines[0].startswith("building the engine for sm87, TensorRT 10.3.0-fake")
+    assert [x.split(" (")[0].split(" done")[0] for x in lines[1:3]] == ["Building engine", "Building engine"]
+    assert len(lines) == 4 and lines[-1].startswith("engine built in")  # nested phases are not reported
+    build.profiles.clear()
+    assert trt_engine.ensure_engine(bundle, m, profile, lines.append) == path and not build.profiles  # cached
+
+
+def test_a_parser_failure_is_an_error_naming_the_node_and_op(trt_bundles, monkeypatch, tmp_path):
+    from .fake_gpu import FakeBuild, fake_tensorrt_builder
+
+    err = SimpleNamespace(
+        node_name=lambda: "/model/layers.0/mlp/DequantizeLinear",
+        node_operator=lambda: "DequantizeLinear",
+        desc=lambda: "zero point must be 0",
+        node=lambda: 7,
+    )
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt_builder(FakeBuild(), parse_errors=[err]))
+    m = open_bundle(trt_bundles["int4"]).manifest
+    with pytest.raises(EngineBuildError, match=r"node '/model/layers.0/mlp/DequantizeLinear' \(op DequantizeLinear\)"):
+        trt_engine.build_engine(
+            trt_bundles["int4"] / "model.onnx", m.graph.inputs, _profile(), timing_cache=tmp_path / "t", progress=print
+        )
+
+
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["plain", "cuda-graph"])
 def test_the_backends_host_side_matches_onnxruntime_on_a_fake_device(trt_bundles, tmp_path, monkeypatch, cuda_graph):
     """TrtBackend over fake_gpu's host-memory CUDA and an "engine" that runs the graph on ONNX Runtime: its

@@ -77,7 +77,8 @@ class TrtBackend:
         decode = self.contexts[DECODE]
         for name in self.step_inputs:
             if name not in SHAPE_INPUTS:
-                decode.set_input_shape(name, resolve_dims(manifest.graph.inputs[name]["shape"], 1, self.capacity))
+                shape = resolve_dims(manifest.graph.inputs[name]["shape"], 1, self.capacity)
+                _ok(decode.set_input_shape(name, shape), f"set the shape of '{name}' to {shape}")
 
     # -- setup ---------------------------------------------------------------------------------------
 
@@ -122,14 +123,14 @@ class TrtBackend:
 
     def _context(self, profile: int) -> Any:
         ctx = self.engine.create_execution_context()
-        ctx.set_optimization_profile_async(profile, self.stream.ptr)
+        _ok(ctx.set_optimization_profile_async(profile, self.stream.ptr), f"select optimization profile {profile}")
         for name, buf in (self.kv | self.device | self.outputs).items():
-            ctx.set_tensor_address(name, buf.ptr)
+            _ok(ctx.set_tensor_address(name, buf.ptr), f"bind '{name}'")
         for name in SHAPE_INPUTS:
             if name in self.staged:
-                ctx.set_tensor_address(name, self.staged[name].ptr)
+                _ok(ctx.set_tensor_address(name, self.staged[name].ptr), f"bind '{name}'")
         for name in self.kv:
-            ctx.set_input_shape(name, self._kv_shape(name))
+            _ok(ctx.set_input_shape(name, self._kv_shape(name)), f"set the shape of '{name}'")
         return ctx
 
     def _kv_shape(self, name: str) -> tuple[int, ...]:
@@ -206,7 +207,7 @@ class TrtBackend:
         ctx = self.contexts[PREFILL]
         for name, view in views.items():
             if name not in SHAPE_INPUTS:
-                ctx.set_input_shape(name, view.shape)
+                _ok(ctx.set_input_shape(name, view.shape), f"set the shape of '{name}' to {view.shape}")
         self._enqueue(ctx, views, keep)
         self._write_rows(int(plan.write_index[0]), n)  # chunks never wrap: the rows are contiguous
         self.stream.sync()
@@ -242,3 +243,9 @@ class TrtBackend:
         for host in (*self.staged.values(), *self.host_out.values()):
             host.free()
         self.stream.close()
+
+
+def _ok(done: bool, what: str) -> None:
+    """TensorRT's context setters answer False (and log why) instead of raising."""
+    if not done:
+        raise EdgeRuntimeError(f"TensorRT could not {what} (its log says why)")
