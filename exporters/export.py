@@ -90,11 +90,13 @@ class _Stages:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.peak_rss: dict[str, int] = {}  # the process's peak RSS when each stage ended: which stage raised it
         self._t = time.perf_counter()
 
     def done(self, name: str) -> None:
         now = time.perf_counter()
         self.seconds[name] = round(now - self._t, 2)
+        self.peak_rss[name] = peak_rss_bytes()
         self._t = now
 
 
@@ -146,7 +148,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             generation=_generation_defaults(ckpt.path),
             quantization=prepared.record,
             validation=validation,
-            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start, stages.seconds),
+            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start, stages),
             files=files,
         )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
@@ -324,13 +326,14 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
 
 
 def _provenance(
-    ckpt: Checkpoint, opts: ExportOptions, seconds: float, stage_seconds: dict[str, float]
+    ckpt: Checkpoint, opts: ExportOptions, seconds: float, stages: _Stages
 ) -> dict[str, Any]:
     return {
         "exporter": f"edge-runtime {__version__}",
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(seconds, 2),
-        "stage_seconds": dict(stage_seconds),
+        "stage_seconds": dict(stages.seconds),
+        "stage_peak_rss_bytes": dict(stages.peak_rss),
         # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
         "peak_rss_bytes": peak_rss_bytes(),
         "source": str(ckpt.path.resolve()),

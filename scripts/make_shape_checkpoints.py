@@ -14,7 +14,8 @@ with its vocabulary padded to the shape's size by unique lowercase-letter tokens
 merge produces: the model can emit them, and they decode to plain ASCII.
 
 Shapes: smollm2-135m (SmolLM2-135M layout), llama-3.2-1b (Llama-3.2-1B layout, full 128,256 vocab,
-llama3 RoPE scaling), tiny (a few MB, for tests). Existing directories are replaced.
+llama3 RoPE scaling), llama-3.2-3b, llama-3.1-8b (untied LM head), tiny (a few MB, for tests).
+Existing directories are replaced.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Shape:
     rope_theta: float
     max_positions: int
     rope_scaling: dict[str, Any] | None = None
+    tied: bool = True  # tie_word_embeddings (no lm_head.weight)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,6 +71,30 @@ SHAPES: dict[str, Shape] = {
         rope_theta=500000.0, max_positions=131072,
         rope_scaling={
             "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+    ),
+    # meta-llama/Llama-3.2-3B
+    "llama-3.2-3b": Shape(
+        hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192, vocab=128256,
+        rope_theta=500000.0, max_positions=131072,
+        rope_scaling={
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+    ),
+    # meta-llama/Llama-3.1-8B (untied LM head)
+    "llama-3.1-8b": Shape(
+        hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
+        rope_theta=500000.0, max_positions=131072, tied=False,
+        rope_scaling={
+            "factor": 8.0,
             "high_freq_factor": 4.0,
             "low_freq_factor": 1.0,
             "original_max_position_embeddings": 8192,
@@ -107,7 +133,7 @@ def config_json(shape: Shape, dtype: str) -> dict[str, Any]:
         "rms_norm_eps": 1e-5,
         "rope_scaling": shape.rope_scaling,
         "rope_theta": shape.rope_theta,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": shape.tied,
         "torch_dtype": {"bf16": "bfloat16", "fp32": "float32"}[dtype],
         "use_cache": True,
         "vocab_size": shape.vocab,
@@ -116,7 +142,7 @@ def config_json(shape: Shape, dtype: str) -> dict[str, Any]:
 
 
 def tensor_shapes(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """HF Llama names and [out, in] shapes; tied embeddings, so no lm_head.weight."""
+    """HF Llama names and [out, in] shapes; lm_head.weight only where the shape is untied."""
     h, d = shape.hidden, shape.head_dim
     yield "model.embed_tokens.weight", (shape.vocab, h)
     for i in range(shape.layers):
@@ -131,6 +157,8 @@ def tensor_shapes(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield p + "mlp.up_proj.weight", (shape.intermediate, h)
         yield p + "mlp.down_proj.weight", (h, shape.intermediate)
     yield "model.norm.weight", (h,)
+    if not shape.tied:
+        yield "lm_head.weight", (shape.vocab, h)
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -61,6 +61,9 @@ def test_the_manifest_records_seconds_per_stage_and_peak_rss(bundle):
     assert list(st) == ["load", "weights", "graph", "write", "validate", "checksums"]
     assert all(v >= 0 for v in st.values()) and sum(st.values()) <= m.provenance["export_seconds"] + 0.05
     assert st["validate"] > 0 and m.provenance["peak_rss_bytes"] > m.graph.weight_bytes
+    rss = m.provenance["stage_peak_rss_bytes"]  # monotone (a running peak), ending at the export's
+    assert list(rss) == list(st) and list(rss.values()) == sorted(rss.values())
+    assert 0 < rss["checksums"] <= m.provenance["peak_rss_bytes"]
 
 
 @pytest.mark.parametrize("victim", ["model.onnx.data", "tokenizer.json", "model.onnx"])
