@@ -15,12 +15,16 @@ For each shape and precision (fp32 / F32, int8 / Q8_0, int4 block 32 / Q4_0) it
   2. builds our bundle as scripts/bench_vs_ortgenai.py does (same flags, same work layout, reused),
   3. runs both alternately, `--rounds` times, each run a fresh process: ours through
      scripts/bench_worker.py (prompt of `--prompt-tokens` ids, `--gen-tokens` greedy tokens, request-sized
-     ring); theirs through `llama-bench -p N -n M -d 0,N -t T -o json`, taking prompt processing at depth 0
-     (TTFT = N / pp rate) and generation at depth N (decode after the prompt, as ours is measured),
+     ring); theirs through `llama-bench -p N -n 0` (prompt processing at depth 0, TTFT = N / pp rate) and
+     `llama-bench -p 0 -n M -d N` (generation at depth N: decode after the prompt, as ours is measured),
+     each `-t T -o json`; `--kv-dtype fp16|q8` builds our bundle with that cache and gives llama-bench
+     `-ctk/-ctv f16|q8_0` (our default fp32 cache runs against its default f16); `--prompt-tokens 2000`
+     is issue 28's long-context row (repeat the option for rows at several depths),
   4. reports medians, ratios ours / llama.cpp (of the medians, and the median of per-round ratios, which
      cancels slow drift of a shared machine), peak RSS of each process, weight bytes read per token
      (ours: as in bench_vs_ortgenai.py; GGUF: every tensor, except `token_embd` when a separate `output`
-     exists), and the achieved fraction of the read bandwidth measured in the same run.
+     exists), the KV cache's bytes (ours: the pool's K/V arrays; llama.cpp: its own `llama_kv_cache: size`
+     line, llama-bench -v), and the achieved fraction of the read bandwidth measured in the same run.
 
 Caveats, printed with the tables: llama-bench samples random token ids and repeats each test
 (`--llama-reps`, default 3) inside one process after a warm-up run, and its peak RSS covers all its
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -49,6 +54,7 @@ from bench_vs_ortgenai import (
     build,
     default_kernel,
     ensure_checkpoint,
+    kv_problem,
     load_average,
     machine_env,
     make_prompt,
@@ -64,6 +70,12 @@ from bench_vs_ortgenai import (
 )
 
 PRECISIONS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}
+# Our --kv-dtype and the llama.cpp cache type it runs against: our fp32 cache meets llama.cpp's default
+# (f16), as every earlier table did; fp16 meets f16, and q8 (int8 codes, an fp32 scale per row of
+# head_dim) meets q8_0 (int8 codes, an fp16 scale per 32).
+KV_TYPES = {"fp32": None, "fp16": "f16", "q8": "q8_0"}
+# llama.cpp's own account of its cache (src/llama-kv-cache.cpp, printed with llama-bench -v).
+_KV_LINE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells.*K \((\w+)\).*V \((\w+)\)")
 
 # Runs llama.cpp's converter with the pre-tokenizer check answered (see the module docstring).
 _CONVERT = (
@@ -128,36 +140,55 @@ class LlamaCpp:
         gathered = sizes.get("token_embd.weight", 0) if "output.weight" in sizes else 0
         return {"read": sum(sizes.values()) - gathered, "gathered": gathered}
 
-    def bench_cmd(self, gguf: Path, a: argparse.Namespace) -> list[str]:
-        cmd = [str(self.bench), "-m", str(gguf), "-p", str(a.prompt_tokens), "-n", str(a.gen_tokens)]
-        return [*cmd, "-d", f"0,{a.prompt_tokens}", "-t", str(a.threads), "-r", str(a.llama_reps), "-o", "json"]
+    def bench_cmds(self, gguf: Path, a: argparse.Namespace, prompt: int, kv: str) -> list[list[str]]:
+        """Two llama-bench runs: the prompt at depth 0, then generation at depth `prompt` (-v: its cache's
+        size line). One run of `-p P -n G -d 0,P` would also time pp P at depth P and tg G at depth 0,
+        a cross product that costs seconds per run at P = 2000 and that nothing here reads."""
+        common = ["-m", str(gguf), "-t", str(a.threads), "-r", str(a.llama_reps), "-o", "json"]
+        if KV_TYPES[kv]:
+            common += ["-ctk", KV_TYPES[kv], "-ctv", KV_TYPES[kv]]
+        return [
+            [str(self.bench), *common, "-p", str(prompt), "-n", "0"],
+            [str(self.bench), *common, "-p", "0", "-n", str(a.gen_tokens), "-d", str(prompt), "-v"],
+        ]
 
 
-def parse_llama_bench(out: str, prompt: int, gen: int) -> dict[str, float]:
+def parse_llama_bench(outs: list[str], prompt: int, gen: int) -> dict[str, Any]:
     """Prompt rate at depth 0 and generation rate at depth `prompt` from llama-bench's JSON."""
-    tests = json.loads(out)
+    tests = [t for out in outs for t in json.loads(out)]
     pp = [t for t in tests if t["n_prompt"] == prompt and t["n_gen"] == 0 and t.get("n_depth", 0) == 0]
     tg = [t for t in tests if t["n_gen"] == gen and t["n_prompt"] == 0 and t.get("n_depth", 0) == prompt]
     if len(pp) != 1 or len(tg) != 1:
-        raise SystemExit(f"llama-bench output lacks pp{prompt}@d0 or tg{gen}@d{prompt}: {out[:500]}")
-    return {"prefill_tps": pp[0]["avg_ts"], "decode_tps": tg[0]["avg_ts"], "decode_samples": tg[0]["samples_ts"]}
+        raise SystemExit(f"llama-bench output lacks pp{prompt}@d0 or tg{gen}@d{prompt}: {outs}"[:800])
+    return {"prefill_tps": pp[0]["avg_ts"], "decode_tps": tg[0]["avg_ts"], "decode_samples": tg[0]["samples_ts"],
+            "cache": f"{tg[0].get('type_k', '?')}/{tg[0].get('type_v', '?')}",
+            "flash_attn": tg[0].get("flash_attn")}  # fmt: skip
+
+
+def llama_kv_bytes(stderr: list[str]) -> tuple[int, int] | None:
+    """(bytes, cells) of llama.cpp's KV cache from its own log line, or None where it printed none."""
+    for line in stderr:
+        if m := _KV_LINE.search(line):
+            return round(float(m.group(1)) * 2**20), int(m.group(2))
+    return None
 
 
 def bench_pair(
-    a: argparse.Namespace, lc: LlamaCpp, shape: str, ckpt: Path, precision: str, log: Path
+    a: argparse.Namespace, lc: LlamaCpp, shape: str, ckpt: Path, precision: str, kv: str, prompt: int, log: Path
 ) -> dict[str, Any]:
     work = a.work / shape
     work.mkdir(parents=True, exist_ok=True)
-    prompt_file = work / "prompt.json"
-    prompt_file.write_text(json.dumps(make_prompt(ckpt, a.prompt_tokens)))
-    bundle = ours_dir(a.ours_work / shape, precision, a.our_kernel)
-    say(f"{shape} {precision}: building ours")
-    cmd = ours_build_cmd(ckpt, bundle, precision, a.block, a.our_kernel)
+    prompt_file = work / f"prompt-{prompt}.json"
+    prompt_file.write_text(json.dumps(make_prompt(ckpt, prompt)))
+    bundle = ours_dir(a.ours_work / shape, precision, a.our_kernel, kv)
+    say(f"{shape} {precision} (KV {kv}, depth {prompt}): building ours")
+    cmd = ours_build_cmd(ckpt, bundle, precision, a.block, a.our_kernel, kv)
     built = build("ours", cmd, bundle, "manifest.json", False, log)
     if not built["ok"]:
         raise SystemExit(f"our build failed (exit {built.get('rc')}); see {log}")
     gguf = lc.gguf(ckpt, work, precision, a.pure, log)
-    row: dict[str, Any] = {"shape": shape, "precision": precision, "gguf": gguf.name, "sides": {}}
+    row: dict[str, Any] = {"shape": shape, "precision": precision, "kv": kv, "depth": prompt, "gguf": gguf.name,
+                           "sides": {}}  # fmt: skip
     bytes_ = {"ours": weight_bytes_per_token(bundle / "model.onnx"), "llama.cpp": lc.weight_bytes(gguf)}
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama.cpp": []}
     probes = []
@@ -168,19 +199,27 @@ def bench_pair(
                 cmd = [sys.executable, str(WORKER), "worker", "ours", str(bundle), "--prompt-file", str(prompt_file)]
                 cmd += ["--gen-tokens", str(a.gen_tokens), "--threads", str(a.threads), "--warmup", "1"]
                 cmd += ["--trials", "2", "--window", "match"]
-            else:
-                cmd = lc.bench_cmd(gguf, a)
-            rc, _, rss, out = run_child(cmd, log)
-            if rc != 0:
-                raise SystemExit(f"{side} failed (exit {rc}); see {log}")
-            if side == "ours":
+                rc, _, rss, out = run_child(cmd, log)
+                if rc != 0:
+                    raise SystemExit(f"ours failed (exit {rc}); see {log}")
                 res = json.loads(out.strip().splitlines()[-1])
                 result = {
-                    "prefill_tps": statistics.median(a.prompt_tokens / t["ttft_s"] for t in res["trials"]),
+                    "prefill_tps": statistics.median(prompt / t["ttft_s"] for t in res["trials"]),
                     "decode_tps": statistics.median(t["decode_tps"] for t in res["trials"]),
+                    "kv_bytes": res.get("kv_bytes"),
+                    "kv_cells": res["capacity"],
                 }
             else:
-                result = parse_llama_bench(out, a.prompt_tokens, a.gen_tokens)
+                outs, rss, stderr = [], 0, []
+                for cmd in lc.bench_cmds(gguf, a, prompt, kv):
+                    rc, _, one_rss, out = run_child(cmd, log, stderr)
+                    if rc != 0:
+                        raise SystemExit(f"llama-bench failed (exit {rc}); see {log}")
+                    outs.append(out)
+                    rss = max(rss, one_rss)
+                result = parse_llama_bench(outs, prompt, a.gen_tokens)
+                kv_size = llama_kv_bytes(stderr)
+                result["kv_bytes"], result["kv_cells"] = kv_size or (None, None)
             result["peak_rss"] = rss
             runs[side].append(result)
             say(f"  round {r + 1}/{a.rounds} {side}: prefill {result['prefill_tps']:.0f} tok/s, decode "
@@ -189,18 +228,22 @@ def bench_pair(
     # Rounds run back to back, so a per-round ratio cancels most of this shared machine's drift.
     pairs = list(zip(runs["ours"], runs["llama.cpp"], strict=True))
     row["paired"] = {k: statistics.median(o[k] / t[k] for o, t in pairs) for k in ("prefill_tps", "decode_tps")}
+    row["llama_cache"] = runs["llama.cpp"][0]["cache"]
+    row["llama_flash_attn"] = runs["llama.cpp"][0]["flash_attn"]
     shares = round_shares(probes, {s: [bytes_[s]["read"] * r["decode_tps"] for r in res] for s, res in runs.items()})
     row["round_probes"] = probes
     for side, results in runs.items():
         pre = statistics.median(r["prefill_tps"] for r in results)
         row["sides"][side] = {
             "prefill_tps": pre,
-            "ttft_ms": 1e3 * a.prompt_tokens / pre,
+            "ttft_ms": 1e3 * prompt / pre,
             "decode_tps": statistics.median(r["decode_tps"] for r in results),
             "decode_tps_all": [round(r["decode_tps"], 2) for r in results],
             "peak_rss": statistics.median(r["peak_rss"] for r in results),
             "weight_bytes_read": bytes_[side]["read"],
             "round_bw_shares": shares[side],
+            "kv_bytes": results[0]["kv_bytes"],
+            "kv_cells": results[0]["kv_cells"],
         }
     return row
 
@@ -209,37 +252,44 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
     out = [
         f"Machine: {env['cpu']} ({env['cores']} cores; {env['cpu_features']}; edge kernels {env['edge_kernels']}), "
         f"load average {env['load_before']} before / "
-        f"{env['load_after']} after; llama.cpp {env['llama_cpp']}; prompt {env['prompt_tokens']} tokens, "
-        f"{env['gen_tokens']} generated, {env['threads']} threads; llama.cpp quantization: {env['quant_mix']}.",
+        f"{env['load_after']} after; llama.cpp {env['llama_cpp']}; prompt (the context depth decode runs at) "
+        f"{env['prompt_tokens']} tokens, {env['gen_tokens']} generated, {env['threads']} threads; llama.cpp "
+        f"quantization: {env['quant_mix']}. KV cache: ours the pool's K/V arrays (ring sized to the request), "
+        "llama.cpp's its own log line (llama-bench sizes its context to depth + generated).",
         f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s."
         + (f" {env['bandwidth_note']}" if "bandwidth_note" in env else ""),
         "",
-        "| shape | precision (GGUF) | ours / llama.cpp: TTFT | decode tok/s | paired per round: TTFT, decode "
-        "| peak RSS | weights read per token |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | precision (GGUF) | depth | KV: ours, llama.cpp | ours / llama.cpp: TTFT | decode tok/s "
+        "| paired per round: TTFT, decode | peak RSS | KV cache | weights read per token |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         o, t = r["sides"]["ours"], r["sides"]["llama.cpp"]
+        fa = {0: ", no FA", 1: ", FA"}.get(r.get("llama_flash_attn"), "")
         out.append(
-            f"| {r['shape']} | {r['precision']} ({r['gguf']}) | {_ratio(o['ttft_ms'], t['ttft_ms'])} | "
+            f"| {r['shape']} | {r['precision']} ({r['gguf']}) | {r['depth']} | {r['kv']}, {r['llama_cache']}{fa} | "
+            f"{_ratio(o['ttft_ms'], t['ttft_ms'])} | "
             f"{_ratio(o['decode_tps'], t['decode_tps'])} | {1 / r['paired']['prefill_tps']:.2f}×, "
             f"{r['paired']['decode_tps']:.2f}× | {_ratio(o['peak_rss'], t['peak_rss'])} | "
-            f"{_ratio(o['weight_bytes_read'], t['weight_bytes_read'])} |"
+            f"{_ratio(o['kv_bytes'], t['kv_bytes'])} | {_ratio(o['weight_bytes_read'], t['weight_bytes_read'])} |"
         )
     out += [
         "",
-        "| shape | precision | side | prefill tok/s | TTFT ms | decode tok/s (runs) | peak RSS MB "
-        "| weights read/token MB | % of read BW | % of round's BW |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | precision | depth | side (KV) | prefill tok/s | TTFT ms | decode tok/s (runs) | peak RSS MB "
+        "| KV cache MB (cells) | weights read/token MB | % of read BW | % of round's BW |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         for side, s in r["sides"].items():
             achieved = s["weight_bytes_read"] * s["decode_tps"]
             runs = ", ".join(f"{x:.1f}" for x in s["decode_tps_all"])
+            kv = r["kv"] if side == "ours" else r["llama_cache"]
+            kv_mb = "n/a" if s["kv_bytes"] is None else f"{s['kv_bytes'] / MB:.1f} ({s['kv_cells']})"
             out.append(
-                f"| {r['shape']} | {r['precision']} | {side} | {s['prefill_tps']:.0f} | {s['ttft_ms']:.0f} | "
-                f"{s['decode_tps']:.1f} ({runs}) | {s['peak_rss'] / MB:.0f} | {s['weight_bytes_read'] / MB:.1f} | "
-                f"{_fmt(100 * achieved / bandwidth, '.0f')}% | {round_share_cell(s.get('round_bw_shares'))} |"
+                f"| {r['shape']} | {r['precision']} | {r['depth']} | {side} ({kv}) | {s['prefill_tps']:.0f} | "
+                f"{s['ttft_ms']:.0f} | {s['decode_tps']:.1f} ({runs}) | {s['peak_rss'] / MB:.0f} | {kv_mb} | "
+                f"{s['weight_bytes_read'] / MB:.1f} | {_fmt(100 * achieved / bandwidth, '.0f')}% | "
+                f"{round_share_cell(s.get('round_bw_shares'))} |"
             )
     return "\n".join(out)
 
@@ -273,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our kernels [edge where they run here]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-reps", type=int, default=3, help="llama-bench -r [3]")
-    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, action="append",
+                    help="prompt length, so the context depth decode is measured at (llama-bench -d); repeat for "
+                    "rows at several depths (2000: issue 28's long-context row) [128]")  # fmt: skip
+    ap.add_argument("--kv-dtype", action="append", choices=tuple(KV_TYPES),
+                    help="our KV cache (edge-export --kv-dtype) against llama.cpp's -ctk/-ctv: fp32 against its "
+                    "default f16, fp16 against f16, q8 against q8_0; repeat for one row each [fp32]")  # fmt: skip
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes-dir", type=Path, default=Path("/tmp/edge-shapes"))
@@ -283,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     a = ap.parse_args(argv)
     a.our_kernel = a.our_kernel or default_kernel()
+    a.prompt_tokens = a.prompt_tokens or [128]
+    kvs = a.kv_dtype or ["fp32"]
     lc = LlamaCpp(a.llama_cpp.resolve(), a.build_dir)
     a.work.mkdir(parents=True, exist_ok=True)
     log = a.work / "bench.log"
@@ -290,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     env: dict[str, Any] = {
         **machine_env(),
         "llama_cpp": llama_cpp_version(lc.root),
-        "prompt_tokens": a.prompt_tokens,
+        "prompt_tokens": ", ".join(map(str, a.prompt_tokens)),
         "gen_tokens": a.gen_tokens,
         "threads": a.threads,
         "quant_mix": "--pure (every matrix the named type)" if a.pure else "llama-quantize default mixture",
@@ -302,7 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name, ckpt in models:
             ckpt = ckpt or ensure_checkpoint(a.shapes_dir, name)
-            rows += [bench_pair(a, lc, name, ckpt, p, log) for p in precisions]
+            for depth in a.prompt_tokens:
+                for p in precisions:
+                    for kv in kvs:
+                        if problem := kv_problem(p, a.our_kernel, kv):
+                            say(problem)
+                            continue
+                        rows.append(bench_pair(a, lc, name, ckpt, p, kv, depth, log))
         return rows
 
     rows, env["bandwidth_detail"] = between_bandwidth_reads(a.threads, log, measure)

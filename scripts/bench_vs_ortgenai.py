@@ -24,6 +24,12 @@ For each shape (default: smollm2-135m and llama-3.2-1b; `--skip-1b` drops the 1B
      a numpy-sum probe just before the round, or the round's faster decode where it read more; median
      and per round), which cancels most of this shared machine's drift between rounds.
 
+`--prompt-tokens` may be repeated: each value is a row at that context depth (decode runs after the
+whole prompt; 2000 is issue 28's long-context row). `--kv-dtype fp16|q8` (repeatable) builds our bundles
+with that KV cache (`edge-export --kv-dtype`, edge kernels and int8/int4 only); onnxruntime-genai keeps its
+own (fp32 on CPU). The KV cache column is ours measured (the pool's K/V arrays) and theirs computed from
+its graph's past_key_values dtype and max_length.
+
 Every figure is measured in this run; nothing is carried over. A machine busy with other work skews all
 absolute figures: the load average is printed with the tables. `--our-window match` (default) sizes our
 ring to the request (prompt + generated tokens, as onnxruntime-genai sizes its cache to max_length);
@@ -59,6 +65,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "bench_worker.py"  # the measured child processes
 PRECISIONS = ("fp32", "int8", "int4")
+KV_DTYPES = ("fp32", "fp16", "q8")  # edge-export --kv-dtype
 DEFAULT_SHAPES = ("smollm2-135m", "llama-3.2-1b")
 ONE_B = "llama-3.2-1b"
 MB = 1e6
@@ -78,8 +85,9 @@ _LAUNCHER = (
 )
 
 
-def run_child(cmd: list[str], log: Path | None = None) -> tuple[int, float, int, str]:
-    """Run `cmd`; (exit code, wall seconds, the command's peak RSS in bytes, its stdout)."""
+def run_child(cmd: list[str], log: Path | None = None, stderr: list[str] | None = None) -> tuple[int, float, int, str]:
+    """Run `cmd`; (exit code, wall seconds, the command's peak RSS in bytes, its stdout). Its stderr goes
+    to `log`, and its lines into `stderr` where given."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *cmd], stdout=out, stderr=err, check=False)
@@ -91,6 +99,8 @@ def run_child(cmd: list[str], log: Path | None = None) -> tuple[int, float, int,
     if log:
         with log.open("a") as f:
             f.write("".join(line + "\n" for line in lines))
+    if stderr is not None:
+        stderr.extend(lines)
     return rc, wall, rss, stdout
 
 
@@ -215,17 +225,29 @@ def default_kernel() -> str:
     return "edge" if kernels.available() else "mlas"
 
 
-def ours_dir(work: Path, precision: str, kernel: str) -> Path:
-    return work / (f"ours-{precision}" + ("-edge" if kernel == "edge" and precision != "fp32" else ""))
+def ours_dir(work: Path, precision: str, kernel: str, kv: str = "fp32") -> Path:
+    name = f"ours-{precision}" + ("-edge" if kernel == "edge" and precision != "fp32" else "")
+    return work / (name + ("" if kv == "fp32" else f"-kv{kv}"))
 
 
-def ours_build_cmd(ckpt: Path, out: Path, precision: str, block: int, kernel: str = "mlas") -> list[str]:
+def kv_problem(precision: str, kernel: str, kv: str) -> str | None:
+    """Why our bundle cannot keep its KV cache as `kv` (edge-export's own rule), or None."""
+    if kv != "fp32" and (precision == "fp32" or kernel != "edge"):
+        return f"--kv-dtype {kv} needs --kernel edge with a quantized model: skipping {precision} ({kernel})"
+    return None
+
+
+def ours_build_cmd(
+    ckpt: Path, out: Path, precision: str, block: int, kernel: str = "mlas", kv: str = "fp32"
+) -> list[str]:
     cli = Path(sys.executable).with_name("edge-export")
     cmd = [str(cli), "build", str(ckpt), "-o", str(out), "--overwrite"]
     if precision != "fp32":  # int8 with --kernel edge: MatMulQ8 products, SiluMul and LinearAttention
         cmd += ["--quant", precision, "--kernel", kernel]
     if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
         cmd += ["--block", str(block), "--table-bits", "4"]
+    if kv != "fp32":  # an fp16 / q8 cache, read by LinearAttention / RingAttention
+        cmd += ["--kv-dtype", kv]
     return cmd
 
 
@@ -302,17 +324,19 @@ def say(msg: str) -> None:
 
 
 def bench_pair(
-    args: argparse.Namespace, shape: str, precision: str, ckpt: Path, prompt_file: Path, log: Path
+    args: argparse.Namespace, shape: str, precision: str, kv: str, ckpt: Path, prompt_file: Path, log: Path
 ) -> dict[str, Any]:
     work = args.work / shape
-    dirs = {"ours": ours_dir(work, precision, args.our_kernel), "theirs": work / f"genai-{precision}"}
+    dirs = {"ours": ours_dir(work, precision, args.our_kernel, kv), "theirs": work / f"genai-{precision}"}
     cmds = {
-        "ours": ours_build_cmd(ckpt, dirs["ours"], precision, args.block, args.our_kernel),
+        "ours": ours_build_cmd(ckpt, dirs["ours"], precision, args.block, args.our_kernel, kv),
         "theirs": theirs_build_cmd(ckpt, dirs["theirs"], precision, args.block, args.work / ".genai-cache"),
     }
-    row: dict[str, Any] = {"shape": shape, "precision": precision, "builds": {}, "sides": {}}
+    depth = len(json.loads(prompt_file.read_text()))  # decode runs after the whole prompt: its context depth
+    row: dict[str, Any] = {"shape": shape, "precision": precision, "kv": kv, "depth": depth, "builds": {},
+                           "sides": {}}  # fmt: skip
     for side, marker in (("ours", "manifest.json"), ("theirs", "genai_config.json")):
-        say(f"{shape} {precision}: building {side}")
+        say(f"{shape} {precision} (our KV {kv}, depth {depth}): building {side}")
         row["builds"][side] = build(side, cmds[side], dirs[side], marker, args.rebuild, log)
         if not row["builds"][side]["ok"]:
             say(f"  {side} build failed (exit {row['builds'][side].get('rc')}); see {log}")
@@ -362,6 +386,7 @@ def bench_pair(
             "weight_bytes_read": bytes_[side]["read"],
             "weight_bytes_gathered": bytes_[side]["gathered"],
             "capacity": results[0]["capacity"],
+            "kv_bytes": results[0].get("kv_bytes"),
             "samples": len(trials),
             "round_bw_shares": shares[side],
         }
@@ -380,47 +405,54 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
         f"Machine: {env['cpu']} ({env['cores']} cores; {env['cpu_features']}; edge kernels {env['edge_kernels']}), "
         f"load average {env['load_before']} before / "
         f"{env['load_after']} after; onnxruntime {env['onnxruntime']}, onnxruntime-genai {env['onnxruntime_genai']}; "
-        f"prompt {env['prompt_tokens']} tokens, {env['gen_tokens']} generated, greedy, {env['threads']} threads; "
-        f"our ring capacity: {env['our_window']}.",
+        f"prompt (the context depth decode runs at) {env['prompt_tokens']} tokens, {env['gen_tokens']} generated, "
+        f"greedy, {env['threads']} threads; our ring capacity: {env['our_window']}. KV cache: ours the pool's K/V "
+        "arrays; theirs computed from its graph (past_key_values dtype x max_length, as genai allocates it).",
         f"Measured read bandwidth ({env['threads']} threads, best case): {bandwidth / 1e9:.1f} GB/s "
         f"({'; '.join(f'{k} {v / 1e9:.1f}' for k, v in env['bandwidth_detail'].items())} GB/s)."
         + (f" {env['bandwidth_note']}" if "bandwidth_note" in env else ""),
         "",
-        "| shape | precision | ours / theirs: TTFT | decode tok/s | peak RSS | weights read per token |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| shape | precision | depth | our KV | ours / theirs: TTFT | decode tok/s | peak RSS | KV cache "
+        "| weights read per token |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        head = f"| {r['shape']} | {r['precision']} | {r['depth']} | {r['kv']} |"
         if len(r["sides"]) < 2:
             failed = ", ".join(s for s, b in r["builds"].items() if not b["ok"])
-            out.append(f"| {r['shape']} | {r['precision']} | build failed: {failed} | | | |")
+            out.append(f"{head} build failed: {failed} | | | | |")
             continue
         o, t = r["sides"]["ours"], r["sides"]["theirs"]
         out.append(
-            f"| {r['shape']} | {r['precision']} | {_ratio(o['ttft_ms'], t['ttft_ms'])} | "
+            f"{head} {_ratio(o['ttft_ms'], t['ttft_ms'])} | "
             f"{_ratio(o['decode_tps'], t['decode_tps'])} | {_ratio(o['peak_rss'], t['peak_rss'])} | "
+            f"{_ratio(o.get('kv_bytes'), t.get('kv_bytes'))} | "
             f"{_ratio(o['weight_bytes_read'], t['weight_bytes_read'])} |"
         )
     out += [
         "",
-        "| shape | precision | side | TTFT ms | prefill tok/s | decode tok/s | peak RSS MB | weights read/token MB "
-        "| achieved GB/s | % of read BW | % of round's BW | decode time outside run | load s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | precision | depth | side | TTFT ms | prefill tok/s | decode tok/s | peak RSS MB | KV cache MB "
+        "| weights read/token MB | achieved GB/s | % of read BW | % of round's BW | decode time outside run | load s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        for side, label in (("ours", "edge-runtime"), ("theirs", "onnxruntime-genai")):
+        for side, label in (("ours", f"edge-runtime (KV {r['kv']})"), ("theirs", "onnxruntime-genai")):
             s = r["sides"].get(side)
             if s is None:
                 continue
             tps, share = s["decode_tps"], s["outside_run_share"]
             achieved = s["weight_bytes_read"] * tps if tps else None
+            kv_bytes = s.get("kv_bytes")
             cells = [
                 r["shape"],
                 r["precision"],
+                str(r["depth"]),
                 label,
                 _fmt(s["ttft_ms"], ".0f"),
                 _fmt(s["prefill_tps"], ".0f"),
                 _fmt(tps, ".1f"),
                 f"{s['peak_rss'] / MB:.0f}",
+                _fmt(None if kv_bytes is None else kv_bytes / MB, ".1f"),
                 f"{s['weight_bytes_read'] / MB:.1f}",
                 _fmt(None if achieved is None else achieved / 1e9, ".2f"),
                 _fmt(None if achieved is None else 100 * achieved / bandwidth, ".0f") + "%",
@@ -434,14 +466,19 @@ def tables(rows: list[dict[str, Any]], bandwidth: float, env: dict[str, Any]) ->
         "| shape | precision | side | build s | build peak RSS MB | note |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    listed = set()
     for r in rows:
         for side, b in r["builds"].items():
+            label = f"ours (KV {r['kv']})" if side == "ours" else side
+            if (r["shape"], r["precision"], label) in listed:  # the same bundle at another depth
+                continue
+            listed.add((r["shape"], r["precision"], label))
             note = "built by an earlier run" if b["cached"] else ("" if b["ok"] else f"failed (exit {b.get('rc')})")
             if side == "ours" and r.get("export_seconds_manifest") is not None:
                 note = (note + "; " if note else "") + f"manifest export_seconds {r['export_seconds_manifest']}"
             rss = b["peak_rss"]
             out.append(
-                f"| {r['shape']} | {r['precision']} | {side} | {_fmt(b['seconds'], '.1f')} | "
+                f"| {r['shape']} | {r['precision']} | {label} | {_fmt(b['seconds'], '.1f')} | "
                 f"{_fmt(rss and rss / MB, '.0f')} | {note} |"
             )
     return "\n".join(out)
@@ -486,7 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, one process per side each [3]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed generations per process [1]")
     ap.add_argument("--trials", type=int, default=2, help="timed generations per process [2]")
-    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, action="append",
+                    help="prompt length, so the context depth decode is measured at; repeat for rows at several "
+                    "depths (2000: issue 28's long-context row) [128]")  # fmt: skip
+    ap.add_argument("--kv-dtype", action="append", choices=KV_DTYPES,
+                    help="our KV cache (edge-export --kv-dtype; fp16/q8 need --our-kernel edge and int8/int4); "
+                    "repeat for one row each [fp32]")  # fmt: skip
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--our-window", default="match", help="match (ring = prompt + generated), bundle, or N [match]")
@@ -496,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = ap.parse_args(argv)
     args.our_kernel = args.our_kernel or default_kernel()
+    args.prompt_tokens = args.prompt_tokens or [128]
+    kvs = args.kv_dtype or ["fp32"]
     shapes = [s for s in (args.shape or DEFAULT_SHAPES) if not (args.skip_1b and s == ONE_B)]
     precisions = args.precision or list(PRECISIONS)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -509,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         **machine_env(),
         "onnxruntime": onnxruntime.__version__,
         "onnxruntime_genai": onnxruntime_genai.__version__,
-        "prompt_tokens": args.prompt_tokens,
+        "prompt_tokens": ", ".join(map(str, args.prompt_tokens)),
         "gen_tokens": args.gen_tokens,
         "threads": args.threads,
         "our_window": "request-sized (prompt + generated)" if args.our_window == "match" else args.our_window,
@@ -519,9 +563,15 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for shape in shapes:
             ckpt = ensure_checkpoint(args.shapes_dir, shape)
-            prompt_file = args.work / f"{shape}-prompt.json"
-            prompt_file.write_text(json.dumps(make_prompt(ckpt, args.prompt_tokens)))
-            rows += [bench_pair(args, shape, p, ckpt, prompt_file, log) for p in precisions]
+            for depth in args.prompt_tokens:
+                prompt_file = args.work / f"{shape}-prompt-{depth}.json"
+                prompt_file.write_text(json.dumps(make_prompt(ckpt, depth)))
+                for p in precisions:
+                    for kv in kvs:
+                        if problem := kv_problem(p, args.our_kernel, kv):
+                            say(problem)
+                            continue
+                        rows.append(bench_pair(args, shape, p, kv, ckpt, prompt_file, log))
         return rows
 
     rows, env["bandwidth_detail"] = between_bandwidth_reads(args.threads, log, measure)

@@ -85,7 +85,10 @@ def _run_ours(a: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
                     ),
                 }
             )
-    return {"load_s": load_s, "trials": trials, "capacity": engine.geometry.capacity}
+    # The static pool's K/V arrays: the whole cache, allocated once at load for the ring's capacity.
+    pool = engine.pool
+    kv_bytes = sum(a.nbytes for a in (*pool.keys, *pool.values, *pool.new_keys, *pool.new_values))
+    return {"load_s": load_s, "trials": trials, "capacity": engine.geometry.capacity, "kv_bytes": kv_bytes}
 
 
 def _run_theirs(a: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
@@ -124,7 +127,23 @@ def _run_theirs(a: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
                     "outside_run_share": None,
                 }
             )
-    return {"load_s": load_s, "trials": trials, "capacity": total}
+    return {"load_s": load_s, "trials": trials, "capacity": total, "kv_bytes": _genai_kv_bytes(Path(a.model), total)}
+
+
+def _genai_kv_bytes(model_dir: Path, max_length: int) -> int | None:
+    """onnxruntime-genai's KV cache bytes, computed (it has no API for them): with
+    past_present_share_buffer (its CPU default for GroupQueryAttention) each layer holds one K and one V
+    buffer of [1, kv_heads, max_length, head_size] in the graph's past_key_values dtype; without it the
+    cache grows to that size by the last token."""
+    import onnx
+
+    decoder = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    graph = onnx.load(str(model_dir / decoder["filename"]), load_external_data=False).graph
+    past = [i for i in graph.input if "past_key_values" in i.name]
+    if not past:
+        return None
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(past[0].type.tensor_type.elem_type).itemsize
+    return len(past) * decoder["num_key_value_heads"] * decoder["head_size"] * max_length * itemsize
 
 
 def worker(argv: list[str]) -> int:

@@ -27,11 +27,41 @@ def llamacpp_bench(monkeypatch):
 
 
 def test_prefill_at_depth_zero_and_decode_after_the_prompt(llamacpp_bench):
-    got = llamacpp_bench.parse_llama_bench(json.dumps(SAMPLE), prompt=16, gen=8)
-    assert got == {"prefill_tps": 520.993278, "decode_tps": 181.030555, "decode_samples": [181.031]}
+    got = llamacpp_bench.parse_llama_bench([json.dumps(SAMPLE)], prompt=16, gen=8)
+    assert got == {"prefill_tps": 520.993278, "decode_tps": 181.030555, "decode_samples": [181.031],
+                   "cache": "?/?", "flash_attn": None}  # fmt: skip
+
+
+def test_the_two_runs_are_read_together(llamacpp_bench):
+    # The script's own split: `-p 16 -n 0` and `-p 0 -n 8 -d 16`, one JSON list each.
+    deep = {**SAMPLE[3], "type_k": "q8_0", "type_v": "q8_0", "flash_attn": 1}
+    got = llamacpp_bench.parse_llama_bench([json.dumps(SAMPLE[:1]), json.dumps([deep])], prompt=16, gen=8)
+    assert (got["prefill_tps"], got["decode_tps"], got["cache"], got["flash_attn"]) == (520.993278, 181.030555,
+                                                                                        "q8_0/q8_0", 1)  # fmt: skip
 
 
 def test_missing_test_is_an_error_not_a_wrong_number(llamacpp_bench):
     without_deep_decode = [t for t in SAMPLE if not (t["n_gen"] and t["n_depth"])]
     with pytest.raises(SystemExit, match="tg8@d16"):
-        llamacpp_bench.parse_llama_bench(json.dumps(without_deep_decode), prompt=16, gen=8)
+        llamacpp_bench.parse_llama_bench([json.dumps(without_deep_decode)], prompt=16, gen=8)
+
+
+def test_kv_cache_size_comes_from_llama_cpp_own_line(llamacpp_bench):
+    # src/llama-kv-cache.cpp's format, as llama-bench -v prints it.
+    line = ("llama_kv_cache: size =   34.00 MiB (  2048 cells,  30 layers,  1/1 seqs), K (q8_0):   17.00 MiB, "
+            "V (q8_0):   17.00 MiB")  # fmt: skip
+    assert llamacpp_bench.llama_kv_bytes(["load_tensors: ...", line]) == (34 * 2**20, 2048)
+    assert llamacpp_bench.llama_kv_bytes(["no cache line"]) is None
+
+
+def test_kv_dtype_picks_llama_cpp_cache_flags(llamacpp_bench, tmp_path):
+    class Args:
+        threads, llama_reps, gen_tokens = 2, 3, 128
+
+    lc = object.__new__(llamacpp_bench.LlamaCpp)  # no build needed to compose the commands
+    lc.bench = tmp_path / "llama-bench"
+    pp, tg = lc.bench_cmds(tmp_path / "m.gguf", Args(), 2000, "q8")
+    assert pp[pp.index("-p") + 1] == "2000" and pp[pp.index("-n") + 1] == "0" and "-d" not in pp
+    assert tg[tg.index("-d") + 1] == "2000" and tg[tg.index("-n") + 1] == "128" and "-v" in tg
+    assert tg[tg.index("-ctk") + 1] == tg[tg.index("-ctv") + 1] == "q8_0"
+    assert "-ctk" not in lc.bench_cmds(tmp_path / "m.gguf", Args(), 128, "fp32")[1]  # its default f16
