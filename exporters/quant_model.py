@@ -45,7 +45,8 @@ LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 # groups on top: 17.30.
 GPTQ_SINK_WEIGHT = 1.0
 GPTQ_ACT_ORDER = True
-GPTQ_DAMP = 0.01  # of the mean diagonal, as in the GPTQ paper
+# of the mean diagonal; the paper's 0.01 -> 0.1: held-out +5.5% -> +4.2% with --mixed sensitivity (README)
+GPTQ_DAMP = 0.1
 AWQ_SINK_WEIGHT = 0.0  # AWQ's scale-search loss: the sink rows' weight (InputStats.sink_weighted)
 
 

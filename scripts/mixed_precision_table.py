@@ -23,10 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ppl_vs_llamacpp import our_ppl
 from quality_table import build
 
+import exporters.quant_model as quant_model
 import exporters.quant_pipeline as pipeline
 from exporters.quant import MixedPlan, QuantConfig, QuantMethod
 
 Q, M = QuantMethod, MixedPlan
+# ~105.5 MB (Q4_K_M's size) under --kernel mlas: INT8 per channel costs ~0.44 B a weight more than INT4
+# b32 with fp32 scales, so Q4_K_M's 1.1 MB over the 4.5-bit plan buys ~0.09 code bits; with the INT4 table
+# (10.6 MB less) ~0.9 more.
+# Asymmetric blocks add a 4-bit zero point per INT4 block (~1.45 MB here), so their fill is 4.47.
+FILL_BITS, FILL_BITS_T4, FILL_BITS_ASYM = 4.59, 5.4, 4.47
 CONFIGS = {
     "int4 RTN b32": QuantConfig(Q.INT4, 32),
     "int4 RTN b32, mixed llama-down": QuantConfig(Q.INT4, 32, mixed=M.LLAMA_DOWN),
@@ -34,6 +40,25 @@ CONFIGS = {
     "int4 GPTQ b32, mixed llama-down": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.LLAMA_DOWN),
     "int4 GPTQ b32, mixed sensitivity": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY),
     "int4 GPTQ b32": QuantConfig(Q.INT4_GPTQ, 32),
+    "int4 AWQ b32, sink-weighted": QuantConfig(Q.INT4_AWQ, 32),
+    "int4 AWQ+GPTQ b32, mixed sensitivity": QuantConfig(Q.INT4_AWQ_GPTQ, 32, mixed=M.SENSITIVITY),
+    f"int4 GPTQ b32, mixed sensitivity {FILL_BITS}": QuantConfig(
+        Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY, mixed_bits=FILL_BITS
+    ),
+    f"int4 GPTQ b32, table int4, mixed sensitivity {FILL_BITS_T4}": QuantConfig(
+        Q.INT4_GPTQ, 32, table_bits=4, mixed=M.SENSITIVITY, mixed_bits=FILL_BITS_T4
+    ),
+    "int4 GPTQ b32 damp 0.1, mixed sensitivity": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY),
+    "int4 GPTQ b32 asymmetric": QuantConfig(Q.INT4_GPTQ, 32, asymmetric=True),
+    f"int4 GPTQ b32 asymmetric, mixed sensitivity {FILL_BITS_ASYM}": QuantConfig(
+        Q.INT4_GPTQ, 32, asymmetric=True, mixed=M.SENSITIVITY, mixed_bits=FILL_BITS_ASYM
+    ),
+}
+# Rows that differ from another only in a quant_model constant, set for that row's export alone
+CONSTANTS: dict[str, dict[str, float]] = {
+    "int4 AWQ b32, sink-weighted": {"AWQ_SINK_WEIGHT": 1.0},
+    "int4 AWQ+GPTQ b32, mixed sensitivity": {"AWQ_SINK_WEIGHT": 1.0},
+    "int4 GPTQ b32 damp 0.1, mixed sensitivity": {"GPTQ_DAMP": 0.1},
 }
 
 _capture = pipeline.capture_linear_inputs
@@ -61,7 +86,14 @@ def main() -> int:
     params = None
     for name in a.only:
         out = a.bundles / name.replace(" ", "_").replace(",", "")
-        manifest = build(a.checkpoint, out, {"quant": CONFIGS[name]}, validate=False)
+        saved = {k: getattr(quant_model, k) for k in CONSTANTS.get(name, {})}
+        for k, v in CONSTANTS.get(name, {}).items():
+            setattr(quant_model, k, v)
+        try:
+            manifest = build(a.checkpoint, out, {"quant": CONFIGS[name]}, validate=False)
+        finally:
+            for k, v in saved.items():
+                setattr(quant_model, k, v)
         if params is None:
             from exporters import load_checkpoint
 

@@ -84,7 +84,8 @@ def test_explicit_flags_win_over_the_profile(captured, tiny, tmp_path):
     assert (o.quant.method.value, o.quant.kernel.value, o.window, o.fit_window) == ("int8", "mlas", 64, False)
     # a flavor the profile was not made for drops the profile's ort-only choices instead of failing on them
     o = _options(captured, tiny, tmp_path, "--target", "nuc", "--flavor", "trt")
-    assert (o.flavor, o.quant.method.value, o.quant.block, o.quant.kernel.value) == (Flavor.TRT, "int4", 128, "mlas")
+    want = (Flavor.TRT, "int4-gptq", 128, "mlas")
+    assert (o.flavor, o.quant.method.value, o.quant.block, o.quant.kernel.value) == want
     o = _options(captured, tiny, tmp_path, "--target", "nuc", "--quant", "none")
     assert (o.quant.method.value, o.quant.kernel.value) == ("none", "mlas")
     o = _options(captured, tiny, tmp_path, "--target", "x86", "--table-bits", "4", "--block", "64", "--quant", "int4")
@@ -100,7 +101,7 @@ def test_the_manifest_records_the_target_and_the_window_is_cut_to_the_context(ti
     assert m["provenance"]["target"] == "rpi5"
     assert m["provenance"]["options"] | {"prune": None} == {
         "flavor": "ort",
-        "quant": "int4",
+        "quant": "int4-gptq",
         "block": 32,
         "kernel": "mlas",
         "table_bits": 8,
