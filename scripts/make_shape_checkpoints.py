@@ -59,47 +59,38 @@ class Shape:
         return self.hidden // self.heads
 
 
+# Llama 3.2's rope_scaling block, verbatim from its config.json (Llama 3.1's differs only in factor 8)
+LLAMA3_ROPE_SCALING = {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+
 SHAPES: dict[str, Shape] = {
     # HuggingFaceTB/SmolLM2-135M
     "smollm2-135m": Shape(
         hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152,
         rope_theta=100000.0, max_positions=8192,
     ),
-    # meta-llama/Llama-3.2-1B (its rope_scaling block verbatim)
+    # meta-llama/Llama-3.2-1B
     "llama-3.2-1b": Shape(
         hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256,
         rope_theta=500000.0, max_positions=131072,
-        rope_scaling={
-            "factor": 32.0,
-            "high_freq_factor": 4.0,
-            "low_freq_factor": 1.0,
-            "original_max_position_embeddings": 8192,
-            "rope_type": "llama3",
-        },
+        rope_scaling=LLAMA3_ROPE_SCALING,
     ),
     # meta-llama/Llama-3.2-3B
     "llama-3.2-3b": Shape(
         hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192, vocab=128256,
         rope_theta=500000.0, max_positions=131072,
-        rope_scaling={
-            "factor": 32.0,
-            "high_freq_factor": 4.0,
-            "low_freq_factor": 1.0,
-            "original_max_position_embeddings": 8192,
-            "rope_type": "llama3",
-        },
+        rope_scaling=LLAMA3_ROPE_SCALING,
     ),
     # meta-llama/Llama-3.1-8B (untied LM head)
     "llama-3.1-8b": Shape(
         hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
         rope_theta=500000.0, max_positions=131072, tied=False,
-        rope_scaling={
-            "factor": 8.0,
-            "high_freq_factor": 4.0,
-            "low_freq_factor": 1.0,
-            "original_max_position_embeddings": 8192,
-            "rope_type": "llama3",
-        },
+        rope_scaling={**LLAMA3_ROPE_SCALING, "factor": 8.0},
     ),
     # For tests: every code path of the big shapes (GQA, tied head, padded vocab) in a few MB.
     "tiny": Shape(
