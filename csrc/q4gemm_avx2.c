@@ -33,12 +33,24 @@ static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, in
     }
 }
 
+/* One row's share of one pair of blocks, added to `acc`: the nibbles (lo, hi) against the row's permuted
+ * int8 activations, less the zero point's precomputed share, scaled by weight x activation scales. Every
+ * column shape below calls it, so all of them round a row alike. */
+static inline __attribute__((always_inline)) __m256 pair_fma(__m256i lo, __m256i hi, __m256 sw, const char *t, int m,
+                                                             int lane, __m256 acc) {
+    const int8_t *xq = TILE_XQ(t, m, lane);
+    __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),
+                                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+    d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, m, lane)));
+    __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, _mm256_set1_epi16(1)));
+    return _mm256_fmadd_ps(df, _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, m, lane))), acc);
+}
+
 /* One column `n` against m rows (m in 1..4). Weight bytes are unpacked once and used m times. */
 #define Q4_COLUMN(M, FMT)                                                                               \
     static inline void column_##M##_##FMT(const char *tile, const uint8_t *bn, const void *sn,          \
                                           int64_t pairs, float *y, int64_t N, int add) {                \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                    \
-        const __m256i ones = _mm256_set1_epi16(1);                                                      \
         const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                 \
         __m256 acc[M];                                                                                  \
         for (int r = 0; r < M; r++) acc[r] = _mm256_setzero_ps();                                       \
@@ -50,16 +62,7 @@ static void quantize_row(const float *x, int64_t K, int64_t M, void *scratch, in
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                               \
             __m256 sw = pair_scales_##FMT(sn, p, lanes);                                                \
             const char *t = tile + p * M * 128;                                                         \
-            for (int r = 0; r < M; r++) {                                                               \
-                const int8_t *xq = TILE_XQ(t, M, r);                                                       \
-                __m256i d = _mm256_add_epi16(                                                           \
-                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                  \
-                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));          \
-                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, M, r)));            \
-                __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                             \
-                __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, M, r)));                           \
-                acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                \
-            }                                                                                           \
+            for (int r = 0; r < M; r++) acc[r] = pair_fma(lo, hi, sw, t, M, r, acc[r]);              \
         }                                                                                               \
         for (int r = 0; r < M; r++) y[r * N] = (add ? y[r * N] : 0.0f) + hsum8(acc[r]);                 \
     }
@@ -79,7 +82,6 @@ Q4_COLUMN(4, f16)
     static inline void column_8_##FMT(const char *t0, const char *t1, const uint8_t *bn, const void *sn, \
                                       int64_t pairs, float *y, int64_t N, int add) {                     \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                     \
-        const __m256i ones = _mm256_set1_epi16(1);                                                       \
         const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                  \
         __m256 acc[8];                                                                                   \
         for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();                                        \
@@ -89,17 +91,7 @@ Q4_COLUMN(4, f16)
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                \
             __m256 sw = pair_scales_##FMT(sn, p, lanes);                                                 \
             const char *ta = t0 + p * Q4_TILE_PAIR, *tb = t1 + p * Q4_TILE_PAIR;                         \
-            for (int r = 0; r < 8; r++) {                                                                \
-                const char *t = r < 4 ? ta : tb;                                                         \
-                const int8_t *xq = TILE_XQ(t, 4, r & 3);                                                 \
-                __m256i d = _mm256_add_epi16(                                                            \
-                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                   \
-                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));           \
-                d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, 4, r & 3)));      \
-                __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                              \
-                __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, 4, r & 3)));                     \
-                acc[r] = _mm256_fmadd_ps(df, s, acc[r]);                                                 \
-            }                                                                                            \
+            for (int r = 0; r < 8; r++) acc[r] = pair_fma(lo, hi, sw, r < 4 ? ta : tb, 4, r & 3, acc[r]);   \
         }                                                                                                \
         for (int r = 0; r < 8; r++) y[r * N] = (add ? y[r * N] : 0.0f) + hsum8(acc[r]);                  \
     }
@@ -113,7 +105,6 @@ Q4_COLUMN8(f16)
     static inline void column_##M##_exact(const char *tile, const uint8_t *bn, const void *sn, int64_t pairs, \
                                           float *y, int64_t N, int add) {                                  \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                                       \
-        const __m256i ones = _mm256_set1_epi16(1);                                                         \
         const uint16_t *s16 = sn;                                                                          \
         __m256 acc0[M], acc1[M];                                                                           \
         for (int r = 0; r < M; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                               \
@@ -130,17 +121,10 @@ Q4_COLUMN8(f16)
                 __m256 sw = _mm256_permutevar8x32_ps(s8, _mm256_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1,  \
                                                                           2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j)); \
                 for (int r = 0; r < M; r++) {                                                              \
-                    const int8_t *xq = TILE_XQ(t, M, r);                                                   \
-                    __m256i d = _mm256_add_epi16(                                                          \
-                        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),                 \
-                        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));         \
-                    d = _mm256_sub_epi16(d, _mm256_loadu_si256((const __m256i *)TILE_C(t, M, r)));         \
-                    __m256 df = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));                            \
-                    __m256 sc = _mm256_mul_ps(sw, _mm256_loadu_ps(TILE_SX(t, M, r)));                      \
                     if (j % 2)                                                                             \
-                        acc1[r] = _mm256_fmadd_ps(df, sc, acc1[r]);                                        \
+                        acc1[r] = pair_fma(lo, hi, sw, t, M, r, acc1[r]);                                  \
                     else                                                                                   \
-                        acc0[r] = _mm256_fmadd_ps(df, sc, acc0[r]);                                        \
+                        acc0[r] = pair_fma(lo, hi, sw, t, M, r, acc0[r]);                                  \
                 }                                                                                          \
             }                                                                                              \
         }                                                                                                  \
