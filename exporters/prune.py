@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from edge_runtime.errors import ExportError
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 
 from .calibrate import InputStats, LinearInputs, copy_layer
+from .prune_sequential import sequential_reconstruct
 
 # lam = RECON_DAMP x the mean diagonal of G_kk, as GPTQ damps its Hessian: scale-free, and enough to
 # make a rank-deficient G_kk (fewer distinct calibration rows than channels, or dead channels)
@@ -55,11 +57,21 @@ RECON_SINK_WEIGHT = 1.0
 BUDGET_STEPS = 7  # bisection steps over (0, max ratio): a resolution of max/128, ~0.007 of the parameters
 
 
+class Reconstruction(str, Enum):
+    """How the pruned layers are refitted after slicing."""
+
+    NONE = "none"  # plain slicing
+    ONE_SHOT = "one-shot"  # o_proj / down_proj on the unpruned model's calibration X^T X (`reconstruct`)
+    SEQUENTIAL = "sequential"  # layer by layer on the pruned model's own inputs (prune_sequential.py)
+    SEQUENTIAL_ALL = "sequential-all"  # the same, q/k/v and gate/up refitted too
+    SEQUENTIAL_RESIDUAL = "sequential-residual"  # o/down also take up the residual stream's drift
+
+
 @dataclass(frozen=True)
 class PruneConfig:
     ratio: float  # fraction of the attention + MLP parameters to remove
     unit: int = 32  # pruned widths are multiples of this
-    reconstruct: bool = True  # refit o_proj / down_proj on the calibration statistics (module docstring)
+    reconstruction: Reconstruction = Reconstruction.ONE_SHOT
 
     def __post_init__(self) -> None:
         if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio < 1):
@@ -69,6 +81,13 @@ class PruneConfig:
             )
         if self.unit < 1:
             raise ExportError(f"pruning unit {self.unit} must be a positive number of channels")
+        if not isinstance(self.reconstruction, Reconstruction):
+            choices = ", ".join(r.value for r in Reconstruction)
+            raise ExportError(f"pruning reconstruction {self.reconstruction!r} is not one of: {choices}")
+
+    @property
+    def sequential(self) -> bool:
+        return self.reconstruction.value.startswith("sequential")
 
 
 @dataclass(frozen=True)
@@ -163,8 +182,13 @@ def prune_model(
     config: PruneConfig,
     progress: Callable[[str], None] = lambda _m: None,
     ranking: Ranking | None = None,
+    sequences: list[np.ndarray] | None = None,
 ) -> tuple[ModelWeights, dict[str, Any]]:
+    """`sequences`: the calibration token sequences, which sequential reconstruction runs through both
+    models (the others read `acts` only)."""
     d = args.head_dim
+    if config.sequential and not sequences:
+        raise ExportError(f"{config.reconstruction.value} reconstruction needs the calibration sequences")
     ranking = ranking or rank(args, weights, acts, config.unit)
     prunable = ranking.prunable
     removed, gone = _select(ranking, config.ratio * prunable)
@@ -178,25 +202,24 @@ def prune_model(
     for i, lw in enumerate(weights.layers):
         drop_ch = np.concatenate(removed.get((i, "mlp"), [np.zeros(0, int)]))
         drop_kv = np.concatenate(removed.get((i, "heads"), [np.zeros(0, int)]))
-        refit = (acts.o[i], acts.down[i]) if config.reconstruct else None
+        refit = (acts.o[i], acts.down[i]) if config.reconstruction is Reconstruction.ONE_SHOT else None
         layers.append(_slice_layer(lw, d, drop_ch, drop_kv, refit))
     pruned = ModelWeights(weights.embed, weights.final_norm, weights.lm_head, layers)
+    if config.sequential:
+        t0 = time.perf_counter()
+        pruned = sequential_reconstruct(
+            args, weights, pruned, sequences, damp=RECON_DAMP, sink_weight=RECON_SINK_WEIGHT,
+            inputs=config.reconstruction is Reconstruction.SEQUENTIAL_ALL,
+            residual=config.reconstruction is Reconstruction.SEQUENTIAL_RESIDUAL, progress=progress,
+        )  # fmt: skip
+        seconds = round(time.perf_counter() - t0, 2)
     after = sum(_prunable(lw) for lw in layers)
     record = {
         "ratio": config.ratio,
         "removed": round(1 - after / prunable, 4),
         "unit": config.unit,
         "importance": "||X[:, c]|| * ||W[:, c]|| of o_proj / down_proj input channels on the calibration text",
-        "reconstruction": (
-            {
-                "method": "least squares of o_proj / down_proj on the kept inputs' calibration X^T X "
-                "(bias refitted where the projection has one)",
-                "damp": RECON_DAMP,
-                "sink_weight": RECON_SINK_WEIGHT,
-            }
-            if config.reconstruct
-            else None
-        ),
+        "reconstruction": _reconstruction_record(config, sequences, seconds if config.sequential else None),
         "prunable_parameters_before": int(prunable),
         "prunable_parameters_after": int(after),
         "intermediate_size": [lw.down.shape[1] for lw in layers],
@@ -210,6 +233,34 @@ def prune_model(
     return pruned, record
 
 
+_RECON_METHODS = {
+    Reconstruction.ONE_SHOT: "least squares of o_proj / down_proj on the kept inputs' calibration X^T X of the "
+    "unpruned model (bias refitted where the projection has one)",
+    Reconstruction.SEQUENTIAL: "least squares of o_proj / down_proj, layer by layer, from the pruned model's own "
+    "inputs to the unpruned model's outputs on the calibration sequences",
+    Reconstruction.SEQUENTIAL_RESIDUAL: "least squares of o_proj / down_proj, layer by layer, from the pruned "
+    "model's own inputs to the unpruned model's outputs plus the residual stream's error so far",
+    Reconstruction.SEQUENTIAL_ALL: "least squares of every Linear, layer by layer, from the pruned model's own "
+    "inputs to the unpruned model's outputs on the calibration sequences",
+}
+
+
+def _reconstruction_record(
+    config: PruneConfig, sequences: list[np.ndarray] | None, seconds: float | None
+) -> dict[str, Any] | None:
+    if config.reconstruction is Reconstruction.NONE:
+        return None
+    rec: dict[str, Any] = {
+        "kind": config.reconstruction.value,
+        "method": _RECON_METHODS[config.reconstruction],
+        "damp": RECON_DAMP,
+        "sink_weight": RECON_SINK_WEIGHT,
+    }
+    if config.sequential:
+        rec.update(tokens=int(sum(len(s) for s in sequences)), seconds=seconds)
+    return rec
+
+
 def prune_to_budget(
     args: ModelArgs,
     weights: ModelWeights,
@@ -217,8 +268,9 @@ def prune_to_budget(
     budget_pct: float,
     evaluate: Callable[[ModelWeights], float],
     unit: int = 32,
-    reconstruct: bool = True,
+    reconstruction: Reconstruction = Reconstruction.ONE_SHOT,
     progress: Callable[[str], None] = lambda _m: None,
+    sequences: list[np.ndarray] | None = None,
 ) -> tuple[ModelWeights, dict[str, Any]]:
     """The largest global ratio whose `evaluate` (calibration perplexity) is at most (1 + budget_pct/100) x
     the unpruned model's, by BUDGET_STEPS bisection steps over (0, the ranking's maximum): 1 + BUDGET_STEPS
@@ -237,17 +289,18 @@ def prune_to_budget(
     seen: dict[int, float] = {}  # parameters removed -> perplexity (two ratios may select the same chunks)
     for _ in range(BUDGET_STEPS):
         mid = (lo + hi) / 2
-        cand, record = prune_model(args, weights, acts, PruneConfig(mid, unit, reconstruct), ranking=ranking)
-        gone = record["prunable_parameters_before"] - record["prunable_parameters_after"]
+        gone = _select(ranking, mid * ranking.prunable)[1]
         ppl = seen.get(gone)
-        if ppl is None:
+        if ppl is None:  # a new selection: prune (and reconstruct) only then
+            config = PruneConfig(mid, unit, reconstruction)
+            cand, record = prune_model(args, weights, acts, config, ranking=ranking, sequences=sequences)
             ppl = seen[gone] = evaluate(cand)
             trials.append({"ratio": round(mid, 4), "removed": record["removed"], "calibration_ppl": round(ppl, 4)})
             progress(f"  ratio {mid:.3f} (removed {record['removed']:.1%}): calibration perplexity {ppl:.3f}")
+            if ppl <= limit and (best is None or record["removed"] > best[1]["removed"]):
+                best = (cand, record, ppl)
         if ppl <= limit:
             lo = mid
-            if best is None or record["removed"] > best[1]["removed"]:
-                best = (cand, record, ppl)
         else:
             hi = mid
     if best is None:

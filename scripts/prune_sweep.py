@@ -1,7 +1,8 @@
 """Held-out perplexity of pruned models, with and without reconstruction, from one calibration pass.
 
     python scripts/prune_sweep.py --checkpoint "$(python scripts/real_model.py)" --ratios 0.1 0.15 0.25 \\
-        [--budget 10] [--heldout-budget 10] [--acts /tmp/acts.pkl] [--json OUT]
+        [--methods none one-shot sequential sequential-all] [--budget 10] [--budget-method sequential] \\
+        [--heldout-budget 10] [--acts /tmp/acts.pkl] [--json OUT]
 
 Each export with --prune re-runs the float64 calibration forward (minutes on SmolLM2-135M); this script
 runs it once (cached in --acts) and prunes in memory with exporters/prune.py, so the rows differ only
@@ -9,6 +10,7 @@ in the pruning. Perplexity is the float64 reference's over the same windows as s
 (heldout_eval.windows of models/eval/python_docstrings.txt: 8 windows of 512 tokens, 4,088 predicted,
 no BOS for SmolLM2); an fp32 bundle's ORT graph matches that reference to ~1e-5 relative, so these are the
 fp32 bundles' perplexities without building them.
+  --methods             the reconstructions compared at each ratio (prune.Reconstruction)
   --budget PCT          also run prune_to_budget on calibration perplexity (what `--prune-budget PCT` exports)
   --heldout-budget PCT  also the largest ratio within +PCT held-out perplexity (the same bisection on this text)
 """
@@ -32,7 +34,7 @@ from heldout_eval import DEFAULT_TEXT, log_softmax, machine, read_text, text_ids
 
 from exporters.calibrate import calibration_perplexity, capture_linear_inputs, load_calibration
 from exporters.checkpoint import load_checkpoint
-from exporters.prune import PruneConfig, prune_model, prune_to_budget
+from exporters.prune import PruneConfig, Reconstruction, prune_model, prune_to_budget
 from exporters.quant_pipeline import PRUNE_EVAL_TOKENS
 from exporters.reference import ReferenceModel
 
@@ -47,6 +49,17 @@ def heldout_ppl(args, weights, wins: list[np.ndarray]) -> float:
     return math.exp(nll / count)
 
 
+def _first_tokens(sequences: list[np.ndarray], tokens: int) -> list[np.ndarray]:
+    """The leading sequences that hold at most `tokens` tokens (at least one)."""
+    out, n = [], 0
+    for s in sequences:
+        if out and n + len(s) > tokens:
+            break
+        out.append(s)
+        n += len(s)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, required=True)
@@ -54,6 +67,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4088)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--ratios", type=float, nargs="*", default=[0.1, 0.15, 0.25])
+    ap.add_argument(
+        "--methods", nargs="+", default=["none", "one-shot"], choices=[r.value for r in Reconstruction],
+        help="reconstructions to compare at each ratio",
+    )  # fmt: skip
+    ap.add_argument(
+        "--seq-tokens", type=int, default=None,
+        help="calibration tokens the sequential reconstructions run through (default: all of them)",
+    )  # fmt: skip
+    ap.add_argument("--budget-method", default="one-shot", choices=[r.value for r in Reconstruction])
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--heldout-budget", type=float, default=None)
     ap.add_argument("--acts", type=Path, default=None, help="cache of the calibration statistics (pickle)")
@@ -72,13 +94,11 @@ def main() -> None:
         print(f"calibration forward: {calib.tokens} tokens in {time.perf_counter() - t0:.0f}s", flush=True)
         if a.acts is not None:
             a.acts.write_bytes(pickle.dumps((calib, acts), protocol=5))
-    seqs, n = [], 0
-    for s in calib.sequences:  # as quant_pipeline._prune judges pruning
-        if seqs and n + len(s) > PRUNE_EVAL_TOKENS:
-            break
-        seqs.append(s)
-        n += len(s)
+    seqs = _first_tokens(calib.sequences, PRUNE_EVAL_TOKENS)  # as quant_pipeline._prune judges pruning
 
+    seq_calib = calib.sequences
+    if a.seq_tokens is not None:
+        seq_calib = _first_tokens(calib.sequences, a.seq_tokens)
     rows = []
 
     def row(name: str, weights, record: dict | None, seconds: float = 0.0) -> None:
@@ -104,9 +124,11 @@ def main() -> None:
 
     row("unpruned", ck.weights, None)
     for ratio in a.ratios:
-        for rec in (False, True):
-            pruned, record = prune_model(ck.args, ck.weights, acts, PruneConfig(ratio, 32, reconstruct=rec))
-            row(f"prune {ratio:g}{', reconstructed' if rec else ', sliced'}", pruned, record)
+        for method in map(Reconstruction, a.methods):
+            t0 = time.perf_counter()
+            config = PruneConfig(ratio, 32, method)
+            pruned, record = prune_model(ck.args, ck.weights, acts, config, sequences=seq_calib)
+            row(f"prune {ratio:g}, {method.value}", pruned, record, time.perf_counter() - t0)
     for pct, evaluate, label in (
         (a.budget, lambda w: calibration_perplexity(ck.args, w, seqs), "calibration"),
         (a.heldout_budget, lambda w: heldout_ppl(ck.args, w, wins), "held-out"),
@@ -114,8 +136,11 @@ def main() -> None:
         if pct is None:
             continue
         t0 = time.perf_counter()
-        pruned, record = prune_to_budget(ck.args, ck.weights, acts, pct, evaluate, 32, progress=print)
-        row(f"budget +{pct:g}% on {label} perplexity", pruned, record, time.perf_counter() - t0)
+        method = Reconstruction(a.budget_method)
+        pruned, record = prune_to_budget(
+            ck.args, ck.weights, acts, pct, evaluate, 32, method, progress=print, sequences=seq_calib
+        )
+        row(f"budget +{pct:g}% on {label} perplexity, {method.value}", pruned, record, time.perf_counter() - t0)
     caption = f"{a.checkpoint.name} on {a.text.name}, {len(wins)} windows of {a.context}; {machine()}"
     print(caption)
     if a.json:

@@ -26,6 +26,7 @@ from edge_runtime.exporters.prune import (
     RECON_DAMP,
     RECON_SINK_WEIGHT,
     PruneConfig,
+    Reconstruction,
     prune_model,
     prune_to_budget,
     reconstruct,
@@ -179,7 +180,7 @@ def test_reconstruction_never_raises_the_objective_and_cuts_each_layers_output_e
     """For every pruned o_proj / down_proj: the refit's objective on the calibration statistics is at most
     plain slicing's (for any damping: it pulls toward the sliced weights), and its output error against
     the unpruned layer on the calibration rows is lower."""
-    plain, _ = prune_model(ckpt.args, ckpt.weights, acts, PruneConfig(0.4, unit=32, reconstruct=False))
+    plain, _ = prune_model(ckpt.args, ckpt.weights, acts, PruneConfig(0.4, unit=32, reconstruction=Reconstruction.NONE))
     refitted = 0
     for i, (lw, pw) in enumerate(zip(ckpt.weights.layers, plain.layers, strict=True)):
         for name, stats, w, sliced in (("o", acts.o[i], lw.o, pw.o), ("down", acts.down[i], lw.down, pw.down)):
@@ -235,7 +236,8 @@ def test_reconstruction_brings_the_pruned_model_closer_to_the_unpruned_one(ckpt,
     want = ReferenceModel(ckpt.args, ckpt.weights).forward(seq)
     errs = {}
     for rec in (False, True):
-        pruned, record = prune_model(ckpt.args, ckpt.weights, acts, PruneConfig(0.3, unit=32, reconstruct=rec))
+        method = Reconstruction.ONE_SHOT if rec else Reconstruction.NONE
+        pruned, record = prune_model(ckpt.args, ckpt.weights, acts, PruneConfig(0.3, unit=32, reconstruction=method))
         assert (record["reconstruction"] is not None) == rec
         errs[rec] = rel_err(ReferenceModel(ckpt.args, pruned).forward(seq), want)
     assert errs[True] < errs[False]
@@ -314,6 +316,6 @@ def test_a_destructive_prune_warns_with_the_measured_increase(tmp_path, monkeypa
     monkeypatch.setattr(quant_pipeline, "PRUNE_EVAL_TOKENS", 1024)
     with pytest.warns(PruneQualityWarning, match=r"raises calibration perplexity by \+\d+%"):
         _, rec = quant_pipeline._prune(
-            ck.args, ck.weights, a, calib, PruneConfig(0.85, unit=32, reconstruct=False), None, 32, print
+            ck.args, ck.weights, a, calib, PruneConfig(0.85, 32, Reconstruction.NONE), None, 32, print
         )
     assert rec["calibration_ppl"]["change_pct"] > quant_pipeline.DESTRUCTIVE_PRUNE_PCT
