@@ -234,7 +234,7 @@ def capture_linear_inputs(
     args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress = lambda _m: None
 ) -> LinearInputs:
     """Run the float64 reference over the calibration sequences, accumulating every Linear's input statistics."""
-    ref = ReferenceModel(args, weights)
+    ref = ReferenceModel(args, weights, lazy=False)  # the taps below are set on its layers
     stats: dict[tuple[int, str], InputStats] = {}
     for i, lw in enumerate(ref.layers):
         for f, group in TAPPED.items():

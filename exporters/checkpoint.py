@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.errors import CheckpointError, ConfigError, CorruptCheckpointError
-from edge_runtime.models import Architecture, ModelArgs, ModelWeights, get_arch
+from edge_runtime.models import Architecture, LayerWeights, ModelArgs, ModelWeights, get_arch
 
+from .lazy_layers import LazyLayers
 from .safetensors_io import CheckpointTensors
 
 
@@ -25,7 +26,8 @@ class Checkpoint:
     config: dict[str, Any]
     arch: Architecture
     args: ModelArgs
-    weights: ModelWeights  # float32 (memory-mapped where the file is fp32)
+    # float32; the layers read from the file and widened one at a time (LazyLayers), where the architecture allows
+    weights: ModelWeights
     tensors: CheckpointTensors
 
     @property
@@ -59,8 +61,33 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
     arch = get_arch(config)
     args = arch.parse(config)
     tensors = CheckpointTensors(directory)
-    weights = arch.weights.bind(args, tensors.keys(), lambda name: finite_tensor(name, tensors[name]))
+    if arch.weights.adapt is not None:  # rewrites the bound arrays (Gemma's 1 + w norms): every layer up front
+        weights = arch.weights.bind(args, tensors.keys(), lambda name: finite_tensor(name, tensors[name]))
+    else:
+        weights = _bind_lazily(arch, args, tensors)
     return Checkpoint(path=directory, config=config, arch=arch, args=args, weights=weights, tensors=tensors)
+
+
+def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors) -> ModelWeights:
+    """The weight map bound on the file's stored bytes (names and shapes checked, nothing widened), then every
+    tensor checked finite one at a time (the load still refuses a NaN, naming it), the tables kept as float32
+    and the layers widened on demand (issue 23: a 1B model's float32 layers are 4.9 GB)."""
+    raw = arch.weights.bind(args, tensors.keys(), tensors.raw)
+    names: list[dict[str, str]] = []
+    for i, lw in enumerate(raw.layers):
+        fields = {f: t.format(i=i) for f, t in arch.weights.layer.items() if getattr(lw, f, None) is not None}
+        for name in fields.values():
+            finite_tensor(name, tensors[name])
+        names.append(fields)
+    embed = finite_tensor(arch.weights.embed, tensors[arch.weights.embed])
+    tied = raw.lm_head is raw.embed
+    lm_head = embed if tied else finite_tensor(arch.weights.lm_head, tensors[arch.weights.lm_head])
+    final_norm = finite_tensor(arch.weights.final_norm, tensors[arch.weights.final_norm])
+
+    def layer(i: int) -> LayerWeights:
+        return LayerWeights(**{f: tensors[name] for f, name in names[i].items()})
+
+    return ModelWeights(embed=embed, final_norm=final_norm, lm_head=lm_head, layers=LazyLayers(len(names), layer))
 
 
 _SCAN_ROWS = 1 << 22  # elements per isfinite pass on the error path: bounded temporaries

@@ -28,7 +28,7 @@ from edge_runtime.models import ModelArgs, ModelWeights
 
 from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
-from .graph import GraphBuilder
+from .graph import GraphBuilder, TensorSink
 from .quant import MatMulKernel, QuantConfig
 from .quant_graph import edge_matmul, quantized_format
 from .quant_model import QuantizedModel
@@ -110,14 +110,17 @@ def build_decoder(
     precision: Precision,
     quantized: QuantizedModel | None = None,
     kv_dtype: KvDtype = KvDtype.FP32,
+    sink: TensorSink | None = None,
 ) -> BuiltGraph:
     """`quantized`: integer forms of `weights` (which must be `quantized.weights`), else float weights.
-    `kv_dtype`: the KV cache's element type (ExportError where the graph's attention cannot take it)."""
+    `kv_dtype`: the KV cache's element type (ExportError where the graph's attention cannot take it).
+    `sink`: where each initializer's bytes go as it is made (external_data.ExternalDataWriter): the model
+    then holds external-data references, not the weights (issue 23)."""
     problem = kv_dtype_problem(args, flavor, None if quantized is None else quantized.config, kv_dtype)
     if problem:
         raise ExportError(problem)
     act = activation_dtype(flavor, precision)
-    g = GraphBuilder("edge_runtime_decoder", OPSET[flavor], act)
+    g = GraphBuilder("edge_runtime_decoder", OPSET[flavor], act, sink)
     if flavor is Flavor.ORT:
         g.kv_dtype = kv_dtype.dtype  # trt: the activation dtype (kv_dtype_problem refuses anything else)
     wf: WeightFormat = FloatWeights(precision.dtype)

@@ -7,6 +7,7 @@ manifest = export(ExportOptions(checkpoint=Path("models/checkpoints/shakespeare-
 from __future__ import annotations
 
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,14 +38,16 @@ from edge_runtime.rss import peak_rss_bytes
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, KvDtype, Precision, build_decoder, kv_dtype_problem
-from .external_data import save_with_external_data
+from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_quant import SourceCodes
+from .memory_plan import estimate_export_memory
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .tokenizer_export import bundle_tokenizer, read_json
 from .validate import (
     CaseResult,
+    ReferenceMemo,
     Tolerance,
     fixed_tolerance,
     float32_probe,
@@ -80,6 +83,8 @@ class ExportOptions:
     kv_dtype: KvDtype = KvDtype.FP32  # the KV cache's element type (fp16: --kernel edge, ort flavor)
     # A GGUF source's Q4_0/Q8_0 codes kept as they are (gguf_quant.read_codes); None: quantize every weight
     source_codes: SourceCodes | None = None
+    # Refuse before any work when the estimated peak RSS (memory_plan.py) is above this many bytes
+    max_memory: int | None = None
 
 
 Progress = Callable[[str], None]
@@ -110,6 +115,14 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing
     if kv_problem:
         raise ExportError(kv_problem)
+    pruning = opts.prune is not None or opts.prune_budget is not None
+    estimate = estimate_export_memory(ckpt, opts.quant, opts.flavor, pruning)
+    progress(f"estimated peak memory {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
+    if opts.max_memory is not None and estimate.total > opts.max_memory:
+        raise ExportError(
+            f"this export needs about {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB), over "
+            f"--max-memory {opts.max_memory / 1e6:,.0f} MB; a smaller --quant, or a machine with more memory"
+        )
     stages.done("load")
     prepared = prepare_weights(
         ckpt,
@@ -124,15 +137,27 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     )
 
     stages.done("weights")  # quantization, calibration, pruning
-    progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
-    built = build_decoder(
-        ckpt.args, prepared.weights, opts.flavor, opts.precision, prepared.quantized, kv_dtype=opts.kv_dtype
-    )
-    stages.done("graph")
+    # From here the export needs only what the bundle holds: letting the source's float tables go saves
+    # the embedding table's float32 copy (1 GB on a 1B model with a 128k vocabulary, twice where untied).
+    ckpt.weights = prepared.weights
 
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
-        progress("writing graph and weights")
-        save_with_external_data(built.model, tmp / GRAPH_FILE, DATA_FILE)
+        progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
+        # Each initializer's bytes go to the data file as the builder makes it: the graph holds references only.
+        writer = ExternalDataWriter(tmp / DATA_FILE)
+        with writer:
+            built = build_decoder(
+                ckpt.args,
+                prepared.weights,
+                opts.flavor,
+                opts.precision,
+                prepared.quantized,
+                kv_dtype=opts.kv_dtype,
+                sink=writer,
+            )
+            stages.done("graph")
+            progress("writing graph and tokenizer")
+            save_with_external_data(built.model, tmp / GRAPH_FILE, DATA_FILE, writer=writer)
         tokenizer.write(tmp)
         stages.done("write")
         validation = _validate(tmp / GRAPH_FILE, ckpt, built, prepared, progress)
@@ -148,7 +173,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             generation=_generation_defaults(ckpt.path),
             quantization=prepared.record,
             validation=validation,
-            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start, stages),
+            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start, stages, estimate.total),
             files=files,
         )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
@@ -177,8 +202,14 @@ def _validate(
     # is the graph's, not quantization's.
     reference = ReferenceModel(ckpt.args, prepared.weights)
     kv_heads = [lw.num_kv_heads(ckpt.args.head_dim) for lw in prepared.weights.layers]
+    q = prepared.quantized
+    int8_act = q is not None and built.flavor is Flavor.ORT and q.config.accuracy_level == 4
+    precision = built.precision.value
+    fp32 = built.precision is Precision.FP32
+    probe = float32_probe(ckpt.args, prepared.weights, reference) if fp32 else None
+    memo = ReferenceMemo(reference, probe)  # both grids' streams scored once (twin and graph pick the same tokens)
 
-    def grid(session: ort.InferenceSession, probe: ReferenceModel | None = None) -> list[CaseResult]:
+    def grid(session: Callable[[], ort.InferenceSession], probe: ReferenceModel | None = None) -> list[CaseResult]:
         return validation_grid(
             session,
             reference,
@@ -188,17 +219,12 @@ def _validate(
             sliding_window=ckpt.args.sliding_window,
             progress=progress,
             probe=probe,
+            memo=memo,
         )
 
-    q = prepared.quantized
-    int8_act = q is not None and built.flavor is Flavor.ORT and q.config.accuracy_level == 4
-    precision = built.precision.value
-    fp32 = built.precision is Precision.FP32
-    probe = float32_probe(ckpt.args, prepared.weights, reference) if fp32 else None
     if int8_act:
         progress("validating the same integer weights at accuracy_level 0 (fp32 compute) against the reference")
-        twin = build_decoder(ckpt.args, prepared.weights, built.flavor, built.precision, exact_twin(q))
-        twin_cases = grid(_session(twin.model.SerializeToString(), twin), probe)
+        twin_cases = grid(lambda: _twin_session(graph.parent.parent, ckpt, built, prepared), probe)
         exact = fp32_tolerance(twin_cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
         _check(twin_cases, exact.value, _label(precision, exact) + ", accuracy_level 0 twin,")
         prepared.record["exact_parity"] = {  # into the manifest's `quantization` record
@@ -210,11 +236,11 @@ def _validate(
     reference_dtype = reference.dtype.name
     progress(f"validating against the {reference_dtype} reference (ONNX Runtime {ort.__version__} CPU)")
     if int8_act:
-        cases = grid(_session(str(graph), built))
+        cases = grid(lambda: _session(str(graph), built))
         tol = fixed_tolerance(precision, int8_activations=True)
         worst = _check(cases, tol.value, f"{precision} with int8 activations")
     else:
-        cases = grid(_session(str(graph), built), probe)
+        cases = grid(lambda: _session(str(graph), built), probe)
         tol = fp32_tolerance(cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
         worst = _check(cases, tol.value, _label(precision, tol))
     if built.io["kv"]["dtype"] != np.dtype(built.activation_dtype).name:  # --kv-dtype fp16 / q8
@@ -228,6 +254,20 @@ def _validate(
         seconds=round(time.perf_counter() - t0, 2),
         tolerance_basis=tol.basis,
     )
+
+
+def _twin_session(where: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: PreparedWeights) -> ort.InferenceSession:
+    """The accuracy_level 0 twin, written to a scratch directory beside the bundle (streamed like the bundle,
+    then memory-mapped by ONNX Runtime) rather than serialized in memory: a second copy of every weight."""
+    assert prepared.quantized is not None
+    with tempfile.TemporaryDirectory(prefix=".edge-export-twin-", dir=where) as scratch:
+        graph = Path(scratch) / GRAPH_FILE
+        with ExternalDataWriter(graph.parent / DATA_FILE) as writer:
+            twin = build_decoder(
+                ckpt.args, prepared.weights, built.flavor, built.precision, exact_twin(prepared.quantized), sink=writer
+            )
+            save_with_external_data(twin.model, graph, DATA_FILE, writer=writer)
+        return _session(str(graph), twin)  # the session keeps its own map of the (then unlinked) data file
 
 
 def _label(precision: str, tol: Tolerance) -> str:
@@ -326,7 +366,7 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
 
 
 def _provenance(
-    ckpt: Checkpoint, opts: ExportOptions, seconds: float, stages: _Stages
+    ckpt: Checkpoint, opts: ExportOptions, seconds: float, stages: _Stages, estimated_peak: int
 ) -> dict[str, Any]:
     return {
         "exporter": f"edge-runtime {__version__}",
@@ -336,6 +376,7 @@ def _provenance(
         "stage_peak_rss_bytes": dict(stages.peak_rss),
         # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
         "peak_rss_bytes": peak_rss_bytes(),
+        "estimated_peak_rss_bytes": estimated_peak,  # memory_plan.py, before any work
         "source": str(ckpt.path.resolve()),
         "target": opts.target,
         "options": {

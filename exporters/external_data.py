@@ -44,24 +44,58 @@ def alignment(nbytes: int) -> int:
     return HUGE_PAGE if nbytes >= HUGE_PAGE else PAGE if nbytes >= PAGE else 64
 
 
-def save_with_external_data(model: ModelProto, graph_file: Path, data_name: str, size_threshold: int = 1024) -> None:
+class ExternalDataWriter:
+    """The data file, written as tensors come: each tensor of at least `size_threshold` bytes goes to its aligned
+    offset and leaves only its external-data reference in the TensorProto (issue 23: a graph builder hands
+    each initializer here as it makes it, so the graph never holds the model's bytes). Tensors placed in the
+    order save_with_external_data walks them land at the offsets it would give them: the same file."""
+
+    def __init__(self, path: Path, size_threshold: int = 1024):
+        self.path, self.name, self.size_threshold = path, path.name, size_threshold
+        self._file = path.open("wb")
+        self.end = 0
+
+    def place(self, tensor: TensorProto) -> None:
+        if tensor.data_location == TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
+            return
+        raw = tensor.raw_data
+        if len(raw) < self.size_threshold:
+            return
+        align = alignment(len(raw))
+        offset = -(-self.end // align) * align
+        self._file.seek(offset)
+        self._file.write(raw)
+        self.end = offset + len(raw)
+        set_external_data(tensor, self.name, offset, len(raw))
+        tensor.ClearField("raw_data")
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.truncate(self.end)
+            self._file.close()
+
+    def __enter__(self) -> ExternalDataWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def save_with_external_data(
+    model: ModelProto,
+    graph_file: Path,
+    data_name: str,
+    size_threshold: int = 1024,
+    writer: ExternalDataWriter | None = None,
+) -> None:
     """Write `model` to `graph_file` and every tensor of at least `size_threshold` bytes to `data_name`
     beside it (onnx.save_model's all_tensors_to_one_file layout, with aligned offsets). Like
-    onnx.save_model(save_as_external_data=True), it moves the tensors' bytes out of `model`."""
-    with (graph_file.parent / data_name).open("wb") as data:
-        end = 0
+    onnx.save_model(save_as_external_data=True), it moves the tensors' bytes out of `model`. `writer`: the
+    data file the graph's builder already streamed its initializers into (those are references now; any
+    tensor still holding bytes is appended to it); it is closed here."""
+    if writer is not None and writer.path != graph_file.parent / data_name:
+        raise ValueError(f"writer writes {writer.path}, not {graph_file.parent / data_name}")  # a caller bug
+    with writer or ExternalDataWriter(graph_file.parent / data_name, size_threshold) as data:
         for tensor in _tensors(model):
-            if tensor.data_location == TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
-                continue
-            raw = tensor.raw_data
-            if len(raw) < size_threshold:
-                continue
-            align = alignment(len(raw))
-            offset = -(-end // align) * align
-            data.seek(offset)
-            data.write(raw)
-            end = offset + len(raw)
-            set_external_data(tensor, data_name, offset, len(raw))
-            tensor.ClearField("raw_data")
-        data.truncate(end)
+            data.place(tensor)
     onnx.save_model(model, graph_file)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -27,14 +28,34 @@ ONNX_DTYPE = {
 Dim = int | str
 
 
+class TensorSink(Protocol):
+    """Where initializers' bytes go as they are made (external_data.ExternalDataWriter)."""
+
+    def place(self, tensor: onnx.TensorProto) -> None: ...
+
+
+class _Streamed(list):
+    """Initializers handed to a sink on append: their bytes written out, references kept (issue 23)."""
+
+    def __init__(self, sink: TensorSink):
+        super().__init__()
+        self.sink = sink
+
+    def append(self, tensor: onnx.TensorProto) -> None:
+        self.sink.place(tensor)
+        super().append(tensor)
+
+
 class GraphBuilder:
-    def __init__(self, name: str, opset: int, dtype: np.dtype):
+    def __init__(self, name: str, opset: int, dtype: np.dtype, sink: TensorSink | None = None):
+        """`sink`: the top-level graph's initializers go there as they are made, in order (their bytes written
+        at the offsets save_with_external_data would give them), so the graph holds references only."""
         self.name = name
         self.opset = opset
         self.dtype = np.dtype(dtype)  # activation dtype
         self.kv_dtype = self.dtype  # the KV cache's (past_*/present_*): fp16 under an fp32 graph where the ops take it
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self.initializers: list[onnx.TensorProto] = [] if sink is None else _Streamed(sink)
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self._consts: dict[tuple, str] = {}

@@ -33,6 +33,7 @@ optimised. Ours uses the calibration activations of the float64 reference and th
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,23 +175,38 @@ class QuantConfig:
         return self.method.needs_calibration or self.mixed.needs_calibration
 
 
-@dataclass(frozen=True)
 class QuantizedMatrix:
-    """Integer form of a Linear weight `[out, in]`: `w ~= codes * scales` block-wise along `in`."""
+    """Integer form of a Linear weight `[out, in]`: `w ~= codes * scales` block-wise along `in`.
 
-    codes: np.ndarray  # int8 [out, in], in [-2^(bits-1), 2^(bits-1) - 1]
-    scales: np.ndarray  # float32 [out, in // block], positive, fp16-representable
-    bits: int
-    block: int  # input channels per scale; == in for per-channel
-    zeros: np.ndarray | None = None  # int8 [out, in // block] in the codes' range (asymmetric); None: 0
+    INT4 codes are held two to a byte while the export carries them (issue 23: an 8B model's are 3.5 GB
+    packed, 7 GB as int8) and unpacked when read; codes outside [-8, 7] (a sign-flipped GGUF block) stay int8."""
+
+    __slots__ = ("_cols", "_stored", "bits", "block", "scales", "zeros")
+
+    def __init__(
+        self, codes: np.ndarray, scales: np.ndarray, bits: int, block: int, zeros: np.ndarray | None = None
+    ):
+        self.scales = scales  # float32 [out, in // block], positive, fp16-representable
+        self.bits = bits
+        self.block = block  # input channels per scale; == in for per-channel
+        self.zeros = zeros  # int8 [out, in // block] in the codes' range (asymmetric); None: 0
+        self._cols = codes.shape[1]
+        self._stored = _pack_nibbles(codes) if bits == 4 and _fits_nibbles(codes) else codes
+
+    @property
+    def codes(self) -> np.ndarray:
+        """int8 [out, in], in [-2^(bits-1), 2^(bits-1) - 1]: a new array where they are held packed."""
+        if self._stored.shape[1] == self._cols and self._stored.dtype == np.int8:
+            return self._stored
+        return _unpack_nibbles(self._stored, self._cols)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)
+        return (self._stored.shape[0], self._cols)
 
     @property
     def per_channel(self) -> bool:
-        return self.block == self.codes.shape[1]
+        return self.block == self._cols
 
     def dequantize(self) -> np.ndarray:
         """float32 [out, in]; exact (a <= 8-bit code times an fp16 scale fits fp32's mantissa)."""
@@ -198,11 +214,37 @@ class QuantizedMatrix:
         blocks = self.codes.reshape(out, k // self.block, self.block).astype(np.float32)
         if self.zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
             blocks -= self.zeros[:, :, None]
-        return (blocks * self.scales[:, :, None]).reshape(out, k)
+        blocks *= self.scales[:, :, None]  # in place: a table's dequantized copy is 1 GB on a 1B model
+        return blocks.reshape(out, k)
 
     def storage_bytes(self, scale_bytes: int = 4) -> int:
         zeros = 0 if self.zeros is None else self.zeros.size * self.bits // 8
-        return self.codes.size * self.bits // 8 + self.scales.size * scale_bytes + zeros
+        return self.shape[0] * self._cols * self.bits // 8 + self.scales.size * scale_bytes + zeros
+
+    def held_bytes(self) -> int:
+        """What this form occupies in the exporter's memory."""
+        zeros = 0 if self.zeros is None else self.zeros.nbytes
+        return self._stored.nbytes + self.scales.nbytes + zeros
+
+
+def _fits_nibbles(codes: np.ndarray) -> bool:
+    return codes.dtype == np.int8 and codes.ndim == 2 and bool(codes.min(initial=0) >= -8 and codes.max(initial=0) <= 7)
+
+
+def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """int8 [out, k] in [-8, 7] -> uint8 [out, ceil(k / 2)]: column 2j in the low nibble, 2j + 1 in the high."""
+    u = (codes.astype(np.uint8) & 0x0F)
+    if u.shape[1] % 2:
+        u = np.pad(u, ((0, 0), (0, 1)))
+    return u[:, 0::2] | (u[:, 1::2] << 4)
+
+
+def _unpack_nibbles(packed: np.ndarray, cols: int) -> np.ndarray:
+    out = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int8)
+    out[:, 0::2] = (packed & 0x0F).view(np.int8)
+    out[:, 1::2] = (packed >> 4).view(np.int8)
+    out = ((out ^ 8) - 8).astype(np.int8)  # sign-extend the 4-bit values
+    return out[:, :cols]
 
 
 def check_block(name: str, w: np.ndarray, block: int) -> None:
@@ -249,8 +291,29 @@ def round_codes(w: np.ndarray, scales: np.ndarray, bits: int, zeros: np.ndarray 
     return np.clip(q if zeros is None else q + zeros, -qmax - 1, qmax).astype(np.int8)
 
 
+# Rows rounded at a time by quantize_rtn: rows are independent, and a whole embedding table at once (263M
+# values on a 1B model) would make float64 temporaries of several GB (issue 23).
+RTN_CHUNK_ELEMENTS = 1 << 22
+
+
 def quantize_rtn(w: np.ndarray, bits: int, block: int | None = None, asymmetric: bool = False) -> QuantizedMatrix:
     """Round to nearest: INT4 blocks of `block`, or (block None) INT8/INT4 per output channel."""
+    out, k = w.shape
+    rows = max(1, RTN_CHUNK_ELEMENTS // max(k, 1))
+    if out <= rows:
+        return _quantize_rtn_rows(w, bits, block, asymmetric)
+    parts = [_quantize_rtn_rows(w[r : r + rows], bits, block, asymmetric) for r in range(0, out, rows)]
+    zeros = None if parts[0].zeros is None else np.concatenate([p.zeros for p in parts])
+    return QuantizedMatrix(
+        codes=np.concatenate([p.codes for p in parts]),
+        scales=np.concatenate([p.scales for p in parts]),
+        bits=bits,
+        block=parts[0].block,
+        zeros=zeros,
+    )
+
+
+def _quantize_rtn_rows(w: np.ndarray, bits: int, block: int | None, asymmetric: bool) -> QuantizedMatrix:
     out, k = w.shape
     block = k if block is None else block
     groups = np.asarray(w, dtype=np.float64).reshape(out, k // block, block)
@@ -336,7 +399,12 @@ def gptq(
 
 
 def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
-    """Relative Frobenius error ||approx - exact|| / ||exact||."""
-    exact = np.asarray(exact, dtype=np.float64)
-    denom = float(np.linalg.norm(exact))
-    return float(np.linalg.norm(np.asarray(approx, dtype=np.float64) - exact) / denom) if denom else 0.0
+    """Relative Frobenius error ||approx - exact|| / ||exact||, summed in float64 a chunk of rows at a time."""
+    a, e = np.asarray(approx).reshape(len(approx), -1), np.asarray(exact).reshape(len(exact), -1)
+    rows = max(1, RTN_CHUNK_ELEMENTS // max(e.shape[1], 1))
+    num = den = 0.0
+    for r in range(0, e.shape[0], rows):
+        ec = e[r : r + rows].astype(np.float64)
+        num += float(np.sum(np.square(a[r : r + rows].astype(np.float64) - ec)))
+        den += float(np.sum(np.square(ec)))
+    return math.sqrt(num / den) if den else 0.0

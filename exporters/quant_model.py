@@ -12,6 +12,7 @@ integer form by identity (`lookup`), so blocks.py hands it the same arrays it wo
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.errors import ExportError
-from edge_runtime.models import ModelArgs, ModelWeights, WeightNames
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, WeightNames
 
 from .calibrate import InputStats, LinearInputs, copy_layer
+from .lazy_layers import LazyLayers
 from .quant import (
     MixedPlan,
     QuantConfig,
@@ -56,13 +58,16 @@ class QuantizedModel:
     weights: ModelWeights  # dequantized float32: what the graph computes with
     tensors: dict[str, QuantizedMatrix]  # checkpoint tensor name -> integer form
     record: dict[str, Any]  # for the manifest's `quantization`
-    _by_id: dict[int, QuantizedMatrix] = field(default_factory=dict, repr=False)
+    _by_id: dict[int, tuple[weakref.ref, QuantizedMatrix]] = field(default_factory=dict, repr=False)
 
     def bind(self, dequantized: np.ndarray, qm: QuantizedMatrix) -> None:
-        self._by_id[id(dequantized)] = qm  # `weights` keeps the array alive, so the id stays unique
+        # `weights.layers` dequantizes a layer each time it is built (LazyLayers): an id may be reused by a
+        # later array once the first is freed, so the entry holds a weak reference to check it against.
+        self._by_id[id(dequantized)] = (weakref.ref(dequantized), qm)
 
     def lookup(self, array: np.ndarray) -> QuantizedMatrix | None:
-        return self._by_id.get(id(array))
+        entry = self._by_id.get(id(array))
+        return entry[1] if entry is not None and entry[0]() is array else None
 
     def require(self, array: np.ndarray, where: str) -> QuantizedMatrix:
         qm = self.lookup(array)
@@ -131,7 +136,8 @@ def quantize_model(
     per_tensor: dict[str, dict[str, Any]] = {}
     out = QuantizedModel(config, weights, tensors, {})  # `weights` replaced below
 
-    def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> np.ndarray:
+    def note(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> tuple[np.ndarray, float]:
+        """`qm` as `name`'s integer form, with its record entry; its dequantized floats and their error."""
         deq = qm.dequantize()
         if name in imported and not np.array_equal(deq, w):
             raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
@@ -142,6 +148,15 @@ def quantize_model(
         if x is not None:  # the error that matters: of the Linear's output on calibration inputs
             entry["rel_out_err"] = x.output_error(deq, w)
         per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
+        return deq, entry["rel_err"]
+
+    def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> np.ndarray:
+        deq = note(name, w, qm, x)[0]
+        out.bind(deq, qm)
+        return deq
+
+    def dequantized(qm: QuantizedMatrix) -> np.ndarray:
+        deq = qm.dequantize()
         out.bind(deq, qm)
         return deq
 
@@ -169,7 +184,12 @@ def quantize_model(
             else:
                 qm = quantize_rtn(w, 4, block, asymmetric=config.asymmetric)
             forms[(i, f)] = qm
-        worst = max(relative_error(forms[(i, f)].dequantize(), getattr(lw, f)) for f in LINEARS)
+        # the record as each layer is quantized: a layer widened from the file once, not again for the record
+        errors = [
+            note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if acts is None else acts.of(i, f))[1]
+            for f in LINEARS
+        ]
+        worst = max(errors)
         progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
     if config.mixed.needs_calibration:
         if acts is None:
@@ -179,17 +199,19 @@ def quantize_model(
         )
         for i, f in forms:
             if (i, group_of[f]) in int8_groups:
-                forms[(i, f)] = quantize_rtn(getattr(weights.layers[i], f), 8)
+                w = getattr(weights.layers[i], f)
+                forms[(i, f)] = quantize_rtn(w, 8)
+                note(names.layer[f].format(i=i), w, forms[(i, f)], acts.of(i, f))
     if "mixed" in extra:
         progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
 
-    layers = []
-    for i, lw in enumerate(weights.layers):
-        new = {}
-        for f in LINEARS:
-            x = acts.of(i, f) if acts is not None else None
-            new[f] = add(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], x)
-        layers.append(copy_layer(lw, **new))
+    source = weights.layers
+
+    def layer(i: int) -> LayerWeights:
+        """Layer i dequantized from its codes when it is read (issue 23: a 1B model's are 4.9 GB as float32)."""
+        return copy_layer(source[i], **{f: dequantized(forms[(i, f)]) for f in LINEARS})
+
+    layers = LazyLayers(len(source), layer)
 
     tied = weights.lm_head is weights.embed
     if config.fp_embeddings:

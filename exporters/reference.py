@@ -21,6 +21,8 @@ import numpy as np
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 from edge_runtime.models.base import Activation
 
+from .lazy_layers import LazyLayers
+
 
 @dataclass
 class DenseKVCache:
@@ -91,12 +93,17 @@ class ReferenceModel:
     """Float64 forward of a Llama-family decoder from `ModelWeights` (per-layer widths may differ);
     float32 above F64_COPY_MAX_PARAMS parameters (`dtype`)."""
 
-    def __init__(self, args: ModelArgs, weights: ModelWeights, dtype: type[np.floating] | None = None):
+    def __init__(
+        self, args: ModelArgs, weights: ModelWeights, dtype: type[np.floating] | None = None, *, lazy: bool = True
+    ):
         """`dtype` forces the compute precision (float32: the precision test of validate.py); None picks
-        float64 up to F64_COPY_MAX_PARAMS parameters."""
+        float64 up to F64_COPY_MAX_PARAMS parameters. `lazy`: where `weights.layers` are built on demand
+        (LazyLayers), so are the reference's, each forward; False holds them all, for callers that change
+        `self.layers` in place (calibration's taps)."""
         self.args = args
         if dtype is None:
-            arrays = [getattr(lw, f.name) for lw in weights.layers for f in fields(lw)]
+            # a generator: lazy layers are counted one at a time, not all held at once
+            arrays = (getattr(lw, f.name) for lw in weights.layers for f in fields(lw))
             params = weights.embed.size + sum(a.size for a in arrays if a is not None)
             dtype = np.float64 if params <= F64_COPY_MAX_PARAMS else None
         conv = _f64 if dtype is np.float64 else _f32 if dtype is np.float32 else _keep
@@ -104,9 +111,14 @@ class ReferenceModel:
         self.embed = conv(weights.embed)
         self.lm_head = self.embed if weights.lm_head is weights.embed else conv(weights.lm_head)
         self.final_norm = conv(weights.final_norm)
-        self.layers = [
-            LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in fields(LayerWeights)}) for lw in weights.layers
-        ]
+        def layer(lw: LayerWeights) -> LayerWeights:
+            return LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in fields(LayerWeights)})
+
+        source = weights.layers
+        if lazy and isinstance(source, LazyLayers):  # built (and converted) a layer at a time, each forward (issue 23)
+            self.layers: Sequence[LayerWeights] = LazyLayers(len(source), lambda i: layer(source[i]))
+        else:
+            self.layers = [layer(lw) for lw in source]
         self.inv_freq = args.rope.inv_freq(args.head_dim)  # [rot/2] float64
         # Local layers' own RoPE (Gemma 3); the same frequencies as the global layers' where there is none.
         self.local_inv_freq = self.inv_freq if args.local_rope is None else args.local_rope.inv_freq(args.head_dim)
@@ -129,16 +141,37 @@ class ReferenceModel:
         start = len(cache)
         positions = np.arange(start, start + ids.shape[0], dtype=np.int64)
         cache.positions = np.concatenate([cache.positions, positions])
-        angles = {local: self.rope_cos_sin(positions, local) for local in (False, True)}
-        eps = self.args.rms_norm_eps
-
-        x = self.embed[ids].astype(self.dtype) * self.dtype.type(self.args.embed_scale)  # [T, H]
+        angles = self.angles(positions)
+        x = self.embed_rows(ids)
         for i, lw in enumerate(self.layers):
-            cos, sin = angles[self.args.is_local(i)]
-            a = self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
-            x = x + post_norm(a, lw.post_attn_norm, eps)
-            x = x + post_norm(self._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
-        return rms_norm(x, self.final_norm, eps) @ self.lm_head.T  # [T, V]
+            x = self.layer(i, lw, x, positions, angles, cache)
+        return self.logits(x)
+
+    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.embed[ids].astype(self.dtype) * self.dtype.type(self.args.embed_scale)  # [T, H]
+
+    def angles(self, positions: np.ndarray) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
+        """RoPE's cos/sin at `positions`, for global (False) and local (True) layers."""
+        return {local: self.rope_cos_sin(positions, local) for local in (False, True)}
+
+    def layer(
+        self,
+        i: int,
+        lw: LayerWeights,
+        x: np.ndarray,
+        positions: np.ndarray,
+        angles: dict[bool, tuple[np.ndarray, np.ndarray]],
+        cache: DenseKVCache,
+    ) -> np.ndarray:
+        """The residual stream x [T, H] after layer i (weights `lw`), its keys and values added to `cache`."""
+        eps = self.args.rms_norm_eps
+        cos, sin = angles[self.args.is_local(i)]
+        a = self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
+        x = x + post_norm(a, lw.post_attn_norm, eps)
+        return x + post_norm(self._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return rms_norm(x, self.final_norm, self.args.rms_norm_eps) @ self.lm_head.T  # [T, V]
 
     def _attention(
         self,
@@ -238,9 +271,67 @@ class StreamingReference:
         self.values: list[list[np.ndarray]] = [[] for _ in model.layers]
         self.token_ids: list[int] = []  # the stream index of each retained token
         self.tokens = 0
+        self.finished = False
+
+    def run(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits [T, V] for a whole stream known in advance, from a fresh cache: what step() gives token by
+        token, computed layer by layer (each token still attends exactly what step() keeps for it). A layer's
+        weights are then read once per stream instead of once per token, which is what makes validating a
+        model whose layers are built on demand (LazyLayers, issue 23) affordable."""
+        m = self.model
+        retained = self.plan(len(tokens))
+        x = m.embed_rows(np.asarray(tokens, np.int64))
+        for i, lw in enumerate(m.layers):
+            x = self.layer(i, lw, x, retained)
+        return m.logits(x)
+
+    def plan(self, count: int) -> list[np.ndarray]:
+        """Per token of a fresh stream of `count`: the stream indices it attends, oldest first (itself last).
+        The stream is then taken: its caches are never kept, so step() cannot continue it."""
+        if self.tokens or self.finished:
+            raise ValueError("run() starts a stream; this reference has already stepped")
+        retained = []
+        for t in range(count):
+            self.token_ids.append(t)
+            retained.append(np.asarray(self.token_ids))
+            if len(self.token_ids) > self.sinks + self.window - 1:
+                del self.token_ids[self.sinks]
+        self.tokens, self.finished = count, True
+        return retained
+
+    def layer(self, i: int, lw: LayerWeights, x: np.ndarray, retained: list[np.ndarray]) -> np.ndarray:
+        """The residual stream x [T, H] of a whole stream after layer i; `retained` from plan()."""
+        m, d = self.model, self.model.args.head_dim
+        eps = m.args.rms_norm_eps
+        local = m.args.is_local(i)
+        h = rms_norm(x, lw.attn_norm, eps)
+        hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+        q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(-1, hq, 1, d), lw.q_norm, eps)
+        k = head_norm((h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(-1, hkv, d), lw.k_norm, eps)
+        v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(-1, hkv, d)
+        attn = np.empty((x.shape[0], hq * d), m.dtype)
+        for t, kept in enumerate(retained):
+            n = len(kept)
+            cos, sin = m.rope_cos_sin(np.arange(n), local)  # positions within the cache: 0 .. n-1
+            keys = np.repeat(apply_rope(k[kept].transpose(1, 0, 2), cos, sin), hq // hkv, axis=0)  # [Hq, n, D]
+            qt = apply_rope(q[t], cos[-1:], sin[-1:])  # the query at cache position n - 1
+            values = np.repeat(v[kept].transpose(1, 0, 2), hq // hkv, axis=0)
+            scores = (qt @ keys.transpose(0, 2, 1))[:, 0, :]  # [Hq, n]
+            scores = scores / math.sqrt(d) if m.args.attn_scale is None else scores * m.args.attn_scale
+            if local:
+                reach = min(m.args.local_window or self.window, self.window)
+                scores = np.where((t - kept)[None, :] < reach, scores, -np.inf)
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            attn[t] = np.einsum("hn,hnd->hd", probs, values).reshape(hq * d)
+        attn = attn @ lw.o.T
+        x = x + post_norm(attn if lw.o_bias is None else attn + lw.o_bias, lw.post_attn_norm, eps)
+        return x + post_norm(m._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
 
     def step(self, token: int) -> np.ndarray:
         """Logits [V] for the next token of the stream."""
+        if self.finished:
+            raise ValueError("this stream was computed whole by run(); start a new StreamingReference")
         m, d = self.model, self.model.args.head_dim
         eps = m.args.rms_norm_eps
         x = m.embed[[token]].astype(m.dtype) * m.dtype.type(m.args.embed_scale)  # [1, H]
@@ -276,3 +367,35 @@ class StreamingReference:
             if len(cache) > self.sinks + self.window - 1:
                 del cache[self.sinks]
         return (rms_norm(x, m.final_norm, eps) @ m.lm_head.T)[0]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A token stream for forward_streams: dense attention (`ring` None) or StreamingLLM's (sinks, window)."""
+
+    tokens: tuple[int, ...]
+    ring: tuple[int, int] | None = None
+
+
+def forward_streams(model: ReferenceModel, streams: Sequence[Stream]) -> list[np.ndarray]:
+    """Logits [T, V] of each independent stream, the layers outermost: each layer's weights are read
+    (built, where they are built on demand) once for all the streams. Equal to forward() (dense) or
+    StreamingReference.run() (ring) of each stream alone."""
+    xs, states = [], []
+    for s in streams:
+        ids = np.asarray(s.tokens, np.int64)
+        xs.append(model.embed_rows(ids))
+        if s.ring is None:
+            positions = np.arange(len(ids), dtype=np.int64)
+            states.append((positions, model.angles(positions), DenseKVCache(positions=positions)))
+        else:
+            ref = StreamingReference(model, *s.ring)
+            states.append((ref, ref.plan(len(ids))))
+    for i, lw in enumerate(model.layers):
+        for j, s in enumerate(streams):
+            if s.ring is None:
+                xs[j] = model.layer(i, lw, xs[j], *states[j])
+            else:
+                ref, retained = states[j]
+                xs[j] = ref.layer(i, lw, xs[j], retained)
+    return [model.logits(x) for x in xs]

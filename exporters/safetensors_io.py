@@ -1,4 +1,4 @@
-"""A numpy reader for safetensors checkpoints: memory-mapped, single file or sharded, no torch.
+"""A numpy reader for safetensors checkpoints: tensors read on demand, single file or sharded, no torch.
 
 File format: an 8-byte little-endian header length N, N bytes of JSON
 ({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}), then the raw
@@ -38,11 +38,14 @@ _MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's own limit
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     """bf16 bits (uint16) -> float32, exactly."""
-    return (raw.astype(np.uint32) << 16).view(np.float32)
+    wide = np.empty(raw.shape, np.uint32)
+    wide[...] = raw
+    wide <<= 16  # in place: no second table-sized temporary
+    return wide.view(np.float32)
 
 
 class SafetensorsFile:
-    """One `.safetensors` file, validated on open, tensors memory-mapped on demand."""
+    """One `.safetensors` file, validated on open; tensors read on demand (`read`), or mapped (`raw`)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -121,9 +124,26 @@ class SafetensorsFile:
         buf = self._mmap[self._data_start + begin : self._data_start + end]
         return buf.view(_DTYPES[dtype_name]).reshape(shape)
 
+    def read(self, name: str) -> np.ndarray:
+        """The stored bytes copied into a new array (bf16 as uint16). Read, not mapped: pages of a mapping
+        that were touched stay in the process's RSS while the mapping lives, so an export that widened
+        every layer of a mapped 8B checkpoint would show 16 GB resident for a file it had finished with."""
+        dtype_name, shape, begin, end = self._entries[name]
+        dtype = _DTYPES[dtype_name]
+        out = np.empty(shape, dtype)
+        try:
+            with self.path.open("rb", buffering=0) as f:
+                f.seek(self._data_start + begin)
+                got = f.readinto(memoryview(out.reshape(-1)).cast("B")) if end > begin else 0
+        except OSError as e:
+            raise CheckpointError(f"cannot read tensor '{name}' from '{self.path}': {e.strerror or e}") from e
+        if got != end - begin:  # the file shrank since its header was checked
+            raise self._corrupt(f"tensor '{name}': read {got} of {end - begin} bytes (file truncated?)")
+        return out
+
     def get(self, name: str) -> np.ndarray:
-        """The tensor; fp16/bf16 widened to float32 (exactly), others as stored."""
-        dtype_name, arr = self._entries[name][0], self.raw(name)
+        """The tensor, read from the file; fp16/bf16 widened to float32 (exactly), others as stored."""
+        dtype_name, arr = self._entries[name][0], self.read(name)
         if dtype_name == "BF16":
             return bf16_to_f32(arr)
         if dtype_name == "F16":
@@ -204,6 +224,14 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._where[name].shape(name)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored bytes, memory-mapped, in the stored dtype (bf16 as uint16): shapes without widening."""
+        return self._where[name].raw(name)
+
+    def read(self, name: str) -> np.ndarray:
+        """The stored bytes read into a new array, in the stored dtype (bf16 as uint16)."""
+        return self._where[name].read(name)
 
     @property
     def files(self) -> list[Path]:

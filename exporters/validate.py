@@ -20,7 +20,7 @@ from edge_runtime.models import ModelArgs, ModelWeights
 from edge_runtime.ring import LocalLayers, RingGeometry, RingState
 
 from .decoder import Flavor
-from .reference import ReferenceModel, StreamingReference
+from .reference import ReferenceModel, Stream, forward_streams
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 # MatMulNBits with accuracy_level 4 quantizes each activation block to int8 (scale = block max / 127)
@@ -219,25 +219,16 @@ def run_case(
     position_offset: int = 0,
 ) -> float:
     """Prefill `prompt`, then greedy-decode `decode` tokens; the max relative error over every logits row."""
-    return _run_case(
-        session,
-        reference,
-        None,
-        flavor=flavor,
-        dtype=dtype,
-        kv_heads=kv_heads,
-        geometry=geometry,
-        prompt=prompt,
-        decode=decode,
-        max_chunk=max_chunk,
-        position_offset=position_offset,
-    )[0]
+    stream, outs = _graph_case(
+        session, reference, flavor=flavor, dtype=dtype, kv_heads=kv_heads, geometry=geometry, prompt=prompt,
+        decode=decode, max_chunk=max_chunk, position_offset=position_offset,
+    )  # fmt: skip
+    return rel_err(outs, forward_streams(reference, [stream])[0])
 
 
-def _run_case(
+def _graph_case(
     session: ort.InferenceSession,
     reference: ReferenceModel,
-    probe: ReferenceModel | None,
     *,
     flavor: Flavor,
     dtype: np.dtype,
@@ -247,8 +238,9 @@ def _run_case(
     decode: int,
     max_chunk: int | None = None,
     position_offset: int = 0,
-) -> tuple[float, float | None]:
-    """run_case, and where the case is dense, `probe`'s error on the very tokens the graph read."""
+) -> tuple[Stream, np.ndarray]:
+    """The graph's logits [T, V] for `prompt` and `decode` greedy tokens it picks itself (as the runtime would),
+    and the stream the reference must score: dense attention while nothing is evicted, else the ring's."""
     runner = NumpyGraphRunner(
         session,
         flavor=flavor,
@@ -260,31 +252,46 @@ def _run_case(
         position_offset=position_offset,
         local=local_layers(reference),
     )
-    if len(prompt) + decode <= geometry.sinks + geometry.window:
-        # Nothing is evicted, so StreamingLLM is dense attention: the graph picks the decode tokens (greedy, as the
-        # runtime would) and the reference scores the whole sequence in one forward, reading its float64 weights
-        # once instead of once per token (a 135M model's are 1.1 GB: that per-token read was most of an export).
-        outs = [runner.feed(prompt, max_chunk)]
-        tokens = list(prompt)
-        for _ in range(decode):
-            tokens.append(int(np.argmax(outs[-1][-1])))
-            outs.append(runner.feed(tokens[-1:]))
-        expected = reference.forward(tokens)
-        probed = None if probe is None else rel_err(probe.forward(tokens), expected)
-        return rel_err(np.concatenate(outs), expected), probed
-    ref = StreamingReference(reference, geometry.sinks, geometry.window)
-    expected = np.stack([ref.step(int(t)) for t in prompt])
-    err = rel_err(runner.feed(prompt, max_chunk), expected)
-    token = int(np.argmax(expected[-1]))
+    outs = [runner.feed(prompt, max_chunk)]
+    tokens = [int(t) for t in prompt]
     for _ in range(decode):
-        want = ref.step(token)
-        err = max(err, rel_err(runner.feed([token]), want[None]))
-        token = int(np.argmax(want))
-    return err, None
+        tokens.append(int(np.argmax(outs[-1][-1])))
+        outs.append(runner.feed(tokens[-1:]))
+    # Nothing evicted: StreamingLLM is dense attention, which the reference scores in one forward.
+    dense = len(prompt) + decode <= geometry.sinks + geometry.window
+    return Stream(tuple(tokens), None if dense else (geometry.sinks, geometry.window)), np.concatenate(outs)
+
+
+class ReferenceMemo:
+    """The reference's logits per stream, kept across the grids of one export (the accuracy_level 0 twin
+    and the bundle's graph pick the same tokens but for a near tie): each stream is scored once, and all
+    the grid's streams in one pass over the layers (forward_streams)."""
+
+    def __init__(self, reference: ReferenceModel, probe: ReferenceModel | None = None):
+        self.reference, self.probe = reference, probe
+        self._logits: dict[Stream, np.ndarray] = {}
+        self._probed: dict[Stream, float] = {}
+
+    def score(self, streams: Sequence[Stream]) -> None:
+        todo = list(dict.fromkeys(s for s in streams if s not in self._logits))
+        if not todo:
+            return
+        for s, logits in zip(todo, forward_streams(self.reference, todo), strict=True):
+            self._logits[s] = logits
+        dense = [s for s in todo if s.ring is None]
+        if self.probe is not None and dense:
+            for s, logits in zip(dense, forward_streams(self.probe, dense), strict=True):
+                self._probed[s] = rel_err(logits, self._logits[s])
+
+    def logits(self, stream: Stream) -> np.ndarray:
+        return self._logits[stream]
+
+    def probed(self, stream: Stream) -> float | None:
+        return self._probed.get(stream)
 
 
 def validation_grid(
-    session: ort.InferenceSession,
+    session: ort.InferenceSession | Callable[[], ort.InferenceSession],
     reference: ReferenceModel,
     *,
     flavor: Flavor,
@@ -294,9 +301,18 @@ def validation_grid(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     probe: ReferenceModel | None = None,
+    memo: ReferenceMemo | None = None,
 ) -> list[CaseResult]:
     """The grid's cases; with `probe` (a float32 ReferenceModel of the same weights), each dense case also
-    gives the probe's error against `reference` on the same tokens (fp32_tolerance)."""
+    gives the probe's error against `reference` on the same tokens (fp32_tolerance). The graph runs every
+    case first, then the reference scores them all in one pass over its layers; `memo` keeps those scores
+    for another grid of the same export. `session` may be a function that opens it: it is then closed before
+    the reference runs, so the exporter never holds ONNX Runtime's copy of the weights and the reference's
+    layers at once."""
+    if memo is None:
+        memo = ReferenceMemo(reference, probe)
+    elif probe is not None and memo.probe is not probe:
+        raise ValueError("validation_grid: `probe` must be the memo's own")  # a caller bug
     vocab = reference.args.vocab_size
     rng = np.random.default_rng(seed)
     # A model trained with a local window (Mistral) is validated under that window, without sinks.
@@ -304,22 +320,27 @@ def validation_grid(
     ring = RingGeometry(sinks=4, window=16, slack=7)
     cases = [(f"prefill {n} + decode 8 (under capacity)", dense, rng.integers(0, vocab, n), 8) for n in (1, 7, 64)]
     cases.append(("prefill 64 + decode 40 past capacity (S=4, W=16, >=3 wraps)", ring, rng.integers(0, vocab, 64), 40))
-    results = []
+    ran = []
+    live = session() if callable(session) else session
     for name, geometry, prompt, decode in cases:
         t0 = time.perf_counter()
-        err, probed = _run_case(
-            session,
-            reference,
-            probe,
-            flavor=flavor,
-            dtype=dtype,
-            kv_heads=kv_heads,
-            geometry=geometry,
-            prompt=prompt.tolist(),
-            decode=decode,
-        )
-        results.append(CaseResult(name, len(prompt) + decode, err, probed))
+        stream, outs = _graph_case(
+            live, reference, flavor=flavor, dtype=dtype, kv_heads=kv_heads, geometry=geometry,
+            prompt=prompt.tolist(), decode=decode,
+        )  # fmt: skip
+        ran.append((name, stream, outs, time.perf_counter() - t0))
+    del live  # the last reference to a session this function opened: its weights go before the reference runs
+    t0 = time.perf_counter()
+    memo.score([stream for _, stream, _, _ in ran])
+    scored = time.perf_counter() - t0
+    if progress:
+        progress(f"  reference scored the grid's {len(ran)} streams in {scored:.1f}s")
+    results = []
+    for name, stream, outs, seconds in ran:
+        err = rel_err(outs, memo.logits(stream))
+        probed = memo.probed(stream) if probe is not None else None
+        results.append(CaseResult(name, len(stream.tokens), err, probed))
         if progress:
             also = "" if probed is None else f" (numpy float32: {probed:.2e})"
-            progress(f"  validate {name}: max rel err {err:.2e}{also} ({time.perf_counter() - t0:.1f}s)")
+            progress(f"  validate {name}: max rel err {err:.2e}{also} (graph {seconds:.1f}s)")
     return results

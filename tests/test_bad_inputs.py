@@ -172,7 +172,7 @@ def test_sigterm_during_a_real_edge_export_leaves_nothing(tmp_path):
     out = tmp_path / "demo"
     p = cli("export", str(DEMO_CHECKPOINT), "-o", str(out))
     err = b""
-    while b"writing graph and weights" not in err:
+    while b"writing graph and tokenizer" not in err:
         line = p.stderr.readline()
         assert line, err
         err += line

@@ -115,7 +115,7 @@ def test_edge_run_signal_during_first_use_export_leaves_no_partial(tmp_path, sig
     p = cli(
         "run", "--target", "x86", "--max-tokens", "2", "--json", env={"EDGE_RUNTIME_CACHE": str(cache)}
     )  # the demo model, exported into the cache on first use
-    _read_until(p.stderr, lambda d: b"writing graph and weights" in d or b"validating" in d)
+    _read_until(p.stderr, lambda d: b"writing graph and tokenizer" in d or b"validating" in d)
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + sig if sig != signal.SIGINT else p.returncode == 130, err.decode()

@@ -106,3 +106,22 @@ def test_demo_model_shape_and_size():
     assert ckpt.tensors.files[0].stat().st_size == pytest.approx(2 * n, rel=0.01)  # bf16 on disk
     total = sum(p.stat().st_size for p in DEMO_CHECKPOINT.iterdir())
     assert total <= 25 * 2**20
+
+
+@pytest.mark.parametrize("name", ["llama-untied", "qwen2", "gemma3"])
+def test_streaming_run_computes_what_step_does_token_by_token(name, tmp_path):
+    """run() (layer by layer over a known stream, what validation uses) against step() past two wraps of a
+    tiny ring: the same tokens attended at the same cache positions, so equal to float64 rounding."""
+    from edge_runtime.exporters.reference import StreamingReference
+
+    save_tiny_checkpoint(name, tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    model = ReferenceModel(ckpt.args, ckpt.weights)
+    ids = np.random.default_rng(4).integers(0, ckpt.args.vocab_size, 40)
+    stepped = StreamingReference(model, 2, 9)
+    want = np.stack([stepped.step(int(t)) for t in ids])
+    whole = StreamingReference(model, 2, 9)
+    got = whole.run(ids.tolist())
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    with pytest.raises(ValueError, match="run"):
+        whole.step(0)

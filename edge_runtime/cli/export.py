@@ -4,7 +4,7 @@ edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort
             [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N]
             [--prune RATIO | --prune-budget PCT] [--calib FILE] [--fp-embeddings | --table-bits 4|8]
             [--kernel mlas|edge] [--mixed none|llama-down|sensitivity] [--gguf-codes keep|requantize]
-            [--kv-dtype fp32|fp16|q8]
+            [--kv-dtype fp32|fp16|q8] [--max-memory SIZE]
 edge-export inspect BUNDLE_DIR
 
 Without --target the defaults are portable (ort flavor, float weights, ONNX Runtime's own kernels: runs on
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import click
 
@@ -42,6 +42,27 @@ class QuantChoice(click.ParamType):
             return QuantMethod.parse(str(value)).value
         except ExportError as e:
             self.fail(str(e), param, ctx)
+
+
+class _ByteSize(click.ParamType):
+    """A byte count: digits with an optional K, M or G suffix (1024-based; a trailing B or iB is allowed)."""
+
+    name = "size"
+    _UNITS: ClassVar[dict[str, int]] = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+        unit = text[-1:] if text[-1:] in self._UNITS and text[-1:] else ""
+        number = text[: len(text) - len(unit)]
+        try:
+            size = float(number) * self._UNITS[unit]
+        except ValueError:
+            size = -1
+        if not size > 0:
+            self.fail(f"{value!r} is not a size in bytes (e.g. 6000000000, 6G, 512M)", param, ctx)
+        return int(size)
 
 
 if TYPE_CHECKING:
@@ -183,6 +204,14 @@ def main() -> None:
     "ring; q8 (int8 codes and an fp32 scale per row) nearly quarters them. Both need --kernel edge "
     "(LinearAttention/RingAttention) on a quantized ort bundle.",
 )
+@click.option(
+    "--max-memory",
+    type=_ByteSize(),
+    default=None,
+    metavar="SIZE",
+    help="Refuse the export up front, with the estimate, when its estimated peak memory is above SIZE (bytes, or "
+    "with a K, M or G suffix: 1024-based, e.g. 6G). The estimate is printed either way.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @click.option(
     "--build-engine",
@@ -212,6 +241,7 @@ def build(
     mixed: str,
     gguf_codes: str | None,
     kv_dtype: str,
+    max_memory: int | None,
     overwrite: bool,
     build_engine: bool,
 ) -> None:
@@ -253,6 +283,7 @@ def build(
         prune_budget=prune_budget,
         calibration=calib,
         kv_dtype=KvDtype(kv_dtype),
+        max_memory=max_memory,
     )
     kv_problem = kv_dtype_problem(None, opts.flavor, opts.quant, opts.kv_dtype)  # before a .gguf is converted
     if kv_problem:

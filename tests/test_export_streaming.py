@@ -1,0 +1,104 @@
+"""Issue 23: the export streams each initializer into the data file as the graph builder makes it, reads
+checkpoint layers one at a time and validates layer by layer. The bundle must be the one the in-memory
+path (build the whole graph, then save it) writes, byte for byte, and `--max-memory` refuses up front."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edge_runtime.cli.export import main as export_cli
+from edge_runtime.errors import ExportError
+from edge_runtime.exporters.checkpoint import load_checkpoint
+from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
+from edge_runtime.exporters.export import DATA_FILE, GRAPH_FILE, ExportOptions, export
+from edge_runtime.exporters.external_data import save_with_external_data
+from edge_runtime.exporters.lazy_layers import LazyLayers
+from edge_runtime.exporters.memory_plan import estimate_export_memory
+from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantizedMatrix, QuantMethod
+from edge_runtime.exporters.quant_pipeline import prepare_weights
+from edge_runtime.models import DEMO_CHECKPOINT
+
+from .tiny_models import save_tiny_checkpoint
+
+_INT4 = QuantConfig(method=QuantMethod.INT4)
+CASES = {
+    "demo-fp32": ("demo", Flavor.ORT, Precision.FP32, QuantConfig()),
+    "demo-int4": ("demo", Flavor.ORT, Precision.FP32, _INT4),
+    "demo-int8-edge": ("demo", Flavor.ORT, Precision.FP32, QuantConfig(QuantMethod.INT8, kernel=MatMulKernel.EDGE)),
+    "untied-int4-table4": ("llama-untied", Flavor.ORT, Precision.FP32, QuantConfig(QuantMethod.INT4, table_bits=4)),
+    "qwen3-trt-fp16-int8": ("qwen3-tied", Flavor.TRT, Precision.FP16, QuantConfig(QuantMethod.INT8)),
+    "gemma3-fp32": ("gemma3", Flavor.ORT, Precision.FP32, QuantConfig()),
+}
+
+
+def _checkpoint(name: str, tmp_path_factory) -> object:
+    if name == "demo":
+        return DEMO_CHECKPOINT
+    d = tmp_path_factory.mktemp(name)
+    save_tiny_checkpoint(name, d)
+    return d
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_streamed_bundle_is_the_in_memory_one_byte_for_byte(case, tmp_path, tmp_path_factory):
+    model, flavor, precision, quant = CASES[case]
+    if quant.kernel is MatMulKernel.EDGE:
+        from edge_runtime import kernels
+
+        if kernels.unavailable_reason() is not None:
+            pytest.skip(f"edge kernels: {kernels.unavailable_reason()}")
+    ckpt_dir = _checkpoint(model, tmp_path_factory)
+    out = tmp_path / "streamed"
+    export(ExportOptions(checkpoint=ckpt_dir, out=out, flavor=flavor, precision=precision, quant=quant, window=60))
+
+    ckpt = load_checkpoint(ckpt_dir)
+    prepared = prepare_weights(
+        ckpt, quant, None, None, trt=flavor is Flavor.TRT, weights_label=precision.value, progress=lambda _m: None
+    )
+    built = build_decoder(ckpt.args, prepared.weights, flavor, precision, prepared.quantized)  # no sink
+    whole = tmp_path / "in-memory"
+    whole.mkdir()
+    save_with_external_data(built.model, whole / GRAPH_FILE, DATA_FILE)
+    for name in (GRAPH_FILE, DATA_FILE):
+        assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+
+
+def test_a_bf16_checkpoints_layers_are_read_on_demand_and_equal_the_eager_load(tmp_path):
+    save_tiny_checkpoint("llama-untied", tmp_path, dtype="bfloat16")
+    ckpt = load_checkpoint(tmp_path)
+    assert isinstance(ckpt.weights.layers, LazyLayers)
+    first = ckpt.weights.layers[0]
+    assert ckpt.weights.layers[0] is first  # the latest layer is kept: fields read twice are the same arrays
+    raw = ckpt.tensors.read("model.layers.1.mlp.down_proj.weight")
+    assert raw.dtype == np.uint16  # bf16 as stored
+    np.testing.assert_array_equal(
+        ckpt.weights.layers[1].down, (raw.astype(np.uint32) << 16).view(np.float32)
+    )
+
+
+def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-8, 8, (6, 64)).astype(np.int8)
+    qm = QuantizedMatrix(codes, np.ones((6, 2), np.float32), 4, 32)
+    assert qm.held_bytes() == 6 * 32 + 6 * 2 * 4
+    assert qm.codes.dtype == np.int8 and np.array_equal(qm.codes, codes) and qm.shape == (6, 64)
+    # GGUF's sign-flipped blocks: a code of 8 fits no nibble, so they stay int8
+    flipped = QuantizedMatrix(-codes, -np.ones((6, 2), np.float32), 4, 32)
+    assert np.array_equal(flipped.codes, -codes) and flipped.held_bytes() == 6 * 64 + 6 * 2 * 4
+
+
+def test_max_memory_refuses_up_front_with_the_estimate(tmp_path):
+    out = tmp_path / "b"
+    estimate = estimate_export_memory(load_checkpoint(DEMO_CHECKPOINT), _INT4, Flavor.ORT)
+    assert estimate.total > 0 and set(estimate.parts) >= {"baseline", "tables", "codes", "layer"}
+    with pytest.raises(ExportError, match=r"needs about .* MB .* --max-memory"):
+        export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, quant=_INT4, max_memory=estimate.total // 2))
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    r = CliRunner().invoke(
+        export_cli, [str(DEMO_CHECKPOINT), "-o", str(out), "--quant", "int4", "--max-memory", "1000000"]
+    )
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    (line,) = [x for x in r.output.splitlines() if "needs about" in x]  # one line, with the estimate's parts
+    assert "--max-memory 1 MB" in line and "tables" in line and not out.exists()
