@@ -5,21 +5,24 @@ The export streams: layers are read and widened one at a time (LazyLayers), INT4
 byte, initializers go to the data file as the graph builder makes them, and validation reads each layer
 once per case. What it still holds whole is named here, part by part, so a refusal says what to change:
 
-    tables    the embedding table (and an untied LM head) as float32, plus the dequantized copy and the
-              integer codes of a quantized table
-    codes     every quantized Linear's codes and scales
-    layer     one layer's float32 working set (widened, quantized, dequantized, the reference's copy)
-    runtime   ONNX Runtime's copy of the bundle's weights while validation runs
+    tables    the embedding table (and an untied LM head): float32 while the weights are prepared (and in a
+              float export), then only the codes of a quantized table (QuantizedTable)
+    codes     every quantized Linear's codes (INT4 two to a byte) and scales
+    layer     float32 copies of one layer's Linears alive at once
+    runtime   ONNX Runtime's view of the bundle while the graph runs (the data file it maps and touches,
+              and the twin's dequantized LM head), or the table's bytes on their way to the file
     reference the float64 reference's tables (models up to reference.F64_COPY_MAX_PARAMS parameters)
     calibration  X^T X of every Linear group's inputs and the reference held whole (calibrated methods, pruning)
 
-The constants were fitted to measured peaks (README "Export at scale"); the estimate is meant to be
-within about 15% for RTN and float exports. Calibrated exports are not layer by layer yet, and their
-part is the Gram matrices' plain size.
+The constants were fitted to the phases measured on the Llama-3.2-1B shape (README "Export at scale").
+Calibrated exports are not layer by layer yet; their part is the Gram matrices' plain size.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
 from dataclasses import dataclass
 
 from edge_runtime.models import ModelArgs
@@ -29,8 +32,29 @@ from .quant import QuantConfig
 from .reference import F64_COPY_MAX_PARAMS
 
 BASELINE = 350 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tokenizer, measured idle
-LAYER_COPIES = 4  # float32 copies of one layer alive at once (read, quantize's temporaries, dequantized, reference)
-RUNTIME_FACTOR = 1.25  # ONNX Runtime's session over the bundle's weight bytes (its arena and packed copies)
+# float32 copies of one layer's Linears alive at once, fitted to the Llama-3.2-1B shape's measured phases:
+PREPARE_LAYERS = 2  # the widened source layer and quantization's temporaries
+GRAPH_LAYERS = 5  # the source layer, its dequantized twin, packing temporaries, two branches' lookups
+REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activations
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 1 << 20
+
+
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at 1 MiB, so every array of more than a megabyte is its own mapping and
+    goes back to the system when freed. By default glibc raises the threshold to the size of the last
+    freed mapped block (up to 32 MiB), after which a layer's worth of such arrays comes from the heap and
+    stays in RSS once freed: 0.8 GB after building a 1B model's graph (measured with malloc_trim). A
+    process-wide setting, harmless to the rest of the process; False where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # musl and others have no mallopt
+        return False
 
 
 @dataclass(frozen=True)
@@ -56,9 +80,9 @@ def _linear_params(args: ModelArgs) -> tuple[int, int]:
 
 
 def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bool = False) -> MemoryEstimate:
-    """`ckpt`: a loaded Checkpoint (its shapes only are read). The larger of the two phases' sums: preparing
-    the weights (the source's float tables beside the quantized ones) and validating (the source's tables
-    released, ONNX Runtime's session and the reference in their place)."""
+    """`ckpt`: a loaded Checkpoint (its shapes only are read). The largest of the phases' sums: preparing the
+    weights (the source's float tables beside the codes), building the graph (a few layers' floats and the
+    table's bytes on their way to the file), running it on ONNX Runtime, and the reference's pass."""
     args: ModelArgs = ckpt.args
     v, h = args.vocab_size, args.hidden_size
     tables = 1 if args.tie_word_embeddings else 2
@@ -66,7 +90,7 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
     linear = per_layer * args.num_layers
     params = linear + tables * v * h
     table_f32 = tables * v * h * 4
-    common = {"baseline": BASELINE, "layer": LAYER_COPIES * per_layer * 4}
+    layer = per_layer * 4
 
     codes = table_codes = 0
     if quant.enabled:
@@ -75,20 +99,24 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
         codes = linear * bits // 8 + linear // block * 4
         if not quant.fp_embeddings:
             table_codes = tables * v * h * quant.table_bits // 8
-        weights = codes + (table_codes if table_codes else table_f32)
+        bundle = codes + (table_codes or table_f32)
     else:
-        weights = params * 4 if flavor is Flavor.ORT else params * 2  # trt bundles of float weights: fp16 common
-    bundle_tables = table_f32 + table_codes  # what the graph and the reference read: dequantized, and the codes
+        bundle = params * (4 if flavor is Flavor.ORT else 2)  # trt bundles of float weights: fp16 commonly
+    # After the weight stage a quantized export holds codes only (QuantizedTable); a float one its tables.
+    held = {"baseline": BASELINE, "tables": table_codes if table_codes else table_f32, "codes": codes}
 
-    prepare = {**common, "tables": table_f32 + (bundle_tables if table_codes else 0), "codes": codes}
+    prepare = {**held, "tables": table_f32 + table_codes, "layer": PREPARE_LAYERS * layer}
     if quant.needs_calibration or pruning:
-        held = params * (8 if params <= F64_COPY_MAX_PARAMS else 4)
-        prepare["calibration"] = grams * 8 * args.num_layers + held
-    validate = {
-        **common,
-        "tables": bundle_tables,
-        "codes": codes,
-        "runtime": int(RUNTIME_FACTOR * weights),
+        whole = params * (8 if params <= F64_COPY_MAX_PARAMS else 4)
+        prepare["calibration"] = grams * 8 * args.num_layers + whole
+    graph = {**held, "layer": GRAPH_LAYERS * layer, "runtime": table_codes}
+    # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)
+    # dequantizes a quantized LM head whole for a prefill of more than one row.
+    run = {**held, "runtime": bundle + (table_f32 // tables if table_codes else 0)}
+    reference = {
+        **held,
+        "layer": REFERENCE_LAYERS * layer,
         "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS else 0,
     }
-    return MemoryEstimate(max(prepare, validate, key=lambda p: sum(p.values())))
+    phases = (prepare, graph, run, reference)
+    return MemoryEstimate(max(phases, key=lambda p: sum(p.values())))

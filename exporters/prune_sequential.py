@@ -121,9 +121,8 @@ def sequential_reconstruct(
     for p in pos:
         for local in (False, True):
             angles.setdefault((len(p), local), orig.rope_cos_sin(p, local))
-    scale = args.embed_scale
-    xo = [orig.embed[s] * scale for s in seqs]  # the residual streams, one [T, H] per sequence
-    xp = [new.embed[s] * scale for s in seqs]
+    xo = [orig.embed_rows(s) for s in seqs]  # the residual streams, one [T, H] per sequence
+    xp = [new.embed_rows(s) for s in seqs]
 
     def drift(n: int, norm: np.ndarray | None) -> np.ndarray | float:
         """With `residual`, what the sublayer should add besides the unpruned output: the stream's error so

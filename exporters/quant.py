@@ -210,12 +210,19 @@ class QuantizedMatrix:
 
     def dequantize(self) -> np.ndarray:
         """float32 [out, in]; exact (a <= 8-bit code times an fp16 scale fits fp32's mantissa)."""
-        out, k = self.codes.shape
-        blocks = self.codes.reshape(out, k // self.block, self.block).astype(np.float32)
+        return self.dequantize_rows(slice(None))
+
+    def dequantize_rows(self, rows: slice | np.ndarray) -> np.ndarray:
+        """float32 [n, in] of the selected output rows (a slice or integer indices), as dequantize() has them."""
+        stored = self._stored[rows]
+        packed = stored.dtype != np.int8 or stored.shape[1] != self._cols
+        codes = _unpack_nibbles(stored, self._cols) if packed else stored
+        n, k = codes.shape
+        blocks = codes.reshape(n, k // self.block, self.block).astype(np.float32)
         if self.zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
-            blocks -= self.zeros[:, :, None]
-        blocks *= self.scales[:, :, None]  # in place: a table's dequantized copy is 1 GB on a 1B model
-        return blocks.reshape(out, k)
+            blocks -= self.zeros[rows][:, :, None]
+        blocks *= self.scales[rows][:, :, None]  # in place: no second copy of a large table
+        return blocks.reshape(n, k)
 
     def storage_bytes(self, scale_bytes: int = 4) -> int:
         zeros = 0 if self.zeros is None else self.zeros.size * self.bits // 8
@@ -225,6 +232,34 @@ class QuantizedMatrix:
         """What this form occupies in the exporter's memory."""
         zeros = 0 if self.zeros is None else self.zeros.nbytes
         return self._stored.nbytes + self.scales.nbytes + zeros
+
+
+class QuantizedTable(np.ndarray):
+    """What ModelWeights holds for a quantized embedding table or LM head: the float table's shape and dtype
+    over no bytes (a broadcast zero), carrying its integer form in `.qm` (issue 23: the dequantized table
+    of a 128k-vocabulary model is 1-2 GB). The graph builder needs only its identity (QuantizedModel.lookup)
+    and the reference reads rows and logit blocks through `.qm` (reference.py); any other use of its values
+    raises instead of computing with zeros."""
+
+    qm: QuantizedMatrix | None
+
+    def __new__(cls, qm: QuantizedMatrix) -> QuantizedTable:
+        obj = np.broadcast_to(np.zeros((), np.float32), qm.shape).view(cls)
+        obj.qm = qm
+        return obj
+
+    def __array_finalize__(self, obj: object) -> None:
+        self.qm = getattr(obj, "qm", None)
+
+    def _refuse(self, *_args: object, **_kwargs: object):
+        raise TypeError("a quantized table holds no float values: dequantize it from .qm (QuantizedTable)")
+
+    __array_ufunc__ = _refuse
+    __array_function__ = _refuse
+    __getitem__ = _refuse
+    __array__ = _refuse
+    astype = _refuse
+    tobytes = _refuse
 
 
 def _fits_nibbles(codes: np.ndarray) -> bool:
@@ -396,6 +431,21 @@ def gptq(
             err[:, i] = e
         W[:, i2:] -= err @ Hinv[i1:i2, i2:]
     return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block, zeros=zeros if asymmetric else None)
+
+
+def table_error(qm: QuantizedMatrix, exact: np.ndarray) -> tuple[float, bool]:
+    """relative_error(qm.dequantize(), exact) and whether they are equal, a chunk of rows at a time: a
+    table is never dequantized whole."""
+    rows = max(1, RTN_CHUNK_ELEMENTS // max(exact.shape[1], 1))
+    num = den = 0.0
+    equal = True
+    for r in range(0, exact.shape[0], rows):
+        deq, ex = qm.dequantize_rows(slice(r, r + rows)), np.asarray(exact[r : r + rows])
+        equal = equal and np.array_equal(deq, ex)
+        ec = ex.astype(np.float64)
+        num += float(np.sum(np.square(deq.astype(np.float64) - ec)))
+        den += float(np.sum(np.square(ec)))
+    return (math.sqrt(num / den) if den else 0.0), equal
 
 
 def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:

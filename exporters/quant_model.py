@@ -28,11 +28,13 @@ from .quant import (
     MixedPlan,
     QuantConfig,
     QuantizedMatrix,
+    QuantizedTable,
     QuantMethod,
     check_block,
     gptq,
     quantize_rtn,
     relative_error,
+    table_error,
 )
 from .quant_awq import apply_awq
 from .quant_mixed import GROUPS, choose_int8_groups
@@ -136,24 +138,34 @@ def quantize_model(
     per_tensor: dict[str, dict[str, Any]] = {}
     out = QuantizedModel(config, weights, tensors, {})  # `weights` replaced below
 
-    def note(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> tuple[np.ndarray, float]:
-        """`qm` as `name`'s integer form, with its record entry; its dequantized floats and their error."""
+    def record(name: str, qm: QuantizedMatrix, rel_err: float, rel_out_err: float | None = None) -> None:
+        """`qm` as `name`'s integer form, with its entry in the manifest's per-tensor record."""
+        tensors[name] = qm
+        entry = {"bits": qm.bits, "block": "channel" if qm.per_channel else qm.block, "rel_err": rel_err}
+        if name in imported:
+            entry["codes"] = "gguf"
+        if rel_out_err is not None:  # the error that matters: of the Linear's output on calibration inputs
+            entry["rel_out_err"] = rel_out_err
+        per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
+
+    def note(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> float:
+        """A Linear's integer form recorded; its weight error."""
         deq = qm.dequantize()
         if name in imported and not np.array_equal(deq, w):
             raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
-        tensors[name] = qm
-        entry = {"bits": qm.bits, "block": "channel" if qm.per_channel else qm.block, "rel_err": relative_error(deq, w)}
-        if name in imported:
-            entry["codes"] = "gguf"
-        if x is not None:  # the error that matters: of the Linear's output on calibration inputs
-            entry["rel_out_err"] = x.output_error(deq, w)
-        per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
-        return deq, entry["rel_err"]
+        rel = relative_error(deq, w)
+        record(name, qm, rel, None if x is None else x.output_error(deq, w))
+        return rel
 
-    def add(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> np.ndarray:
-        deq = note(name, w, qm, x)[0]
-        out.bind(deq, qm)
-        return deq
+    def table(name: str, w: np.ndarray, qm: QuantizedMatrix) -> QuantizedTable:
+        """A table's integer form recorded, a chunk of rows at a time, and held as its codes only."""
+        rel, exact = table_error(qm, w)
+        if name in imported and not exact:
+            raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
+        record(name, qm, rel)
+        held = QuantizedTable(qm)
+        out.bind(held, qm)
+        return held
 
     def dequantized(qm: QuantizedMatrix) -> np.ndarray:
         deq = qm.dequantize()
@@ -186,7 +198,7 @@ def quantize_model(
             forms[(i, f)] = qm
         # the record as each layer is quantized: a layer widened from the file once, not again for the record
         errors = [
-            note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if acts is None else acts.of(i, f))[1]
+            note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if acts is None else acts.of(i, f))
             for f in LINEARS
         ]
         worst = max(errors)
@@ -222,11 +234,11 @@ def quantize_model(
         if tb == 4:
             check_block(names.embed, weights.embed, table_block)
         embed_q = imported.get(names.embed) or quantize_rtn(weights.embed, tb, table_block)
-        embed = add(names.embed, weights.embed, embed_q, None)
+        embed = table(names.embed, weights.embed, embed_q)
         lm_head = None
         if not tied:
             head_q = imported.get(names.lm_head) or quantize_rtn(weights.lm_head, tb, table_block)
-            lm_head = add(names.lm_head, weights.lm_head, head_q, None)
+            lm_head = table(names.lm_head, weights.lm_head, head_q)
     if lm_head is None:
         lm_head = embed if tied else np.array(weights.lm_head, np.float32)
     out.weights = ModelWeights(

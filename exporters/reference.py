@@ -22,6 +22,10 @@ from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 from edge_runtime.models.base import Activation
 
 from .lazy_layers import LazyLayers
+from .quant import QuantizedTable
+
+# Rows of a quantized table dequantized at a time for the logits (16 MB of float32)
+TABLE_CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -108,9 +112,12 @@ class ReferenceModel:
             dtype = np.float64 if params <= F64_COPY_MAX_PARAMS else None
         conv = _f64 if dtype is np.float64 else _f32 if dtype is np.float32 else _keep
         self.dtype = np.dtype(np.float32 if dtype is None else dtype)  # compute precision
-        self.embed = conv(weights.embed)
-        self.lm_head = self.embed if weights.lm_head is weights.embed else conv(weights.lm_head)
+        # A quantized table (QuantizedTable) is kept as its codes and read a block of rows at a time
+        table = lambda t: t if isinstance(t, QuantizedTable) else conv(t)  # noqa: E731
+        self.embed = table(weights.embed)
+        self.lm_head = self.embed if weights.lm_head is weights.embed else table(weights.lm_head)
         self.final_norm = conv(weights.final_norm)
+
         def layer(lw: LayerWeights) -> LayerWeights:
             return LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in fields(LayerWeights)})
 
@@ -147,8 +154,13 @@ class ReferenceModel:
             x = self.layer(i, lw, x, positions, angles, cache)
         return self.logits(x)
 
-    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
-        return self.embed[ids].astype(self.dtype) * self.dtype.type(self.args.embed_scale)  # [T, H]
+    def embed_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if isinstance(self.embed, QuantizedTable):
+            rows = self.embed.qm.dequantize_rows(ids).astype(self.dtype)
+        else:
+            rows = self.embed[ids].astype(self.dtype)
+        return rows * self.dtype.type(self.args.embed_scale)  # [T, H]
 
     def angles(self, positions: np.ndarray) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
         """RoPE's cos/sin at `positions`, for global (False) and local (True) layers."""
@@ -171,7 +183,15 @@ class ReferenceModel:
         return x + post_norm(self._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return rms_norm(x, self.final_norm, self.args.rms_norm_eps) @ self.lm_head.T  # [T, V]
+        h = rms_norm(x, self.final_norm, self.args.rms_norm_eps)
+        if not isinstance(self.lm_head, QuantizedTable):
+            return h @ self.lm_head.T  # [T, V]
+        qm = self.lm_head.qm
+        out = np.empty((h.shape[0], qm.shape[0]), h.dtype)
+        rows = max(1, TABLE_CHUNK_ELEMENTS // qm.shape[1])
+        for r in range(0, qm.shape[0], rows):
+            out[:, r : r + rows] = h @ qm.dequantize_rows(slice(r, r + rows)).astype(self.dtype).T
+        return out
 
     def _attention(
         self,
@@ -334,7 +354,7 @@ class StreamingReference:
             raise ValueError("this stream was computed whole by run(); start a new StreamingReference")
         m, d = self.model, self.model.args.head_dim
         eps = m.args.rms_norm_eps
-        x = m.embed[[token]].astype(m.dtype) * m.dtype.type(m.args.embed_scale)  # [1, H]
+        x = m.embed_rows([token])  # [1, H]
         self.token_ids.append(self.tokens)
         back = self.tokens - np.asarray(self.token_ids)  # [n]: how far back each retained token is
         for i, lw in enumerate(m.layers):
@@ -366,7 +386,7 @@ class StreamingReference:
         for cache in (*self.keys, *self.values, self.token_ids):
             if len(cache) > self.sinks + self.window - 1:
                 del cache[self.sinks]
-        return (rms_norm(x, m.final_norm, eps) @ m.lm_head.T)[0]
+        return m.logits(x)[0]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ call is compared; the figure is max |graph - reference| / max |reference| per ca
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -330,6 +331,7 @@ def validation_grid(
         )  # fmt: skip
         ran.append((name, stream, outs, time.perf_counter() - t0))
     del live  # the last reference to a session this function opened: its weights go before the reference runs
+    gc.collect()
     t0 = time.perf_counter()
     memo.score([stream for _, stream, _, _ in ran])
     scored = time.perf_counter() - t0
