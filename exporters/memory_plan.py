@@ -36,6 +36,7 @@ BASELINE = 350 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tok
 PREPARE_LAYERS = 2  # the widened source layer and quantization's temporaries
 GRAPH_LAYERS = 5  # the source layer, its dequantized twin, packing temporaries, two branches' lookups
 REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activations
+TWIN_HEAD_COPIES = 2.2  # float32 LM heads' worth the accuracy_level 0 twin's session adds while it runs
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -111,8 +112,9 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
         prepare["calibration"] = grams * 8 * args.num_layers + whole
     graph = {**held, "layer": GRAPH_LAYERS * layer, "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)
-    # dequantizes a quantized LM head whole for a prefill of more than one row.
-    run = {**held, "runtime": bundle + (table_f32 // tables if table_codes else 0)}
+    # dequantizes a quantized LM head whole for a prefill of more than one row, beside its arena.
+    twin = int(TWIN_HEAD_COPIES * table_f32 / tables) if table_codes and flavor is Flavor.ORT else 0
+    run = {**held, "runtime": bundle + twin}
     reference = {
         **held,
         "layer": REFERENCE_LAYERS * layer,

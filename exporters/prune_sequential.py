@@ -129,6 +129,25 @@ def sequential_reconstruct(
         far (only where its output enters the stream linearly, i.e. without a post-norm)."""
         return xo[n] - xp[n] if residual and norm is None else 0.0
 
+    def refit(
+        ctx: list[np.ndarray],
+        target: list[np.ndarray],
+        w: np.ndarray,
+        b: np.ndarray | None,
+        norm_o: np.ndarray | None,
+        norm_p: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The projection refitted from the pruned rows `ctx` to the unpruned outputs `target`, and both
+        residual streams advanced past it (each through its own post-norm, where the layer has one)."""
+        fit = _Fit(w.shape[1], w.shape[0], b is not None, sink_weight)
+        for n, (c, t) in enumerate(zip(ctx, target, strict=True)):
+            fit.add(c, t + drift(n, norm_p))
+        w2, b2 = fit.solve(w, b, damp)
+        for n, (c, t) in enumerate(zip(ctx, target, strict=True)):
+            xo[n] = xo[n] + post_norm(t, norm_o, eps)
+            xp[n] = xp[n] + post_norm(c @ w2.T if b2 is None else c @ w2.T + b2, norm_p, eps)
+        return w2, b2
+
     layers = []
     for i, (lo, lp) in enumerate(zip(orig.layers, new.layers, strict=True)):
         local = args.is_local(i)
@@ -141,19 +160,13 @@ def sequential_reconstruct(
             lp = replace(lp, **changes)
         ctx_only = replace(lp, o=np.eye(lp.o.shape[1]), o_bias=None)  # the attention's rows before o_proj
         hkv_o, hkv_p = lo.num_kv_heads(d), lp.num_kv_heads(d)
-        fit = _Fit(lp.o.shape[1], lp.o.shape[0], lp.o_bias is not None, sink_weight)
         ctx, target = [], []
         for n, p in enumerate(pos):
             cos, sin = angles[(len(p), local)]
             target.append(orig._attention(i, lo, ho[n], p, cos, sin, _cache(i, hkv_o, d, p)))
             ctx.append(new._attention(i, ctx_only, hp[n], p, cos, sin, _cache(i, hkv_p, d, p)))
-            fit.add(ctx[-1], target[-1] + drift(n, lp.post_attn_norm))
-        o, o_bias = fit.solve(lp.o, lp.o_bias, damp)
+        o, o_bias = refit(ctx, target, lp.o, lp.o_bias, lo.post_attn_norm, lp.post_attn_norm)
         changes.update(o=o, o_bias=o_bias)
-        for n in range(len(pos)):
-            xo[n] = xo[n] + post_norm(target[n], lo.post_attn_norm, eps)
-            a = ctx[n] @ o.T if o_bias is None else ctx[n] @ o.T + o_bias
-            xp[n] = xp[n] + post_norm(a, lp.post_attn_norm, eps)
         del ctx, target
 
         ho = [rms_norm(x, lo.mlp_norm, eps) for x in xo]
@@ -162,20 +175,14 @@ def sequential_reconstruct(
             up_changes = _refit_inputs(("gate", "up"), ho, hp, lp, sink_weight, damp)
             changes.update(up_changes)
             lp = replace(lp, **up_changes)
-        fit = _Fit(lp.down.shape[1], lp.down.shape[0], lp.down_bias is not None, sink_weight)
         ctx, target = [], []
         for n in range(len(pos)):
             target.append(orig._mlp(lo, ho[n]))
             g = hp[n] @ lp.gate.T if lp.gate_bias is None else hp[n] @ lp.gate.T + lp.gate_bias
             u = hp[n] @ lp.up.T if lp.up_bias is None else hp[n] @ lp.up.T + lp.up_bias
             ctx.append(new.act(g) * u)
-            fit.add(ctx[-1], target[-1] + drift(n, lp.post_mlp_norm))
-        down, down_bias = fit.solve(lp.down, lp.down_bias, damp)
+        down, down_bias = refit(ctx, target, lp.down, lp.down_bias, lo.post_mlp_norm, lp.post_mlp_norm)
         changes.update(down=down, down_bias=down_bias)
-        for n in range(len(pos)):
-            xo[n] = xo[n] + post_norm(target[n], lo.post_mlp_norm, eps)
-            m = ctx[n] @ down.T if down_bias is None else ctx[n] @ down.T + down_bias
-            xp[n] = xp[n] + post_norm(m, lp.post_mlp_norm, eps)
         del ctx, target
 
         # biases the layer does not have stay None (copy_layer keeps the pruned layer's own)
