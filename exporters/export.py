@@ -41,6 +41,7 @@ from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, KvDtype, Precision, build_decoder, kv_dtype_problem
 from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_quant import SourceCodes
+from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
@@ -102,6 +103,7 @@ class _Stages:
     def done(self, name: str) -> None:
         # Each stage leaves garbage in reference cycles (graph builders, lazily built layers): hundreds of MB
         # on a 1B model until the collector happens to run, and the next stage's peak would sit on top of it.
+        LazyLayers.release_all()
         gc.collect()
         now = time.perf_counter()
         self.seconds[name] = round(now - self._t, 2)

@@ -21,6 +21,7 @@ from edge_runtime.models import ModelArgs, ModelWeights
 from edge_runtime.ring import LocalLayers, RingGeometry, RingState
 
 from .decoder import Flavor
+from .lazy_layers import LazyLayers
 from .reference import ReferenceModel, Stream, forward_streams
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -334,6 +335,7 @@ def validation_grid(
     gc.collect()
     t0 = time.perf_counter()
     memo.score([stream for _, stream, _, _ in ran])
+    LazyLayers.release_all()  # the reference's last layer is not needed by the next grid's session
     scored = time.perf_counter() - t0
     if progress:
         progress(f"  reference scored the grid's {len(ran)} streams in {scored:.1f}s")
