@@ -14,7 +14,7 @@ the cache [1, Hkv, capacity, D].
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,8 @@ from edge_runtime import __version__
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN, KvUpdate
-from edge_runtime.models import ModelArgs, ModelWeights
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models.layer_plan import Sublayer, run_layers
 
 from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
@@ -296,11 +297,79 @@ def _embed(g: GraphBuilder, args: ModelArgs, wf: WeightFormat, table: str, ids: 
     return x
 
 
-def _post_norm(g: GraphBuilder, prefix: str, y: str, weight: np.ndarray | None, eps: float) -> str:
-    """Gemma's norm on a block's output before the residual add; `y` itself where the layer has none."""
-    if weight is None:
-        return y
-    return blocks_ort.skip_norm(g, prefix, y, None, weight, eps)[0]
+@dataclass
+class _OrtLowering:
+    """models.layer_plan's steps as `ort` nodes. A residual add is not a node of its own: the block's output
+    waits in `delta` and the next norm (SkipSimplifiedLayerNormalization) adds it; `kv` collects each
+    attention's present keys and values (a branch of the decoder-wide If outputs them)."""
+
+    g: GraphBuilder
+    args: ModelArgs
+    wf: WeightFormat
+    steps: tuple[blocks_ort.OrtStep, blocks_ort.OrtStep | None]  # the global layers' and the local layers'
+    linear: bool | None
+    edge_ops: bool
+    delta: str | None = None
+    kv: list[str] = field(default_factory=list)
+
+    def norm(self, layer: int, sub: Sublayer, x: str) -> tuple[str, str]:
+        prefix = f"/model/layers.{layer}/{sub.norm_name}"
+        return blocks_ort.skip_norm(self.g, prefix, x, self.delta, sub.norm, self.args.rms_norm_eps)
+
+    def attention(self, layer: int, lw: LayerWeights, h: str) -> str:
+        a = self.args
+        step = self.steps[1] if a.is_local(layer) and self.steps[1] is not None else self.steps[0]
+        out, k, v = blocks_ort.attention(
+            self.g, f"/model/layers.{layer}/attn", h, lw, self.wf, step, layer=layer, head_dim=a.head_dim,
+            rotary_dim=a.rotary_dim, linear=self.linear, edge_ops=self.edge_ops, eps=a.rms_norm_eps,
+            scale=a.softmax_scale,
+        )  # fmt: skip
+        self.kv += [k, v]
+        return out
+
+    def mlp(self, layer: int, lw: LayerWeights, h: str) -> str:
+        prefix = f"/model/layers.{layer}/mlp"
+        return blocks_ort.mlp(self.g, prefix, h, lw, self.wf, silu_mul=self.edge_ops, activation=self.args.activation)
+
+    def post_norm(self, layer: int, sub: Sublayer, y: str) -> str:
+        assert sub.post_norm is not None  # run_layer calls it only where the layer has one
+        prefix = f"/model/layers.{layer}/{sub.post_norm_name}"
+        return blocks_ort.skip_norm(self.g, prefix, y, None, sub.post_norm, self.args.rms_norm_eps)[0]
+
+    def residual(self, layer: int, sub: Sublayer, x: str, y: str) -> str:
+        self.delta = y
+        return x
+
+
+@dataclass
+class _PortableLowering:
+    """models.layer_plan's steps as the portable graph's standard ops (`trt`)."""
+
+    g: GraphBuilder
+    args: ModelArgs
+    wf: WeightFormat
+    step: StepTensors
+
+    def norm(self, layer: int, sub: Sublayer, x: str) -> tuple[str, str]:
+        return rms_norm(self.g, f"/model/layers.{layer}/{sub.norm_name}", x, sub.norm, self.args.rms_norm_eps), x
+
+    def attention(self, layer: int, lw: LayerWeights, h: str) -> str:
+        a = self.args
+        return attention(
+            self.g, f"/model/layers.{layer}/attn", h, lw, self.wf, self.step, layer=layer, head_dim=a.head_dim,
+            rotary_dim=a.rotary_dim, eps=a.rms_norm_eps, scale=a.softmax_scale, local=a.is_local(layer),
+        )  # fmt: skip
+
+    def mlp(self, layer: int, lw: LayerWeights, h: str) -> str:
+        return mlp(self.g, f"/model/layers.{layer}/mlp", h, lw, self.wf, self.args.activation)
+
+    def post_norm(self, layer: int, sub: Sublayer, y: str) -> str:
+        assert sub.post_norm is not None
+        prefix = f"/model/layers.{layer}/{sub.post_norm_name}"
+        return rms_norm(self.g, prefix, y, sub.post_norm, self.args.rms_norm_eps)
+
+    def residual(self, layer: int, sub: Sublayer, x: str, y: str) -> str:
+        return self.g.op("Add", [x, y], f"/model/layers.{layer}/{sub.block.value}/residual/Add")
 
 
 def _ort_layers(
@@ -317,22 +386,10 @@ def _ort_layers(
     """The `ort` layer loop, for the whole graph (`linear` None: each layer's own If) or one branch of the
     decoder-wide If (`linear` True/False): (the final norm's output, [keys, values] per layer in a branch).
     `steps`: the global layers' step and the local layers' (None without local layers)."""
-    eps, delta, kv = args.rms_norm_eps, None, []  # delta: the last block's output, added to x by the next norm
-    for i, lw in enumerate(weights.layers):
-        p = f"/model/layers.{i}"
-        step = steps[1] if args.is_local(i) and steps[1] is not None else steps[0]
-        h, x = blocks_ort.skip_norm(g, f"{p}/input_layernorm", x, delta, lw.attn_norm, eps)
-        a, k, v = blocks_ort.attention(
-            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim,
-            linear=linear, edge_ops=edge_ops, eps=eps, scale=args.softmax_scale,
-        )  # fmt: skip
-        kv += [k, v]
-        a = _post_norm(g, f"{p}/post_attention_norm", a, lw.post_attn_norm, eps)
-        h, x = blocks_ort.skip_norm(g, f"{p}/post_attention_layernorm", x, a, lw.mlp_norm, eps)
-        delta = blocks_ort.mlp(g, f"{p}/mlp", h, lw, wf, silu_mul=edge_ops, activation=args.activation)
-        delta = _post_norm(g, f"{p}/post_feedforward_norm", delta, lw.post_mlp_norm, eps)
-    h, _ = blocks_ort.skip_norm(g, "/model/norm", x, delta, weights.final_norm, eps)
-    return h, kv if linear is not None else []
+    lowering = _OrtLowering(g, args, wf, steps, linear=linear, edge_ops=edge_ops)
+    x = run_layers(lowering, weights.layers, x)
+    h, _ = blocks_ort.skip_norm(g, "/model/norm", x, lowering.delta, weights.final_norm, args.rms_norm_eps)
+    return h, lowering.kv if linear is not None else []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -406,22 +463,6 @@ def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: 
             sin_k_local=bcast("sin_local", k_shape),
             attn_mask_local=g.input("attn_mask_local", g.dtype, ["tokens", cols]),
         )
-    x = _embed(g, args, wf, table, ids)
-    eps = args.rms_norm_eps
-
-    def post(prefix: str, y: str, weight: np.ndarray | None) -> str:
-        return y if weight is None else rms_norm(g, prefix, y, weight, eps)
-
-    for i, lw in enumerate(weights.layers):
-        p = f"/model/layers.{i}"
-        h = rms_norm(g, f"{p}/input_layernorm", x, lw.attn_norm, eps)
-        a = attention(
-            g, f"{p}/attn", h, lw, wf, step, layer=i, head_dim=args.head_dim, rotary_dim=args.rotary_dim, eps=eps,
-            scale=args.softmax_scale, local=args.is_local(i),
-        )  # fmt: skip
-        x = g.op("Add", [x, post(f"{p}/post_attention_norm", a, lw.post_attn_norm)], f"{p}/attn/residual/Add")
-        h = rms_norm(g, f"{p}/post_attention_layernorm", x, lw.mlp_norm, eps)
-        y = post(f"{p}/post_feedforward_norm", mlp(g, f"{p}/mlp", h, lw, wf, args.activation), lw.post_mlp_norm)
-        x = g.op("Add", [x, y], f"{p}/mlp/residual/Add")
-    h = rms_norm(g, "/model/norm", _keep_rows(g, x), weights.final_norm, eps)
+    x = run_layers(_PortableLowering(g, args, wf, step), weights.layers, _embed(g, args, wf, table, ids))
+    h = rms_norm(g, "/model/norm", _keep_rows(g, x), weights.final_norm, args.rms_norm_eps)
     return _lm_head(g, args, weights, wf, table, h)

@@ -13,13 +13,14 @@ checked against it in tests/test_parity_transformers.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 from edge_runtime.models.base import Activation
+from edge_runtime.models.layer_plan import Sublayer, run_layer
 
 from .lazy_layers import LazyLayers
 from .quant import QuantizedTable
@@ -84,6 +85,31 @@ ACTIVATIONS = {Activation.SILU: silu, Activation.GELU_TANH: gelu_tanh}
 def post_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     """Gemma's norm on a block's output before the residual add; identity where the layer has none."""
     return x if weight is None else rms_norm(x, weight, eps)
+
+
+@dataclass(frozen=True)
+class NumpyLowering:
+    """models.layer_plan's steps in numpy; `attend(layer, lw, h)` is the attention over the caller's
+    cache (dense, or the StreamingLLM ring's retained tokens), `mlp(lw, h)` the gated MLP."""
+
+    eps: float
+    attend: Callable[[int, LayerWeights, np.ndarray], np.ndarray]
+    mlp_of: Callable[[LayerWeights, np.ndarray], np.ndarray]
+
+    def norm(self, layer: int, sub: Sublayer, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return rms_norm(x, sub.norm, self.eps), x
+
+    def attention(self, layer: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+        return self.attend(layer, lw, h)
+
+    def mlp(self, layer: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+        return self.mlp_of(lw, h)
+
+    def post_norm(self, layer: int, sub: Sublayer, y: np.ndarray) -> np.ndarray:
+        return post_norm(y, sub.post_norm, self.eps)
+
+    def residual(self, layer: int, sub: Sublayer, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x + y
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -176,11 +202,12 @@ class ReferenceModel:
         cache: DenseKVCache,
     ) -> np.ndarray:
         """The residual stream x [T, H] after layer i (weights `lw`), its keys and values added to `cache`."""
-        eps = self.args.rms_norm_eps
         cos, sin = angles[self.args.is_local(i)]
-        a = self._attention(i, lw, rms_norm(x, lw.attn_norm, eps), positions, cos, sin, cache)
-        x = x + post_norm(a, lw.post_attn_norm, eps)
-        return x + post_norm(self._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
+
+        def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+            return self._attention(i, lw, h, positions, cos, sin, cache)
+
+        return run_layer(NumpyLowering(self.args.rms_norm_eps, attend, self._mlp), i, lw, x)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.final_norm, self.args.rms_norm_eps)
@@ -321,72 +348,74 @@ class StreamingReference:
 
     def layer(self, i: int, lw: LayerWeights, x: np.ndarray, retained: list[np.ndarray]) -> np.ndarray:
         """The residual stream x [T, H] of a whole stream after layer i; `retained` from plan()."""
-        m, d = self.model, self.model.args.head_dim
-        eps = m.args.rms_norm_eps
-        local = m.args.is_local(i)
-        h = rms_norm(x, lw.attn_norm, eps)
-        hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-        q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(-1, hq, 1, d), lw.q_norm, eps)
-        k = head_norm((h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(-1, hkv, d), lw.k_norm, eps)
-        v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(-1, hkv, d)
-        attn = np.empty((x.shape[0], hq * d), m.dtype)
-        for t, kept in enumerate(retained):
-            n = len(kept)
-            cos, sin = m.rope_cos_sin(np.arange(n), local)  # positions within the cache: 0 .. n-1
-            keys = np.repeat(apply_rope(k[kept].transpose(1, 0, 2), cos, sin), hq // hkv, axis=0)  # [Hq, n, D]
-            qt = apply_rope(q[t], cos[-1:], sin[-1:])  # the query at cache position n - 1
-            values = np.repeat(v[kept].transpose(1, 0, 2), hq // hkv, axis=0)
-            scores = (qt @ keys.transpose(0, 2, 1))[:, 0, :]  # [Hq, n]
-            scores = scores / math.sqrt(d) if m.args.attn_scale is None else scores * m.args.attn_scale
-            if local:
-                reach = min(m.args.local_window or self.window, self.window)
-                scores = np.where((t - kept)[None, :] < reach, scores, -np.inf)
-            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            probs /= probs.sum(axis=-1, keepdims=True)
-            attn[t] = np.einsum("hn,hnd->hd", probs, values).reshape(hq * d)
-        attn = attn @ lw.o.T
-        x = x + post_norm(attn if lw.o_bias is None else attn + lw.o_bias, lw.post_attn_norm, eps)
-        return x + post_norm(m._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
+
+        def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+            q, k, v = self._project(lw, h)
+            local = self.model.args.is_local(i)
+            attn = np.empty((h.shape[0], q.shape[1] * q.shape[3]), self.model.dtype)
+            for t, kept in enumerate(retained):
+                attn[t] = self._attend(local, q[t], k[kept].transpose(1, 0, 2), v[kept].transpose(1, 0, 2), t - kept)
+            return self._out(lw, attn)
+
+        return run_layer(NumpyLowering(self.model.args.rms_norm_eps, attend, self.model._mlp), i, lw, x)
 
     def step(self, token: int) -> np.ndarray:
         """Logits [V] for the next token of the stream."""
         if self.finished:
             raise ValueError("this stream was computed whole by run(); start a new StreamingReference")
-        m, d = self.model, self.model.args.head_dim
-        eps = m.args.rms_norm_eps
+        m = self.model
         x = m.embed_rows([token])  # [1, H]
         self.token_ids.append(self.tokens)
         back = self.tokens - np.asarray(self.token_ids)  # [n]: how far back each retained token is
+
+        def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+            q, k, v = self._project(lw, h)
+            self.keys[i].append(k[0])
+            self.values[i].append(v[0])
+            keys, values = np.stack(self.keys[i], axis=1), np.stack(self.values[i], axis=1)  # [Hkv, n, D]
+            return self._out(lw, self._attend(m.args.is_local(i), q[0], keys, values, back)[None, :])
+
+        lowering = NumpyLowering(m.args.rms_norm_eps, attend, m._mlp)
         for i, lw in enumerate(m.layers):
-            local = m.args.is_local(i)
-            h = rms_norm(x, lw.attn_norm, eps)
-            hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-            q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(hq, 1, d), lw.q_norm, eps)
-            k = head_norm((h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(hkv, d), lw.k_norm, eps)
-            v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(hkv, d)
-            self.keys[i].append(k)
-            self.values[i].append(v)
-            n = len(self.keys[i])
-            cos, sin = m.rope_cos_sin(np.arange(n), local)  # positions within the cache: 0 .. n-1
-            keys = apply_rope(np.stack(self.keys[i], axis=1), cos, sin)  # [Hkv, n, D]
-            q = apply_rope(q, cos[-1:], sin[-1:])  # the query at cache position n - 1
-            keys = np.repeat(keys, hq // hkv, axis=0)
-            values = np.repeat(np.stack(self.values[i], axis=1), hq // hkv, axis=0)
-            scores = (q @ keys.transpose(0, 2, 1))[:, 0, :]  # [Hq, n]
-            scores = scores / math.sqrt(d) if m.args.attn_scale is None else scores * m.args.attn_scale
-            if local:
-                scores = np.where(back[None, :] < min(m.args.local_window or self.window, self.window), scores, -np.inf)
-            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            probs /= probs.sum(axis=-1, keepdims=True)
-            attn = np.einsum("hn,hnd->hd", probs, values).reshape(1, hq * d) @ lw.o.T
-            x = x + post_norm(attn if lw.o_bias is None else attn + lw.o_bias, lw.post_attn_norm, eps)
-            x = x + post_norm(m._mlp(lw, rms_norm(x, lw.mlp_norm, eps)), lw.post_mlp_norm, eps)
+            x = run_layer(lowering, i, lw, x)
         self.tokens += 1
         # Evict: keep the sinks and the W - 1 most recent, so the next token attends S + W.
         for cache in (*self.keys, *self.values, self.token_ids):
             if len(cache) > self.sinks + self.window - 1:
                 del cache[self.sinks]
         return m.logits(x)[0]
+
+    def _project(self, lw: LayerWeights, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q [T, Hq, 1, D] and the pre-RoPE k, v [T, Hkv, D] of the normed rows h [T, H]."""
+        d, eps = self.model.args.head_dim, self.model.args.rms_norm_eps
+        hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+        q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(-1, hq, 1, d), lw.q_norm, eps)
+        k = head_norm((h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(-1, hkv, d), lw.k_norm, eps)
+        v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(-1, hkv, d)
+        return q, k, v
+
+    def _attend(self, local: bool, q: np.ndarray, keys: np.ndarray, values: np.ndarray, back: np.ndarray) -> np.ndarray:
+        """One query q [Hq, 1, D] over the retained tokens' pre-RoPE keys and values [Hkv, n, D], re-rotated
+        at their positions within the cache (0 .. n-1, the query at n - 1); `back` [n]: how far back each
+        token is (a local layer's window). The attention output [Hq * D]."""
+        m = self.model
+        hq, hkv, d = q.shape[0], keys.shape[0], q.shape[-1]
+        cos, sin = m.rope_cos_sin(np.arange(keys.shape[1]), local)
+        keys = np.repeat(apply_rope(keys, cos, sin), hq // hkv, axis=0)  # [Hq, n, D]
+        q = apply_rope(q, cos[-1:], sin[-1:])
+        values = np.repeat(values, hq // hkv, axis=0)
+        scores = (q @ keys.transpose(0, 2, 1))[:, 0, :]  # [Hq, n]
+        scores = scores / math.sqrt(d) if m.args.attn_scale is None else scores * m.args.attn_scale
+        if local:
+            scores = np.where(back[None, :] < min(m.args.local_window or self.window, self.window), scores, -np.inf)
+        probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        return np.einsum("hn,hnd->hd", probs, values).reshape(hq * d)
+
+    @staticmethod
+    def _out(lw: LayerWeights, attn: np.ndarray) -> np.ndarray:
+        attn = attn @ lw.o.T
+        return attn if lw.o_bias is None else attn + lw.o_bias
 
 
 @dataclass(frozen=True)
