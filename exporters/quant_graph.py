@@ -101,6 +101,11 @@ def _bias(g: GraphBuilder, prefix: str, y: str, bias: np.ndarray | None) -> str:
     return y if bias is None else g.op("Add", [y, g.const(bias.astype(g.dtype))], f"{prefix}/BiasAdd")
 
 
+# Rows of a quantized table one MatMulNBits at accuracy_level 0 multiplies (matmul_table): 128 MB of float32
+# at hidden size 2048, against 1 GB for a 128k-vocabulary head in one node.
+FP32_TABLE_PART_ROWS = 16384
+
+
 @dataclass(frozen=True)
 class NBitsWeights:
     """`ort` flavor: MatMulNBits for every quantized product, GatherBlockQuantized for the embedding."""
@@ -166,7 +171,20 @@ class NBitsWeights:
         if table not in self._tables:
             return self.floats.matmul_table(g, prefix, x2d, table)
         qm, scales, blk = self._tables[table]
-        return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk, qm)
+        n, k = qm.shape
+        if self.accuracy_level != 0 or self.kernel is MatMulKernel.EDGE or n <= FP32_TABLE_PART_ROWS:
+            return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk, qm)
+        # MatMulNBits computing in fp32 dequantizes its whole B on every call, which for a 1B model's LM head
+        # is a 1 GB float32 temporary (the accuracy_level 0 twin's peak, issue 23): run the head in parts of
+        # rows, each its own node over its own copy of those rows' codes, and concatenate the logits.
+        b = pack_nbits(qm, prefix)[0]
+        parts = []
+        for r in range(0, n, FP32_TABLE_PART_ROWS):
+            rows = slice(r, min(r + FP32_TABLE_PART_ROWS, n))
+            part = f"{prefix}/rows_{r}"
+            w_q = g.weight(f"{part}/weight_q", b[rows])
+            parts.append(self._nbits(g, part, x2d, w_q, (rows.stop - r, k, qm.bits), scales[rows], blk, qm))
+        return g.op("Concat", parts, f"{prefix}/rows/Concat", axis=-1)
 
     def _nbits(
         self,

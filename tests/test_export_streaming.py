@@ -102,3 +102,24 @@ def test_max_memory_refuses_up_front_with_the_estimate(tmp_path):
     assert r.exit_code != 0 and "Traceback" not in r.output
     (line,) = [x for x in r.output.splitlines() if "needs about" in x]  # one line, with the estimate's parts
     assert "--max-memory 1 MB" in line and "tables" in line and not out.exists()
+
+
+def test_the_fp32_twins_lm_head_runs_in_parts_and_still_matches_the_reference(tmp_path, monkeypatch):
+    """MatMulNBits at accuracy_level 0 dequantizes its whole B per call (1 GB for a 1B model's head): the twin
+    runs the head a part of the rows at a time, and its logits still equal the reference to fp32 tolerance."""
+    from edge_runtime.exporters import quant_graph
+    from edge_runtime.exporters.quant_pipeline import exact_twin
+
+    monkeypatch.setattr(quant_graph, "FP32_TABLE_PART_ROWS", 100)  # the demo's 4096-token vocabulary: 41 parts
+    ckpt = load_checkpoint(DEMO_CHECKPOINT)
+    prepared = prepare_weights(ckpt, _INT4, None, None, trt=False, weights_label="fp32", progress=lambda _m: None)
+    twin = build_decoder(ckpt.args, prepared.weights, Flavor.ORT, Precision.FP32, exact_twin(prepared.quantized))
+    heads = [n for n in twin.model.graph.node if n.name.startswith("/lm_head/rows_") and n.op_type == "MatMulNBits"]
+    assert len(heads) == -(-ckpt.args.vocab_size // 100)
+    assert sum(next(a.i for a in n.attribute if a.name == "N") for n in heads) == ckpt.args.vocab_size
+    plain = build_decoder(ckpt.args, prepared.weights, Flavor.ORT, Precision.FP32, prepared.quantized)
+    assert not any(n.name.startswith("/lm_head/rows_") for n in plain.model.graph.node)  # the bundle's head: whole
+
+    m = export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=tmp_path / "b", quant=_INT4, window=60))
+    parity = m.quantization["exact_parity"]
+    assert parity["max_rel_err"] <= parity["tolerance"] <= 1e-4
