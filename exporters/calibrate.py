@@ -11,8 +11,9 @@ it will read, and the manifest records which file, its checksum and token count.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from edge_runtime.errors import ExportError
 from edge_runtime.models import GENERAL_CALIBRATION, LayerWeights, ModelArgs, ModelWeights
 
 from .checkpoint import Checkpoint
-from .reference import ReferenceModel, perplexity
+from .reference import DenseKVCache, ReferenceModel, perplexity
 
 CALIBRATION_FILE = "calibration.txt"
 HELDOUT_FILE = "heldout.txt"
@@ -216,6 +217,22 @@ class InputStats:
         return float(np.sqrt(max(float(((d @ self.gram) * d).sum()), 0.0) / denom)) if denom > 0 else 0.0
 
 
+GROUP_OF = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "down": "down"}
+
+
+@dataclass
+class LayerInputs:
+    """One layer's statistics of the rows fed to each group of Linears over the calibration tokens."""
+
+    attn: InputStats  # K = H      -> q, k, v
+    o: InputStats  # K = Hq*D      -> o
+    mlp: InputStats  # K = H       -> gate, up
+    down: InputStats  # K = I      -> down
+
+    def of(self, linear: str) -> InputStats:
+        return getattr(self, GROUP_OF[linear])
+
+
 @dataclass
 class LinearInputs:
     """Per layer, the statistics of the rows fed to each group of Linears over the calibration tokens."""
@@ -226,28 +243,65 @@ class LinearInputs:
     down: list[InputStats] = field(default_factory=list)  # K = I      -> down
 
     def of(self, layer: int, linear: str) -> InputStats:
-        group = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "down": "down"}
-        return getattr(self, group[linear])[layer]
+        return getattr(self, GROUP_OF[linear])[layer]
+
+    def layer(self, i: int) -> LayerInputs:
+        return LayerInputs(self.attn[i], self.o[i], self.mlp[i], self.down[i])
+
+    def append(self, x: LayerInputs) -> None:
+        for group in ("attn", "o", "mlp", "down"):
+            getattr(self, group).append(getattr(x, group))
+
+
+class LayerInputStream:
+    """Each layer's LayerInputs in order, computed when asked for: the reference runs with the layers
+    outermost (every calibration sequence through layer i, then all through i + 1), so it holds one
+    layer's weights and statistics and the sequences' residual streams, not the model (issue 23). A
+    consumer that quantizes layer i before asking for i + 1 (quant_model.quantize_model) holds only that.
+    The statistics equal a sequence-by-sequence forward's bit for bit (each sum runs over the sequences
+    in the same order). `seconds`: the time spent computing them so far."""
+
+    def __init__(self, args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress):
+        self._ref = ReferenceModel(args, weights)
+        self._calib, self._progress = calib, progress
+        self._streams = None  # per sequence: [residual stream, positions, angles, cache], made on first use
+        self._next = 0
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self._ref.layers)
+
+    def layer(self, i: int) -> LayerInputs:
+        if i != self._next:  # a caller bug: the streams have moved past earlier layers
+            raise ValueError(f"calibration inputs are computed layer by layer: asked for {i}, next is {self._next}")
+        t0 = time.perf_counter()
+        ref = self._ref
+        if self._streams is None:
+            self._streams = []
+            for seq in self._calib.sequences:
+                positions = np.arange(len(seq), dtype=np.int64)
+                cache = DenseKVCache(positions=positions)
+                self._streams.append([ref.embed_rows(seq), positions, ref.angles(positions), cache])
+        lw = ref.layers[i]
+        stats = {group: InputStats.empty(getattr(lw, f).shape[1]) for f, group in TAPPED.items()}
+        tapped = replace(lw, **{f: _Tap(getattr(lw, f), stats[group].add) for f, group in TAPPED.items()})
+        for stream in self._streams:
+            stream[0] = ref.layer(i, tapped, *stream)
+            stream[3].forget(i)  # no later layer reads layer i's keys
+        self._next += 1
+        self.seconds += time.perf_counter() - t0
+        self._progress(f"  calibration layer {i + 1}/{len(ref.layers)} ({self._calib.tokens} tokens)")
+        return LayerInputs(**stats)
 
 
 def capture_linear_inputs(
     args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress = lambda _m: None
 ) -> LinearInputs:
-    """Run the float64 reference over the calibration sequences, accumulating every Linear's input statistics."""
-    ref = ReferenceModel(args, weights, lazy=False)  # the taps below are set on its layers
-    stats: dict[tuple[int, str], InputStats] = {}
-    for i, lw in enumerate(ref.layers):
-        for f, group in TAPPED.items():
-            key = (i, group)
-            stats[key] = InputStats.empty(getattr(lw, f).shape[1])
-            setattr(lw, f, _Tap(getattr(lw, f), stats[key].add))
-    for n, seq in enumerate(calib.sequences):
-        progress(f"  calibration forward {n + 1}/{len(calib.sequences)} ({len(seq)} tokens)")
-        ref.forward(seq)
+    """Every layer's input statistics, held together (pruning and --mixed sensitivity compare layers)."""
+    stream = LayerInputStream(args, weights, calib, progress)
     out = LinearInputs()
-    for i in range(len(ref.layers)):
-        for group in TAPPED.values():
-            getattr(out, group).append(stats[(i, group)])
+    for i in range(len(stream)):
+        out.append(stream.layer(i))
     return out
 
 

@@ -12,10 +12,11 @@ once per case. What it still holds whole is named here, part by part, so a refus
     runtime   ONNX Runtime's view of the bundle while the graph runs (the data file it maps and touches,
               and the twin's dequantized LM head), or the table's bytes on their way to the file
     reference the float64 reference's tables (models up to reference.F64_COPY_MAX_PARAMS parameters)
-    calibration  X^T X of every Linear group's inputs and the reference held whole (calibrated methods, pruning)
+    calibration  AWQ/GPTQ: one layer's X^T X statistics and the calibration tokens' residual streams (the
+              layers are calibrated one at a time as each is quantized); pruning and --mixed sensitivity
+              compare layers: every layer's statistics and the (pruned) model whole
 
 The constants were fitted to the phases measured on the Llama-3.2-1B shape (README "Export at scale").
-Calibrated exports are not layer by layer yet; their part is the Gram matrices' plain size.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from edge_runtime.models import ModelArgs
 
+from .calibrate import DEFAULT_CALIBRATION_TOKENS
 from .decoder import Flavor
 from .quant import QuantConfig
 from .reference import F64_COPY_MAX_PARAMS
@@ -36,7 +38,10 @@ BASELINE = 200 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tok
 PREPARE_LAYERS = 2  # the widened source layer and quantization's temporaries
 GRAPH_LAYERS = 5  # the source layer, its dequantized twin, packing temporaries, two branches' lookups
 REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activations
-TWIN_HEAD_COPIES = 2.2  # float32 LM heads' worth the accuracy_level 0 twin's session adds while it runs
+TWIN_HEAD_COPIES = 2.2
+# One layer's Gram matrices' worth alive while it is calibrated and quantized: its statistics, AWQ's
+# rescaled copies, GPTQ's Hessian and its factorisation
+LAYER_GRAM_COPIES = 3  # float32 LM heads' worth the accuracy_level 0 twin's session adds while it runs
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -107,9 +112,11 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
     held = {"baseline": BASELINE, "tables": table_codes if table_codes else table_f32, "codes": codes}
 
     prepare = {**held, "tables": table_f32 + table_codes, "layer": PREPARE_LAYERS * layer}
-    if quant.needs_calibration or pruning:
-        whole = params * (8 if params <= F64_COPY_MAX_PARAMS else 4)
-        prepare["calibration"] = grams * 8 * args.num_layers + whole
+    ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
+    if pruning or quant.mixed.needs_calibration:  # every layer's statistics at once, the pruned model whole
+        prepare["calibration"] = grams * 8 * args.num_layers + params * ref_bytes
+    elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
+        prepare["calibration"] = LAYER_GRAM_COPIES * grams * 8 + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes
     graph = {**held, "layer": GRAPH_LAYERS * layer, "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)
     # dequantizes a quantized LM head whole for a prefill of more than one row, beside its arena.

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models import LayerWeights, ModelArgs
 
-from .calibrate import InputStats, LinearInputs, copy_layer
+from .calibrate import InputStats, LayerInputs, copy_layer
 from .quant import quantize_rtn
 
 ALPHAS = tuple(np.round(np.arange(20) * 0.05, 2))  # 0, 0.05, ..., 0.95 as in the AWQ paper
@@ -69,60 +69,50 @@ def search_scales(
     return ScaleSearch(scales=best[2], alpha=float(best[1]), loss_ratio=best[0] / rtn if rtn else 1.0)
 
 
-def apply_awq(
+def awq_layer(
     args: ModelArgs,
-    weights: ModelWeights,
-    acts: LinearInputs,
+    i: int,
+    lw: LayerWeights,
+    x: LayerInputs,
     block: int,
     progress: Callable[[str], None] = lambda _m: None,
     sink_weight: float = 0.0,
     asymmetric: bool = False,
-) -> tuple[ModelWeights, LinearInputs, dict]:
-    """Scaled float weights (the same function), the inputs each Linear now sees, and the record."""
+) -> tuple[LayerWeights, LayerInputs, dict]:
+    """Layer i with its scales folded in (the same function), the inputs its Linears now see, and its record."""
     d = args.head_dim
-    layers: list[LayerWeights] = []
-    seen = LinearInputs()
-    record = {}
-    for i, lw in enumerate(weights.layers):
-        hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-        kw = {"sink_weight": sink_weight, "asymmetric": asymmetric}
-        qkv = search_scales(acts.attn[i], [lw.q, lw.k, lw.v], block, **kw)
-        o = search_scales(acts.o[i], [lw.o], block, tie=(hkv, hq // hkv, d), **kw)
-        gu = search_scales(acts.mlp[i], [lw.gate, lw.up], block, **kw)
-        dn = search_scales(acts.down[i], [lw.down], block, **kw)
-        s_kv = o.scales.reshape(hkv, hq // hkv, d)[:, 0, :].reshape(-1)  # per v_proj output row
+    hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
+    kw = {"sink_weight": sink_weight, "asymmetric": asymmetric}
+    qkv = search_scales(x.attn, [lw.q, lw.k, lw.v], block, **kw)
+    o = search_scales(x.o, [lw.o], block, tie=(hkv, hq // hkv, d), **kw)
+    gu = search_scales(x.mlp, [lw.gate, lw.up], block, **kw)
+    dn = search_scales(x.down, [lw.down], block, **kw)
+    s_kv = o.scales.reshape(hkv, hq // hkv, d)[:, 0, :].reshape(-1)  # per v_proj output row
 
-        def rows(w: np.ndarray | None, s: np.ndarray) -> np.ndarray | None:
-            return None if w is None else (w.T / s).T if w.ndim == 2 else w / s
+    def rows(w: np.ndarray | None, s: np.ndarray) -> np.ndarray | None:
+        return None if w is None else (w.T / s).T if w.ndim == 2 else w / s
 
-        layers.append(
-            copy_layer(
-                lw,
-                attn_norm=lw.attn_norm / qkv.scales,
-                q=lw.q * qkv.scales,
-                k=lw.k * qkv.scales,
-                v=rows(lw.v * qkv.scales, s_kv),
-                v_bias=rows(lw.v_bias, s_kv),
-                o=lw.o * o.scales,
-                mlp_norm=lw.mlp_norm / gu.scales,
-                gate=lw.gate * gu.scales,
-                up=rows(lw.up * gu.scales, dn.scales),
-                up_bias=rows(lw.up_bias, dn.scales),
-                down=lw.down * dn.scales,
-            )
-        )
-        seen.attn.append(acts.attn[i].divided(qkv.scales))
-        seen.o.append(acts.o[i].divided(o.scales))
-        seen.mlp.append(acts.mlp[i].divided(gu.scales))
-        seen.down.append(acts.down[i].divided(dn.scales))
-        record[f"layer {i}"] = {
-            name: {"alpha": r.alpha, "loss_vs_rtn": round(r.loss_ratio, 4)}
-            for name, r in (("qkv", qkv), ("o", o), ("gate_up", gu), ("down", dn))
-        }
-        found = (("qkv", qkv), ("o", o), ("gate_up", gu), ("down", dn))
-        progress(
-            f"  awq layer {i}: alpha / squared output error vs RTN: "
-            + ", ".join(f"{n} {r.alpha:.2f} / {r.loss_ratio:.2f}" for n, r in found)
-        )
-    out = ModelWeights(embed=weights.embed, final_norm=weights.final_norm, lm_head=weights.lm_head, layers=layers)
-    return out, seen, record
+    scaled = copy_layer(
+        lw,
+        attn_norm=lw.attn_norm / qkv.scales,
+        q=lw.q * qkv.scales,
+        k=lw.k * qkv.scales,
+        v=rows(lw.v * qkv.scales, s_kv),
+        v_bias=rows(lw.v_bias, s_kv),
+        o=lw.o * o.scales,
+        mlp_norm=lw.mlp_norm / gu.scales,
+        gate=lw.gate * gu.scales,
+        up=rows(lw.up * gu.scales, dn.scales),
+        up_bias=rows(lw.up_bias, dn.scales),
+        down=lw.down * dn.scales,
+    )
+    seen = LayerInputs(
+        x.attn.divided(qkv.scales), x.o.divided(o.scales), x.mlp.divided(gu.scales), x.down.divided(dn.scales)
+    )
+    found = (("qkv", qkv), ("o", o), ("gate_up", gu), ("down", dn))
+    record = {name: {"alpha": r.alpha, "loss_vs_rtn": round(r.loss_ratio, 4)} for name, r in found}
+    progress(
+        f"  awq layer {i}: alpha / squared output error vs RTN: "
+        + ", ".join(f"{n} {r.alpha:.2f} / {r.loss_ratio:.2f}" for n, r in found)
+    )
+    return scaled, seen, record

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 from edge_runtime.errors import ExportError
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, WeightNames
 
-from .calibrate import InputStats, LinearInputs, copy_layer
+from .calibrate import InputStats, LayerInputStream, LinearInputs, copy_layer
 from .lazy_layers import LazyLayers
 from .quant import (
     MixedPlan,
@@ -36,7 +36,7 @@ from .quant import (
     relative_error,
     table_error,
 )
-from .quant_awq import apply_awq
+from .quant_awq import awq_layer
 from .quant_mixed import GROUPS, choose_int8_groups
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -78,6 +78,10 @@ class QuantizedModel:
         return qm
 
 
+# The Linears of an AWQ-scaled layer kept only for its norms and biases (its Linears come from their codes)
+_NO_WEIGHT = np.empty((0, 0), np.float32)
+
+
 def check_blocks(weights: ModelWeights, names: WeightNames, config: QuantConfig, linears: tuple = LINEARS) -> None:
     """INT4 needs every Linear's input dimension to be a multiple of the block: fail before any work."""
     if config.method.linear_bits == 4:
@@ -91,12 +95,14 @@ def quantize_model(
     weights: ModelWeights,
     names: WeightNames,
     config: QuantConfig,
-    acts: LinearInputs | None = None,
+    acts: LinearInputs | LayerInputStream | None = None,
     progress: Callable[[str], None] = lambda _m: None,
     imported: Mapping[str, QuantizedMatrix] | None = None,
 ) -> QuantizedModel:
     """`acts` (calibration inputs of `weights`) is required by AWQ and GPTQ, optional otherwise
-    (then the record also gives each Linear's relative output error on them). `imported`: tensors whose
+    (then the record also gives each Linear's relative output error on them); a LayerInputStream computes
+    each layer's as it is quantized, so neither the float model nor every layer's statistics are held at
+    once (its time is left out of `quantize_seconds`). `imported`: tensors whose
     integer form is given (a GGUF's codes, gguf_quant.py), used as they are where they dequantize to
     exactly the checkpoint's weights."""
     t0 = time.perf_counter()
@@ -119,12 +125,9 @@ def quantize_model(
     int8_block = imported[min(linear_names & set(imported))].block if linear_names & set(imported) else None
 
     extra: dict[str, Any] = {}
-    if method.awq:  # the scaled weights (the same float function) and the inputs they now see
+    if method.awq:
         progress(f"searching AWQ scales ({len(weights.layers)} layers)")
-        weights, acts, extra["awq"] = apply_awq(
-            args, weights, acts, block, progress, AWQ_SINK_WEIGHT, config.asymmetric
-        )
-        extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
+        extra["awq"] = {}
     if method.gptq:
         extra["gptq"] = {
             "act_order": GPTQ_ACT_ORDER,
@@ -179,11 +182,24 @@ def quantize_model(
         int8_groups, extra["mixed"] = choose_int8_groups(config.mixed, weights)
     group_of = {f: g for g, parts in GROUPS.items() for f in parts}
 
+    # Each layer's inputs are asked for as the layer is reached: from a LayerInputStream they are computed
+    # then (issue 23), and only the sensitivity plan, which compares every layer, keeps them all.
+    kept = LinearInputs() if config.mixed.needs_calibration and acts is not None else None
+    # AWQ's scaled layers: whole where the sensitivity plan re-reads their floats, else only their small
+    # vectors (norms, biases); the Linears are read back from their codes (`layer` below).
+    scaled: list[LayerWeights] = []
     forms: dict[tuple[int, str], QuantizedMatrix] = {}
     for i, lw in enumerate(weights.layers):
+        x = acts.layer(i) if acts is not None else None
+        if method.awq:
+            lw, x, extra["awq"][f"layer {i}"] = awq_layer(
+                args, i, lw, x, block, progress, AWQ_SINK_WEIGHT, config.asymmetric
+            )
+            scaled.append(lw if kept is not None else copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
+        if kept is not None:
+            kept.append(x)
         for f in LINEARS:
             w, name = getattr(lw, f), names.layer[f].format(i=i)
-            x = acts.of(i, f) if acts is not None else None
             if (i, group_of[f]) in int8_groups:
                 qm = quantize_rtn(w, 8)  # per channel: MatMulNBits bits 8, MatMulQ8, trt's DequantizeLinear
             elif name in imported:
@@ -191,29 +207,32 @@ def quantize_model(
             elif bits == 8:
                 qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
             elif method.gptq:
-                hessian = x.sink_weighted(GPTQ_SINK_WEIGHT)
+                hessian = x.of(f).sink_weighted(GPTQ_SINK_WEIGHT)
                 qm = gptq(w, hessian, 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER, asymmetric=config.asymmetric)
             else:
                 qm = quantize_rtn(w, 4, block, asymmetric=config.asymmetric)
             forms[(i, f)] = qm
         # the record as each layer is quantized: a layer widened from the file once, not again for the record
         errors = [
-            note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if acts is None else acts.of(i, f))
+            note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if x is None else x.of(f))
             for f in LINEARS
         ]
         worst = max(errors)
         progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
+    if method.awq:
+        extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
+        weights = replace(weights, layers=scaled)
     if config.mixed.needs_calibration:
         if acts is None:
             raise ValueError(f"--mixed {config.mixed.value} needs calibration inputs")
         int8_groups, extra["mixed"] = choose_int8_groups(
-            config.mixed, weights, forms, acts, GPTQ_SINK_WEIGHT, config.mixed_bits
+            config.mixed, weights, forms, kept, GPTQ_SINK_WEIGHT, config.mixed_bits
         )
         for i, f in forms:
             if (i, group_of[f]) in int8_groups:
                 w = getattr(weights.layers[i], f)
                 forms[(i, f)] = quantize_rtn(w, 8)
-                note(names.layer[f].format(i=i), w, forms[(i, f)], acts.of(i, f))
+                note(names.layer[f].format(i=i), w, forms[(i, f)], kept.of(i, f))
     if "mixed" in extra:
         progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
 
@@ -261,7 +280,7 @@ def quantize_model(
         "accuracy_level": config.accuracy_level,
         "per_tensor": per_tensor,
         **extra,
-        "quantize_seconds": round(time.perf_counter() - t0, 2),
+        "quantize_seconds": round(time.perf_counter() - t0 - getattr(acts, "seconds", 0.0), 2),
     }
     return out
 

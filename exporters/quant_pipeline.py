@@ -17,6 +17,7 @@ from edge_runtime.models import ModelArgs, ModelWeights
 
 from .calibrate import (
     CalibrationSet,
+    LayerInputStream,
     LinearInputs,
     calibration_perplexity,
     capture_linear_inputs,
@@ -119,26 +120,32 @@ def prepare_weights(
     if quant.needs_calibration or pruning or calibration is not None:
         calib = load_calibration(ckpt, calibration)
         record["calibration"] = calib.record()
-    if quant.needs_calibration or pruning:
+    if pruning:  # pruning ranks and refits across layers: every layer's statistics at once
         t0 = time.perf_counter()
         progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
         acts = capture_linear_inputs(args, weights, calib, progress)
         record["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
-
-    if pruning:
         weights, record["pruning"] = _prune(
             args, weights, acts, calib, prune, prune_budget, pruning_unit(quant), progress
         )
         acts = None  # they were the unpruned model's
         if quant.needs_calibration:
-            progress("re-calibrating the pruned model")
-            acts = capture_linear_inputs(args, weights, calib, progress)
+            progress("re-calibrating the pruned model, a layer at a time as it is quantized")
+            acts = LayerInputStream(args, weights, calib, progress)
+    elif quant.needs_calibration:
+        progress(
+            f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward), "
+            "a layer at a time as it is quantized"
+        )
+        acts = LayerInputStream(args, weights, calib, progress)
 
     quantized = None
     if quant.enabled:
         block = f", block {quant.block}" if quant.method.linear_bits == 4 else ""
         progress(f"quantizing: {quant.method.value}{block}")
         quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress, imported)
+        if isinstance(acts, LayerInputStream) and not pruning:
+            record["calibration"]["seconds"] = round(acts.seconds, 2)
         record.update(quantized.record)
         record["weights"] = f"int{quant.method.linear_bits}"
         if trt:  # TensorRT dequantizes and multiplies in fp16/fp32: MatMulNBits' compute type does not apply

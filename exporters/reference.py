@@ -40,6 +40,11 @@ class DenseKVCache:
     def __len__(self) -> int:
         return int(self.positions.shape[0])
 
+    def forget(self, layer: int) -> None:
+        """Drop a layer's keys and values where no later token will read them (a pass with the layers
+        outermost: every token has been through this layer)."""
+        self.keys[layer] = self.values[layer] = np.empty(0, self.keys[layer].dtype)
+
 
 # Above this many parameters the reference computes in float32 on the weights as given: a float64 copy
 # of a 1B model is 10 GB, more than the exporter can hold beside the graph and the session it validates

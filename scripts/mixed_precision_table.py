@@ -61,15 +61,21 @@ CONSTANTS: dict[str, dict[str, float]] = {
     "int4 GPTQ b32 damp 0.1, mixed sensitivity": {"GPTQ_DAMP": 0.1},
 }
 
-_capture = pipeline.capture_linear_inputs
 _cache: dict = {}
 
 
-def _cached_capture(args, weights, calib, progress=lambda _m: None):
-    key = (calib.sha256, calib.tokens)
-    if key not in _cache:
-        _cache[key] = _capture(args, weights, calib, progress)
-    return _cache[key]
+class _CachedStream(pipeline.LayerInputStream):
+    """One calibration for every row (no pruning here: one model), served a layer at a time as the
+    exporter asks for it."""
+
+    def __init__(self, args, weights, calib, progress=lambda _m: None):
+        key = (calib.sha256, calib.tokens)
+        if key not in _cache:
+            _cache[key] = pipeline.capture_linear_inputs(args, weights, calib, progress)
+        self._all, self.seconds = _cache[key], 0.0
+
+    def layer(self, i):
+        return self._all.layer(i)
 
 
 def main() -> int:
@@ -80,7 +86,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    pipeline.capture_linear_inputs = _cached_capture  # no pruning here: one model, one calibration
+    pipeline.LayerInputStream = _CachedStream
     text = a.text.read_text(encoding="utf-8")
     a.bundles.mkdir(parents=True, exist_ok=True)
     params = None

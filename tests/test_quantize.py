@@ -4,6 +4,7 @@ weights, `trt` against `ort` on the same integer weights, the quantizers themsel
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ from edge_runtime.exporters.calibrate import InputStats, capture_linear_inputs, 
 from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, quantize_rtn
-from edge_runtime.exporters.quant_awq import apply_awq, search_scales
+from edge_runtime.exporters.quant_awq import awq_layer, search_scales
 from edge_runtime.exporters.quant_graph import pack_nbits
 from edge_runtime.exporters.quant_model import quantize_model
 from edge_runtime.exporters.quant_pipeline import check_options
@@ -232,7 +233,11 @@ def test_awq_then_gptq_rounds_the_scaled_weights(ckpts, acts):
 def test_awq_scaling_is_folded_exactly(ckpts, acts):
     """Before rounding, the scaled model is the same function (norms, v rows and up rows absorb 1/s)."""
     ck = ckpts["llama-untied"]
-    scaled, _, record = apply_awq(ck.args, ck.weights, acts, block=32)
+    layers, record = [], {}
+    for i, lw in enumerate(ck.weights.layers):
+        scaled_layer, _, record[i] = awq_layer(ck.args, i, lw, acts.layer(i), block=32)
+        layers.append(scaled_layer)
+    scaled = replace(ck.weights, layers=layers)
     assert any(r["alpha"] > 0 for layer in record.values() for r in layer.values())
     assert all(r["loss_vs_rtn"] <= 1.0 for layer in record.values() for r in layer.values())
     ids = np.random.default_rng(3).integers(0, ck.args.vocab_size, 40)
@@ -420,7 +425,10 @@ def test_cli_int4_awq_export_records_errors_and_perplexity(ckpts, tmp_path):
     out = tmp_path / "b"
     r = CliRunner().invoke(export_cli, [str(ck.path), "-o", str(out), "--quant", "int4-awq", "--block", "64"])
     assert r.exit_code == 0, r.output
-    assert "calibration forward" in r.output and "awq layer" in r.output and "quantized layer 3/3" in r.output
+    assert "awq layer" in r.output and "quantized layer 3/3" in r.output
+    # calibrated a layer at a time as each is quantized (issue 23): layer 2's statistics after layer 1 is done
+    assert r.output.index("calibration layer 1/3") < r.output.index("quantized layer 1/3")
+    assert r.output.index("quantized layer 1/3") < r.output.index("calibration layer 2/3")
     q = json.loads((out / "manifest.json").read_text())["quantization"]
     assert q["method"] == "int4-awq" and q["block"] == 64 and q["embeddings"] == "int8 per row"
     assert len(q["per_tensor"]) == 7 * 3 + 2  # Linears, embedding, untied LM head
