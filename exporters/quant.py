@@ -384,6 +384,9 @@ def gptq(
     out, k = w.shape
     W = np.array(w, dtype=np.float64)
     H = np.array(hessian, dtype=np.float64)
+    # K x K float64 arrays are 0.5 GB each at K = 8192 (a 1B model's down_proj): drop each as soon as it is
+    # used up (a caller that passes its Hessian inline frees it here too)
+    del hessian
     dead = np.diag(H) == 0  # channels never active in calibration: nothing to compensate with
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
@@ -403,7 +406,10 @@ def gptq(
         perm = np.arange(k)
     H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
     try:
-        Hinv = np.linalg.cholesky(np.linalg.inv(H)).T
+        inverse = np.linalg.inv(H)
+        del H
+        Hinv = np.linalg.cholesky(inverse).T
+        del inverse
     except np.linalg.LinAlgError as e:
         raise ExportError(f"GPTQ: calibration Hessian of a [{out}, {k}] weight is not positive definite ({e})") from e
 
