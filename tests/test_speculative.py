@@ -89,7 +89,35 @@ class Garbage:
         return Proposal([2] * budget("garbage"), arm="garbage")
 
 
-def test_adaptive_lookup_is_exact_and_a_losing_proposer_is_switched_off(tied_bundle):
+class StepClock:
+    """The decoder's clock, advanced by the target's calls at a fixed cost model: a decode step costs 1, a
+    chunk of n rows 1 + 0.5 (n - 1). On the tiny bundle a real 2-row call costs about what a 1-row call
+    does (fixed overheads), so the real clock cannot show a losing proposer reliably on a busy machine."""
+
+    def __init__(self, monkeypatch) -> None:
+        from edge_runtime import speculative
+        from edge_runtime.session import Turn
+
+        self.now = 0.0
+        monkeypatch.setattr(speculative, "time", self)
+        decode, extend = Turn.decode, Turn.extend
+
+        def timed_decode(turn, token):
+            self.now += 1.0
+            return decode(turn, token)
+
+        def timed_extend(turn, tokens):  # the pending token and the proposals: len(tokens) + 1 rows
+            self.now += 1.0 + 0.5 * len(tokens)
+            return extend(turn, tokens)
+
+        monkeypatch.setattr(Turn, "decode", timed_decode)
+        monkeypatch.setattr(Turn, "extend", timed_extend)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_adaptive_lookup_is_exact_and_a_losing_proposer_is_switched_off(tied_bundle, monkeypatch):
     engine = load(tied_bundle, SMALL)
     prompt = repetitive_prompt(320)
     want = greedy(engine, prompt, 120)
@@ -98,6 +126,7 @@ def test_adaptive_lookup_is_exact_and_a_losing_proposer_is_switched_off(tied_bun
     assert greedy(engine, prompt, 120, lookup) == want
     # Every proposal rejected: each verification costs more than the plain step it replaces, so the
     # arm is switched off, for longer each time (16, 32, 64 tokens: a few probes in 120 tokens).
+    StepClock(monkeypatch)
     losing = SpeculativeDecoder(Garbage(), k=4)
     assert greedy(engine, prompt, 120, losing) == want
     st = losing.stats
