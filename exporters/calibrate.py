@@ -289,6 +289,8 @@ class LayerInputStream:
             stream[0] = ref.layer(i, tapped, *stream)
             stream[3].forget(i)  # no later layer reads layer i's keys
         self._next += 1
+        if self._next == len(ref.layers):  # the last layer: the residual streams are not read again
+            self._streams = []
         self.seconds += time.perf_counter() - t0
         self._progress(f"  calibration layer {i + 1}/{len(ref.layers)} ({self._calib.tokens} tokens)")
         return LayerInputs(**stats)

@@ -207,9 +207,9 @@ def quantize_model(
             elif bits == 8:
                 qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
             elif method.gptq:
-                hessian = x.of(f).sink_weighted  # made inline: gptq frees it once copied (0.5 GB at 1B's down)
+                # the Hessian made inline, so gptq's copy is the only one (0.5 GB each at the 1B shape's down_proj)
                 qm = gptq(
-                    w, hessian(GPTQ_SINK_WEIGHT), 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER,
+                    w, x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block, GPTQ_DAMP, act_order=GPTQ_ACT_ORDER,
                     asymmetric=config.asymmetric,
                 )  # fmt: skip
             else:
@@ -222,6 +222,7 @@ def quantize_model(
         ]
         worst = max(errors)
         progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
+    calibrating = acts.seconds if isinstance(acts, LayerInputStream) else 0.0
     if method.awq:
         extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
         weights = replace(weights, layers=scaled)
@@ -283,7 +284,7 @@ def quantize_model(
         "accuracy_level": config.accuracy_level,
         "per_tensor": per_tensor,
         **extra,
-        "quantize_seconds": round(time.perf_counter() - t0 - getattr(acts, "seconds", 0.0), 2),
+        "quantize_seconds": round(time.perf_counter() - t0 - calibrating, 2),
     }
     return out
 

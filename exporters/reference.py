@@ -134,7 +134,7 @@ class ReferenceModel:
         """`dtype` forces the compute precision (float32: the precision test of validate.py); None picks
         float64 up to F64_COPY_MAX_PARAMS parameters. `lazy`: where `weights.layers` are built on demand
         (LazyLayers), so are the reference's, each forward; False holds them all, for callers that change
-        `self.layers` in place (calibration's taps)."""
+        `self.layers` in place."""
         self.args = args
         if dtype is None:
             # a generator: lazy layers are counted one at a time, not all held at once
