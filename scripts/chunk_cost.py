@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -37,9 +38,19 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    if min(a.rows) < 1 or a.rounds < 1 or a.context < 1:
+        ap.error("--rows, --rounds and --context must be at least 1")
     from edge_runtime.engine import LoadOptions, load
+    from edge_runtime.errors import EdgeRuntimeError
 
-    engine = load(a.bundle, LoadOptions(threads=a.threads))
+    try:
+        return _measure(a, load(a.bundle, LoadOptions(threads=a.threads)))
+    except EdgeRuntimeError as e:  # a missing bundle, more rows than the ring can roll back: one line
+        print(f"chunk_cost: {e}", file=sys.stderr)
+        return 2
+
+
+def _measure(a: argparse.Namespace, engine) -> int:
     vocab = engine.manifest.model.vocab_size
     rng = np.random.default_rng(0)
     engine.prefill(rng.integers(0, vocab, a.context).tolist())
