@@ -218,7 +218,8 @@ def _all_edge_matmul(args: ModelArgs, weights: ModelWeights, quantized: Quantize
     for lw in weights.layers:
         widths += [lw.num_heads(args.head_dim) * args.head_dim, lw.gate.shape[0]]  # o_proj's and down_proj's K
     bits = c.method.linear_bits or 0
-    return all(edge_matmul(bits, bits == 8, c.block, k) for k in widths)  # INT8 layers are per channel
+    int8_per_channel = bits == 8 and c.int8_block is None
+    return all(edge_matmul(bits, int8_per_channel, c.block, k) for k in widths)
 
 
 def _ort_body(

@@ -390,6 +390,7 @@ def _provenance(
             "flavor": opts.flavor.value,
             "quant": opts.quant.method.value,
             "block": opts.quant.block,
+            "int8_block": opts.quant.int8_block,
             "kernel": opts.quant.kernel.value,
             "table_bits": opts.quant.table_bits,
             "prune": opts.prune,

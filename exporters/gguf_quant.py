@@ -87,6 +87,8 @@ def plan_import(mode: GGUFCodes | None, quant: QuantConfig, *, gguf_source: bool
         reason = "the trt flavor's TensorRT Q/DQ takes positive scales, INT4 in blocks of 64/128, INT8 per channel"
     elif quant.method is QuantMethod.INT4 and quant.block != BLOCK:
         reason = f"--block {quant.block} is not Q4_0's block of {BLOCK}"
+    elif quant.int8_block not in (None, BLOCK):
+        reason = f"--block {quant.int8_block} is not Q8_0's block of {BLOCK}"
     elif prune:
         reason = "--prune changes the weights before they are quantized"
     if reason is not None and mode is GGUFCodes.KEEP:

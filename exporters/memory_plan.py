@@ -104,7 +104,8 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
     codes = table_codes = 0
     if quant.enabled:
         bits = quant.method.linear_bits
-        block = quant.block if bits == 4 else h  # INT8: a scale per output channel, about one per `in`
+        # INT8 per channel: a scale per output channel, about one per `in`
+        block = quant.block if bits == 4 else quant.int8_block or h
         codes = linear * bits // 8 + linear // block * 4
         if not quant.fp_embeddings:
             table_codes = tables * v * h * quant.table_bits // 8

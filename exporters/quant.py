@@ -58,7 +58,7 @@ class MatMulKernel(enum.Enum):
 
 class QuantMethod(enum.Enum):
     NONE = "none"
-    INT8 = "int8"  # every weight INT8 per output channel
+    INT8 = "int8"  # every weight INT8, per output channel (or in blocks: QuantConfig.int8_block)
     INT4 = "int4"  # Linear weights INT4 blocks, round to nearest (the baseline)
     INT4_AWQ = "int4-awq"  # activation-aware per-input-channel scales, then round to nearest
     INT4_GPTQ = "int4-gptq"  # GPTQ's error-compensating rounding on calibration activations
@@ -120,7 +120,8 @@ MIXED_CODE_BITS = 4.5  # the sensitivity plan's default budget: average code bit
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """How the weights are stored. `block` applies to INT4 (INT8 is per output channel)."""
+    """How the weights are stored. `block` applies to INT4; INT8 Linears are per output channel unless
+    `int8_block` is set."""
 
     method: QuantMethod = QuantMethod.NONE
     block: int = 32
@@ -133,6 +134,10 @@ class QuantConfig:
     asymmetric: bool = False  # INT4 Linear blocks with a zero point each (MatMulNBits; module docstring)
     mixed: MixedPlan = MixedPlan.NONE  # Linear groups kept INT8 per channel in an INT4 export
     mixed_bits: float = MIXED_CODE_BITS  # the sensitivity plan's budget (average Linear code bits, 4 < b <= 8)
+    # --quant int8 Linears in blocks of this many input channels (llama.cpp's Q8_0 form at 32) instead of one
+    # scale per output channel: less error (README quality table) for 0.5 bit a weight of fp32 scales, and
+    # MatMulNBits instead of the faster per-channel MatMulQ8 under --kernel edge. None: per channel.
+    int8_block: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, QuantMethod):
@@ -162,6 +167,12 @@ class QuantConfig:
             raise ExportError(f"asymmetric blocks apply to INT4 Linears; --quant {self.method.value} has none")
         if self.asymmetric and self.kernel is MatMulKernel.EDGE:
             raise ExportError("asymmetric INT4 needs --kernel mlas: MatMulQ4 computes with a fixed zero point of 8")
+        if self.int8_block is not None:
+            if self.method is not QuantMethod.INT8:
+                raise ExportError(f"INT8 blocks apply to --quant int8, not {self.method.value}")
+            if self.int8_block not in INT4_BLOCKS:
+                known = ", ".join(map(str, INT4_BLOCKS))
+                raise ExportError(f"INT8 block size {self.int8_block} is not supported; use one of {known} (--block)")
         bits = self.mixed_bits
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 4 < bits <= 8:
             raise ExportError(f"mixed-precision budget {bits!r} must be average code bits in (4, 8], e.g. 4.5")
@@ -183,9 +194,7 @@ class QuantizedMatrix:
 
     __slots__ = ("_cols", "_stored", "bits", "block", "scales", "zeros")
 
-    def __init__(
-        self, codes: np.ndarray, scales: np.ndarray, bits: int, block: int, zeros: np.ndarray | None = None
-    ):
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, bits: int, block: int, zeros: np.ndarray | None = None):
         self.scales = scales  # float32 [out, in // block], positive, fp16-representable
         self.bits = bits
         self.block = block  # input channels per scale; == in for per-channel
@@ -268,7 +277,7 @@ def _fits_nibbles(codes: np.ndarray) -> bool:
 
 def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
     """int8 [out, k] in [-8, 7] -> uint8 [out, ceil(k / 2)]: column 2j in the low nibble, 2j + 1 in the high."""
-    u = (codes.astype(np.uint8) & 0x0F)
+    u = codes.astype(np.uint8) & 0x0F
     if u.shape[1] % 2:
         u = np.pad(u, ((0, 0), (0, 1)))
     return u[:, 0::2] | (u[:, 1::2] << 4)
@@ -282,12 +291,13 @@ def _unpack_nibbles(packed: np.ndarray, cols: int) -> np.ndarray:
     return out[:, :cols]
 
 
-def check_block(name: str, w: np.ndarray, block: int) -> None:
+def check_block(name: str, w: np.ndarray, block: int, bits: int = 4) -> None:
     if w.shape[1] % block:
         fits = [b for b in INT4_BLOCKS if w.shape[1] % b == 0]
-        hint = f"use --block {fits[-1]}" if fits else "no supported block divides it; export with --quant int8"
+        fallback = "export with --quant int8" if bits == 4 else "drop --block (INT8 per channel)"
+        hint = f"use --block {fits[-1]}" if fits else f"no supported block divides it; {fallback}"
         raise ExportError(
-            f"INT4 block size {block} does not divide the input dimension {w.shape[1]} of '{name}' "
+            f"INT{bits} block size {block} does not divide the input dimension {w.shape[1]} of '{name}' "
             f"{tuple(w.shape)}; {hint}"
         )
 

@@ -83,11 +83,14 @@ _NO_WEIGHT = np.empty((0, 0), np.float32)
 
 
 def check_blocks(weights: ModelWeights, names: WeightNames, config: QuantConfig, linears: tuple = LINEARS) -> None:
-    """INT4 needs every Linear's input dimension to be a multiple of the block: fail before any work."""
-    if config.method.linear_bits == 4:
+    """INT4 (and blocked INT8) needs every Linear's input dimension to be a multiple of the block: fail
+    before any work."""
+    bits = config.method.linear_bits
+    block = config.block if bits == 4 else config.int8_block
+    if block is not None:
         for i, lw in enumerate(weights.layers):
             for f in linears:
-                check_block(names.layer[f].format(i=i), getattr(lw, f), config.block)
+                check_block(names.layer[f].format(i=i), getattr(lw, f), block, bits)
 
 
 def quantize_model(
@@ -123,6 +126,12 @@ def quantize_model(
     # stores its requantized Linears in blocks of 32 too (where the block divides K), not per channel.
     linear_names = {names.layer[f].format(i=i) for i in range(len(weights.layers)) for f in LINEARS}
     int8_block = imported[min(linear_names & set(imported))].block if linear_names & set(imported) else None
+    if int8_block and config.int8_block and int8_block != config.int8_block:
+        raise ExportError(
+            f"the GGUF's INT8 codes are in blocks of {int8_block}, not --block {config.int8_block}; drop --block "
+            "or add --gguf-codes requantize"
+        )
+    int8_block = int8_block or config.int8_block
 
     extra: dict[str, Any] = {}
     if method.awq:

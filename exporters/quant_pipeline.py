@@ -71,6 +71,8 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
         if reason is not None:  # the export validates the graph here, so the op must run here
             raise ExportError(f"--kernel edge cannot be used: {reason}; export with --kernel mlas")
         kernels.check_pin()
+    if trt and quant.int8_block is not None:
+        raise ExportError("INT8 blocks need --flavor ort: the trt flavor stores INT8 weights per channel")
     if trt and quant.asymmetric:
         raise ExportError("asymmetric INT4 blocks need --flavor ort: TensorRT 10.3 takes symmetric Q/DQ only")
     if trt and quant.enabled and quant.table_bits == 4 and not quant.fp_embeddings:
@@ -78,8 +80,9 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
 
 
 def pruning_unit(quant: QuantConfig) -> int:
-    """Pruned widths stay multiples of 32 (MatMulNBits' fast ARM path) or of the INT4 block."""
-    return max(32, quant.block) if quant.method.linear_bits == 4 else 32
+    """Pruned widths stay multiples of 32 (MatMulNBits' fast ARM path) or of the INT4 (INT8) block."""
+    block = quant.block if quant.method.linear_bits == 4 else quant.int8_block
+    return max(32, block or 32)
 
 
 def prepare_weights(

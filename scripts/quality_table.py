@@ -72,6 +72,7 @@ CONFIGS: list[tuple[str, dict]] = [
     ("pruned 50%, int4 GPTQ b32", {"prune": 0.5, "quant": QuantConfig(Q.INT4_GPTQ, 32)}),
     # Last, so that the bundle directories (b<index>) of the rows above keep their names.
     ("int4 RTN, block 64", {"quant": QuantConfig(Q.INT4, 64)}),
+    ("int8, block 32", {"quant": QuantConfig(Q.INT8, int8_block=32)}),
 ]
 PRESETS = {  # issue 17, item 3: the rows measured on the real model
     "real": [

@@ -275,8 +275,9 @@ def test_rename_primitives(tmp_path, monkeypatch, native):
     [
         (["--window", "0"], "--window 0 is out of range"),
         (["--window", "-3"], "--window -3 is out of range"),
-        (["--block", "64"], "--block 64 sizes INT4 blocks"),
-        (["--quant", "int8", "--block", "64"], "--block 64 sizes INT4 blocks"),
+        (["--block", "64"], "--block 64 sizes quantized blocks"),
+        (["--quant", "int8", "--block", "48"], "INT8 block size 48 is not supported"),
+        (["--quant", "int8", "--block", "32", "--flavor", "trt"], "INT8 blocks need --flavor ort"),
     ],
 )
 def test_options_that_were_silently_ignored_are_refused(ckpt, tmp_path, args, needle):

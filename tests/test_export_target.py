@@ -82,6 +82,9 @@ def test_target_applies_the_profile(captured, tiny, tmp_path):
 def test_explicit_flags_win_over_the_profile(captured, tiny, tmp_path):
     o = _options(captured, tiny, tmp_path, "--target", "nuc", "--quant", "int8", "--kernel", "mlas", "--window", "64")
     assert (o.quant.method.value, o.quant.kernel.value, o.window, o.fit_window) == ("int8", "mlas", 64, False)
+    assert o.quant.int8_block is None  # the profile's block_size sizes INT4 only: INT8 stays per channel
+    o = _options(captured, tiny, tmp_path, "--target", "x86", "--block", "32")  # x86: int8
+    assert (o.quant.method.value, o.quant.int8_block) == ("int8", 32)
     # a flavor the profile was not made for drops the profile's ort-only choices instead of failing on them
     o = _options(captured, tiny, tmp_path, "--target", "nuc", "--flavor", "trt")
     want = (Flavor.TRT, "int4-gptq", 128, "mlas")
@@ -103,6 +106,7 @@ def test_the_manifest_records_the_target_and_the_window_is_cut_to_the_context(ti
         "flavor": "ort",
         "quant": "int4-gptq",
         "block": 32,
+        "int8_block": None,
         "kernel": "mlas",
         "table_bits": 8,
         "prune": None,

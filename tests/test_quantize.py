@@ -397,6 +397,37 @@ def test_trt_flavor_gives_the_same_logits_as_ort_flavor(ckpts, level):
     assert err <= (1e-5 if level == 0 else INT8_ACTIVATION_TOLERANCE)
 
 
+def test_int8_blocks_match_the_reference_and_round_closer_than_per_channel(ckpts):
+    """--quant int8 --block 32 (llama.cpp's Q8_0 form): a scale per 32 inputs in MatMulNBits bits 8, the graph
+    computing with exactly the dequantized weights, and every Linear's rounding error below per channel's."""
+    ck = ckpts["llama-untied"]
+    blocked = quantize_model(
+        ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT8, int8_block=32, accuracy_level=0)
+    )
+    per_channel = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT8))
+    built, err = _grid(ck, blocked, ORT)
+    assert err <= TOLERANCE["fp32"]
+    assert blocked.record["block"] == 32 and per_channel.record["block"] == "channel"
+    linears = [n for n, q in blocked.tensors.items() if n not in (ck.arch.weights.embed, ck.arch.weights.lm_head)]
+    assert linears
+    for name in linears:
+        q = blocked.tensors[name]
+        assert (q.bits, q.block, q.scales.shape) == (8, 32, (q.shape[0], q.shape[1] // 32)), name
+        b, c = (m.record["per_tensor"][name]["rel_err"] for m in (blocked, per_channel))
+        assert b < c, (name, b, c)
+    nbits = [n for n in built.model.graph.node if n.op_type == "MatMulNBits" and "/layers." in n.name]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+    assert attrs and all(a["bits"] == 8 and a["block_size"] == 32 for a in attrs)
+
+
+def test_int8_blocks_must_divide_every_linear_input(ckpts, tmp_path):
+    d = ckpts["llama-untied"].path  # hidden 64
+    with pytest.raises(ExportError, match=r"INT8 block size 128 does not divide the input dimension 64 .*--block 64"):
+        export(ExportOptions(d, tmp_path / "out", quant=QuantConfig(QuantMethod.INT8, int8_block=128)))
+    with pytest.raises(ExportError, match="INT8 blocks apply to --quant int8, not int4"):
+        QuantConfig(QuantMethod.INT4, int8_block=32)
+
+
 def test_trt_quantized_graph_is_tensorrt_parsable(ckpts):
     ck = ckpts["llama-untied"]
     for method, block in ((QuantMethod.INT4, 64), (QuantMethod.INT8, 32)):
@@ -439,6 +470,22 @@ def test_cli_int4_awq_export_records_errors_and_perplexity(ckpts, tmp_path):
     r = CliRunner().invoke(export_cli, ["inspect", str(out)])
     assert r.exit_code == 0, r.output
     assert "int4-awq: Linear int4 block 64" in r.output and "held-out    perplexity" in r.output
+
+
+def test_cli_int8_block_exports_validated_int8_blocks(ckpts, tmp_path):
+    out = tmp_path / "b"
+    r = CliRunner().invoke(
+        export_cli, [str(ckpts["llama-untied"].path), "-o", str(out), "--quant", "int8", "--block", "32"]
+    )
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "manifest.json").read_text())
+    q = m["quantization"]
+    assert q["block"] == 32 and m["provenance"]["options"]["int8_block"] == 32 and q["embeddings"] == "int8 per row"
+    linears = [v for k, v in q["per_tensor"].items() if "layers." in k]
+    assert len(linears) == 7 * 3 and all(v["bits"] == 8 and v["block"] == 32 for v in linears)
+    assert m["validation"]["max_rel_err"] <= m["validation"]["tolerance"]
+    r = CliRunner().invoke(export_cli, ["inspect", str(out)])
+    assert r.exit_code == 0 and "int8: Linear int8 block 32" in r.output, r.output
 
 
 def test_cli_table_bits_4_exports_an_int4_table(ckpts, tmp_path):

@@ -140,7 +140,9 @@ def main() -> None:
     "--block",
     type=int,
     default=None,
-    help="INT4 block size: 32, 64 or 128 [default: 32 ort, 128 trt, or the target's].",
+    help="INT4 block size: 32, 64 or 128 [default: 32 ort, 128 trt, or the target's]. With --quant int8: INT8 "
+    "Linears in blocks of this size (32 is llama.cpp's Q8_0 form; ort flavor; closer to the checkpoint, 0.5 bit "
+    "a weight more, and MatMulNBits under --kernel edge) instead of per output channel.",
 )
 @click.option("--prune", type=float, default=None, help="Remove this fraction (0..1) of attention+MLP parameters.")
 @click.option(
@@ -278,6 +280,8 @@ def build(
             table_bits=s.table_bits,
             kernel=MatMulKernel(s.kernel),
             mixed=MixedPlan(mixed),
+            # the flag only, not a profile's block_size (which sizes INT4): INT8 stays per channel unless asked
+            int8_block=block if s.quant == "int8" else None,
         ),
         prune=prune,
         prune_budget=prune_budget,
@@ -398,11 +402,12 @@ def _check_options(*, window: int | None, block: int | None, quant: str, table_b
 
     if window is not None and window < 1:
         raise ExportError(f"--window {window} is out of range; use 1 or more, or leave it out for the model's context")
-    blocked = quant.startswith("int4") or (quant != "none" and table_bits == "4")  # what --block sizes
+    # what --block sizes: INT4 blocks, the INT4 table's, or INT8 Linears' (only when given: per channel otherwise)
+    blocked = quant.startswith("int4") or quant == "int8" or (quant != "none" and table_bits == "4")
     if block is not None and not blocked:
         raise ExportError(
-            f"--block {block} sizes INT4 blocks (--quant int4*, or --table-bits 4), which this export has none of; "
-            "drop --block or add --quant int4"
+            f"--block {block} sizes quantized blocks (--quant int4*, int8, or --table-bits 4), which this export "
+            "has none of; drop --block or add --quant"
         )
 
 
