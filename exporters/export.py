@@ -274,7 +274,10 @@ def _twin_session(where: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: Pr
                 ckpt.args, prepared.weights, built.flavor, built.precision, exact_twin(prepared.quantized), sink=writer
             )
             save_with_external_data(twin.model, graph, DATA_FILE, writer=writer)
-        return _session(str(graph), twin)  # the session keeps its own map of the (then unlinked) data file
+        del twin  # a GB of the builder's garbage (a float layer, packing temporaries) sits in cycles until
+        LazyLayers.release_all()  # collected, and the session's 1.1 GB would come on top of it (issue 23)
+        gc.collect()
+        return _session(str(graph), built)  # the session keeps its own map of the (then unlinked) data file
 
 
 def _label(precision: str, tol: Tolerance) -> str:

@@ -55,12 +55,15 @@ class ExternalDataWriter:
         self._file = path.open("wb")
         self.end = 0
 
-    def place(self, tensor: TensorProto) -> None:
+    def place(self, tensor: TensorProto) -> TensorProto:
+        """Write `tensor`'s bytes out and return what the graph should hold instead: a fresh reference, since
+        clearing `raw_data` frees nothing (protobuf keeps a message's bytes in its arena until the message
+        goes: a 1B model's builder held every weight it had written, 1.2 GB). Small tensors come back as they are."""
         if tensor.data_location == TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
-            return
+            return tensor
         raw = tensor.raw_data
         if len(raw) < self.size_threshold:
-            return
+            return tensor
         align = alignment(len(raw))
         offset = -(-self.end // align) * align
         self._file.seek(offset)
@@ -68,6 +71,9 @@ class ExternalDataWriter:
         self.end = offset + len(raw)
         set_external_data(tensor, self.name, offset, len(raw))
         tensor.ClearField("raw_data")
+        ref = TensorProto()
+        ref.CopyFrom(tensor)  # everything but the bytes, in a message of its own
+        return ref
 
     def close(self) -> None:
         if not self._file.closed:

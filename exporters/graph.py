@@ -31,7 +31,7 @@ Dim = int | str
 class TensorSink(Protocol):
     """Where initializers' bytes go as they are made (external_data.ExternalDataWriter)."""
 
-    def place(self, tensor: onnx.TensorProto) -> None: ...
+    def place(self, tensor: onnx.TensorProto) -> onnx.TensorProto: ...
 
 
 class _Streamed(list):
@@ -42,8 +42,7 @@ class _Streamed(list):
         self.sink = sink
 
     def append(self, tensor: onnx.TensorProto) -> None:
-        self.sink.place(tensor)
-        super().append(tensor)
+        super().append(self.sink.place(tensor))  # the reference the sink returns: the bytes' arena goes
 
 
 class GraphBuilder:

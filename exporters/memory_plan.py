@@ -38,10 +38,10 @@ BASELINE = 200 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tok
 PREPARE_LAYERS = 2  # the widened source layer and quantization's temporaries
 GRAPH_LAYERS = 5  # the source layer, its dequantized twin, packing temporaries, two branches' lookups
 REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activations
-# float32 LM heads' worth the accuracy_level 0 twin's session adds while it runs (its mapped copy of the
-# codes and their prepacked form; its head runs in parts, quant_graph.FP32_TABLE_PART_ROWS): fitted to the
-# 1B shape, 2.3 GB measured above what the export held
-TWIN_HEAD_COPIES = 2.2
+# float32 LM heads' worth the accuracy_level 0 twin's session adds beyond the bundle's bytes while it runs
+# (its own data file is 1.4x the bundle's; MLAS prepacks part of it; its head runs in parts,
+# quant_graph.FP32_TABLE_PART_ROWS): fitted to the 1B shape, whose validation held 2.5 GB in all
+TWIN_HEAD_COPIES = 0.6
 # One layer's Gram matrices' worth alive while it is calibrated and quantized: its statistics, AWQ's
 # rescaled copies, GPTQ's Hessian and its factorisation
 LAYER_GRAM_COPIES = 3

@@ -210,6 +210,14 @@ class QuantizedMatrix:
             return self._stored
         return _unpack_nibbles(self._stored, self._cols)
 
+    def codes_rows(self, rows: slice) -> np.ndarray:
+        """int8 [n, in] of a slice of output rows: a table's codes a part at a time (a 128k-vocabulary
+        table's are 0.26 GB as int8, and its consumers widen them further)."""
+        stored = self._stored[rows]
+        if stored.shape[1] == self._cols and stored.dtype == np.int8:
+            return stored
+        return _unpack_nibbles(stored, self._cols)
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self._stored.shape[0], self._cols)

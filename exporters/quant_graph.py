@@ -77,15 +77,22 @@ def pack_zero_points(qm: QuantizedMatrix) -> np.ndarray | None:
     return np.ascontiguousarray(u[:, 0::2] | (u[:, 1::2] << 4))
 
 
+PACK_PART_ELEMENTS = 1 << 24  # codes widened at once by pack_nbits (64 MB as int16 temporaries)
+
+
 def pack_nbits(qm: QuantizedMatrix, name: str) -> tuple[np.ndarray, np.ndarray, int]:
     """(B uint8 [N, k_blocks, blob], scales float32 [N, k_blocks], block) in MatMulNBits' layout."""
     n, k = qm.shape
     blk = nbits_block(qm, name)
-    u = (qm.codes.astype(np.int16) + 2 ** (qm.bits - 1)).astype(np.uint8)  # default zero point 2^(bits-1)
-    if qm.bits == 4:
-        u = u[:, 0::2] | (u[:, 1::2] << 4)  # first value of a pair in the low nibble
+    b = np.empty((n, k * qm.bits // 8), np.uint8)
+    # A part of the rows at a time: widening a 128k-vocabulary table's codes whole took 1.2 GB (issue 23).
+    step = max(1, PACK_PART_ELEMENTS // k)
+    for r in range(0, n, step):
+        rows = slice(r, min(r + step, n))
+        u = (qm.codes_rows(rows).astype(np.int16) + 2 ** (qm.bits - 1)).astype(np.uint8)  # zero point 2^(bits-1)
+        b[rows] = u[:, 0::2] | (u[:, 1::2] << 4) if qm.bits == 4 else u  # first of a pair in the low nibble
     scales = np.repeat(qm.scales, k // blk, axis=1) if qm.per_channel else qm.scales
-    return np.ascontiguousarray(u.reshape(n, k // blk, blk * qm.bits // 8)), scales.astype(np.float32), blk
+    return b.reshape(n, k // blk, blk * qm.bits // 8), scales.astype(np.float32), blk
 
 
 def int4_tensor(name: str, codes: np.ndarray) -> TensorProto:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_runtime.bundle import stored_bytes
-from edge_runtime.exporters.external_data import HUGE_PAGE, PAGE, alignment, save_with_external_data
+from edge_runtime.exporters.external_data import (
+    HUGE_PAGE,
+    PAGE,
+    ExternalDataWriter,
+    alignment,
+    save_with_external_data,
+)
+from edge_runtime.exporters.memory_plan import return_freed_memory
 
 
 def _model(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -79,3 +89,29 @@ def test_large_tensors_sit_at_2mib_offsets_and_the_graph_runs_as_before(tmp_path
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
         np.testing.assert_array_equal(session.run(None, feeds)[0], reference.run(None, feeds)[0])
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_placed_tensors_leave_their_bytes_behind(tmp_path):
+    """Issue 23: clearing a TensorProto's raw_data frees nothing (protobuf keeps the bytes in the message's
+    arena), so a graph builder holding what it placed held every weight it wrote. The references `place`
+    returns must hold none of them."""
+    return_freed_memory()
+    count, size = 8, 32 << 20
+    before = _rss_bytes()
+    kept = []
+    with ExternalDataWriter(tmp_path / "w.data") as writer:
+        for i in range(count):
+            ref = writer.place(numpy_helper.from_array(np.full(size, i, np.uint8), f"w{i}"))
+            assert ref.data_location == TensorProto.EXTERNAL and not ref.HasField("raw_data")
+            assert next((e.key, e.value) for e in ref.external_data) == ("location", "w.data")
+            kept.append(ref)
+    assert _rss_bytes() - before < count * size // 4  # 256 MB written; the references hold kilobytes
+    data = (tmp_path / "w.data").read_bytes()
+    offsets = [int(dict((e.key, e.value) for e in r.external_data)["offset"]) for r in kept]
+    assert [data[o] for o in offsets] == list(range(count)) and all(o % HUGE_PAGE == 0 for o in offsets)
