@@ -140,3 +140,31 @@ def test_round_shares_bound_each_round_by_its_own_probe_or_faster_decode() -> No
     shares = bench.round_shares([40e9, 30e9], {"ours": [36e9, 29.7e9], "theirs": [20e9, 33e9]})
     assert shares["ours"] == pytest.approx([0.9, 0.9]) and shares["theirs"] == pytest.approx([0.5, 1.0])
     assert bench.round_share_cell(shares["ours"]) == "90% (90, 90)" and bench.round_share_cell(None) == "n/a"
+
+
+@pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="scripts/export_scale.py measures with GNU time -v")
+def test_export_scale_reports_what_time_measured_and_the_bundle_on_disk(made: dict[str, Path], tmp_path: Path) -> None:
+    """scripts/export_scale.py (issue 23's table): a real export under /usr/bin/time, its peak RSS the one
+    the export itself records in the manifest (same process, same kernel counter), its size the files'."""
+    work = tmp_path / "work"
+    cmd = [sys.executable, str(SCRIPTS / "export_scale.py"), "--shapes", str(made["bf16"].parent), "--shape", "tiny"]
+    r = subprocess.run(
+        [*cmd, "--quant", "int4", "--work", str(work), "--keep", "--json", str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "out.json").read_text())["rows"]
+    bundle = work / "tiny-int4"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    on_disk = sum(p.stat().st_size for p in bundle.iterdir())
+    assert row["bundle_mb"] == round(on_disk / 1e6, 1) and row["llama_cpp"] is None
+    recorded = manifest["provenance"]["peak_rss_bytes"] / 2**20
+    assert recorded <= row["ours"]["peak_rss_mib"] + 1 < recorded * 1.5  # time -v's figure covers the whole run
+    assert row["ours"]["wall_s"] > 0 and "| tiny | int4 |" in r.stdout
+
+
+def test_export_scale_refuses_a_missing_checkpoint_in_one_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(SCRIPTS / "export_scale.py"), "--shapes", str(tmp_path), "--shape", "nope"]
+    r = subprocess.run([*cmd, "--quant", "int4"], capture_output=True, text=True)
+    assert r.returncode == 1 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
