@@ -46,6 +46,7 @@ from .memory_plan import estimate_export_memory, return_freed_memory
 from .quant import QuantConfig
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
+from .scratch import Scratch
 from .tokenizer_export import bundle_tokenizer, read_json
 from .validate import (
     CaseResult,
@@ -131,6 +132,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             f"--max-memory {opts.max_memory / 1e6:,.0f} MB; a smaller --quant, or a machine with more memory"
         )
     stages.done("load")
+    scratch = _scratch(opts.out) if opts.quant.enabled else None
     prepared = prepare_weights(
         ckpt,
         opts.quant,
@@ -141,6 +143,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
         weights_label=opts.precision.value,
         progress=progress,
         source_codes=opts.source_codes,
+        scratch=scratch,
     )
 
     stages.done("weights")  # quantization, calibration, pruning
@@ -188,6 +191,19 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     breakdown = ", ".join(f"{k} {v:.1f}s" for k, v in stages.seconds.items())
     progress(f"wrote {opts.out} in {time.perf_counter() - t_start:.1f}s ({breakdown}; peak RSS {rss:.0f} MiB)")
     return manifest
+
+
+def _scratch(out: Path) -> Scratch | None:
+    """A scratch file in the output's nearest existing directory (not /tmp, which may be RAM on a device);
+    None where it cannot be made there: the codes are then held in memory, and atomic_directory reports
+    the unwritable directory in its own words."""
+    where = out.parent
+    while not where.is_dir() and where != where.parent:
+        where = where.parent
+    try:
+        return Scratch(where)
+    except OSError:
+        return None
 
 
 def _session(model: str | bytes, built: BuiltGraph) -> ort.InferenceSession:

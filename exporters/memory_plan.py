@@ -7,7 +7,8 @@ once per case. What it still holds whole is named here, part by part, so a refus
 
     tables    the embedding table (and an untied LM head): float32 while the weights are prepared (and in a
               float export), then only the codes of a quantized table (QuantizedTable)
-    codes     every quantized Linear's codes (INT4 two to a byte) and scales
+    (codes    every quantized Linear's codes and scales are not held: each layer's go to an unlinked
+              scratch file as it is quantized, scratch.py, and are read back as they are used)
     layer     float32 copies of one layer's Linears alive at once
     runtime   ONNX Runtime's view of the bundle while the graph runs (the data file it maps and touches,
               and the twin's dequantized LM head), or the table's bytes on their way to the file
@@ -112,8 +113,9 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
         bundle = codes + (table_codes or table_f32)
     else:
         bundle = params * (4 if flavor is Flavor.ORT else 2)  # trt bundles of float weights: fp16 commonly
-    # After the weight stage a quantized export holds codes only (QuantizedTable); a float one its tables.
-    held = {"baseline": BASELINE, "tables": table_codes if table_codes else table_f32, "codes": codes}
+    # After the weight stage a quantized export holds its tables' codes only (QuantizedTable; the Linears'
+    # wait in the scratch file); a float one its tables.
+    held = {"baseline": BASELINE, "tables": table_codes if table_codes else table_f32}
 
     prepare = {**held, "tables": table_f32 + table_codes, "layer": PREPARE_LAYERS * layer}
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4

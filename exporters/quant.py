@@ -40,6 +40,8 @@ import numpy as np
 
 from edge_runtime.errors import ExportError
 
+from .scratch import OnDisk, Scratch, load
+
 INT4_BLOCKS = (32, 64, 128)
 TRT_INT4_BLOCKS = (64, 128)  # TensorRT's INT4 weight-only blocks
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8
@@ -191,29 +193,42 @@ class QuantizedMatrix:
     """Integer form of a Linear weight `[out, in]`: `w ~= codes * scales` block-wise along `in`.
 
     INT4 codes are held two to a byte while the export carries them (issue 23: an 8B model's are 3.5 GB
-    packed, 7 GB as int8) and unpacked when read; codes outside [-8, 7] (a sign-flipped GGUF block) stay int8."""
+    packed, 7 GB as int8) and unpacked when read; codes outside [-8, 7] (a sign-flipped GGUF block) stay int8.
+    `spill` moves codes, scales and zero points to a Scratch file, read back on each use."""
 
-    __slots__ = ("_cols", "_stored", "bits", "block", "scales", "zeros")
+    __slots__ = ("_cols", "_scales", "_stored", "_zeros", "bits", "block")
 
     def __init__(self, codes: np.ndarray, scales: np.ndarray, bits: int, block: int, zeros: np.ndarray | None = None):
-        self.scales = scales  # float32 [out, in // block], positive, fp16-representable
+        self._scales: np.ndarray | OnDisk = scales  # float32 [out, in // block], positive, fp16-representable
         self.bits = bits
         self.block = block  # input channels per scale; == in for per-channel
-        self.zeros = zeros  # int8 [out, in // block] in the codes' range (asymmetric); None: 0
+        self._zeros: np.ndarray | OnDisk | None = zeros  # int8 [out, in // block] in the codes' range; None: 0
         self._cols = codes.shape[1]
-        self._stored = _pack_nibbles(codes) if bits == 4 and _fits_nibbles(codes) else codes
+        self._stored: np.ndarray | OnDisk = _pack_nibbles(codes) if bits == 4 and _fits_nibbles(codes) else codes
+
+    @property
+    def scales(self) -> np.ndarray:
+        return load(self._scales)
+
+    @property
+    def zeros(self) -> np.ndarray | None:
+        return load(self._zeros)
+
+    def spill(self, scratch: Scratch) -> None:
+        """Hold nothing but where the arrays went (a spilled matrix reads its file on every use)."""
+        if not isinstance(self._stored, OnDisk):
+            self._stored, self._scales = scratch.put(self._stored), scratch.put(self._scales)
+            self._zeros = None if self._zeros is None else scratch.put(self._zeros)
 
     @property
     def codes(self) -> np.ndarray:
         """int8 [out, in], in [-2^(bits-1), 2^(bits-1) - 1]: a new array where they are held packed."""
-        if self._stored.shape[1] == self._cols and self._stored.dtype == np.int8:
-            return self._stored
-        return _unpack_nibbles(self._stored, self._cols)
+        return self.codes_rows(slice(None))
 
     def codes_rows(self, rows: slice) -> np.ndarray:
         """int8 [n, in] of a slice of output rows: a table's codes a part at a time (a 128k-vocabulary
         table's are 0.26 GB as int8, and its consumers widen them further)."""
-        stored = self._stored[rows]
+        stored = load(self._stored)[rows]
         if stored.shape[1] == self._cols and stored.dtype == np.int8:
             return stored
         return _unpack_nibbles(stored, self._cols)
@@ -232,24 +247,24 @@ class QuantizedMatrix:
 
     def dequantize_rows(self, rows: slice | np.ndarray) -> np.ndarray:
         """float32 [n, in] of the selected output rows (a slice or integer indices), as dequantize() has them."""
-        stored = self._stored[rows]
-        packed = stored.dtype != np.int8 or stored.shape[1] != self._cols
-        codes = _unpack_nibbles(stored, self._cols) if packed else stored
+        codes = self.codes_rows(rows)
         n, k = codes.shape
         blocks = codes.reshape(n, k // self.block, self.block).astype(np.float32)
-        if self.zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
-            blocks -= self.zeros[rows][:, :, None]
+        zeros = self.zeros
+        if zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
+            blocks -= zeros[rows][:, :, None]
         blocks *= self.scales[rows][:, :, None]  # in place: no second copy of a large table
         return blocks.reshape(n, k)
 
     def storage_bytes(self, scale_bytes: int = 4) -> int:
-        zeros = 0 if self.zeros is None else self.zeros.size * self.bits // 8
-        return self.shape[0] * self._cols * self.bits // 8 + self.scales.size * scale_bytes + zeros
+        scales = int(np.prod(self._scales.shape))
+        zeros = 0 if self._zeros is None else int(np.prod(self._zeros.shape)) * self.bits // 8
+        return self.shape[0] * self._cols * self.bits // 8 + scales * scale_bytes + zeros
 
     def held_bytes(self) -> int:
-        """What this form occupies in the exporter's memory."""
-        zeros = 0 if self.zeros is None else self.zeros.nbytes
-        return self._stored.nbytes + self.scales.nbytes + zeros
+        """What this form occupies in the exporter's memory (nothing once spilled)."""
+        parts = (self._stored, self._scales, self._zeros)
+        return sum(a.nbytes for a in parts if isinstance(a, np.ndarray))
 
 
 class QuantizedTable(np.ndarray):

@@ -38,6 +38,7 @@ from .quant import (
 )
 from .quant_awq import awq_layer
 from .quant_mixed import GROUPS, choose_int8_groups
+from .scratch import Scratch
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 # GPTQ on SmolLM2-135M (int4 block 32, held-out python_docstrings.txt, ORT graph perplexity; fp32
@@ -101,13 +102,15 @@ def quantize_model(
     acts: LinearInputs | LayerInputStream | None = None,
     progress: Callable[[str], None] = lambda _m: None,
     imported: Mapping[str, QuantizedMatrix] | None = None,
+    scratch: Scratch | None = None,
 ) -> QuantizedModel:
     """`acts` (calibration inputs of `weights`) is required by AWQ and GPTQ, optional otherwise
     (then the record also gives each Linear's relative output error on them); a LayerInputStream computes
     each layer's as it is quantized, so neither the float model nor every layer's statistics are held at
     once (its time is left out of `quantize_seconds`). `imported`: tensors whose
     integer form is given (a GGUF's codes, gguf_quant.py), used as they are where they dequantize to
-    exactly the checkpoint's weights."""
+    exactly the checkpoint's weights. `scratch`: where each layer's codes go once it is quantized (read
+    back as they are used), so the codes of the whole model are never held (issue 23)."""
     t0 = time.perf_counter()
     method, bits, block = config.method, config.method.linear_bits, config.block
     if bits is None:
@@ -230,6 +233,9 @@ def quantize_model(
             for f in LINEARS
         ]
         worst = max(errors)
+        if scratch is not None:
+            for f in LINEARS:
+                forms[(i, f)].spill(scratch)
         progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
     calibrating = acts.seconds if isinstance(acts, LayerInputStream) else 0.0
     if method.awq:
@@ -246,6 +252,8 @@ def quantize_model(
                 w = getattr(weights.layers[i], f)
                 forms[(i, f)] = quantize_rtn(w, 8)
                 note(names.layer[f].format(i=i), w, forms[(i, f)], kept.of(i, f))
+                if scratch is not None:
+                    forms[(i, f)].spill(scratch)
     if "mixed" in extra:
         progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
 

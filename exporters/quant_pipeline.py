@@ -29,6 +29,7 @@ from .checkpoint import Checkpoint
 from .prune import PruneConfig, calibration_record, prune_model, prune_to_budget
 from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
+from .scratch import Scratch
 
 if TYPE_CHECKING:
     from .gguf_quant import SourceCodes
@@ -96,9 +97,11 @@ def prepare_weights(
     weights_label: str,
     progress: Progress,
     source_codes: SourceCodes | None = None,
+    scratch: Scratch | None = None,
 ) -> PreparedWeights:
     """`source_codes`: a GGUF source's codes to keep as they are (gguf_quant.py; its record goes into the
-    manifest even when it imports nothing, saying why)."""
+    manifest even when it imports nothing, saying why). `scratch`: where quantized Linears' codes wait
+    between uses instead of memory (quantize_model)."""
     if prune_ratio is not None and prune_budget is not None:
         raise ExportError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
     if prune_budget is not None and not (isinstance(prune_budget, (int, float)) and 0 < prune_budget < 1e6):
@@ -146,7 +149,7 @@ def prepare_weights(
     if quant.enabled:
         block = f", block {quant.block}" if quant.method.linear_bits == 4 else ""
         progress(f"quantizing: {quant.method.value}{block}")
-        quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress, imported)
+        quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress, imported, scratch)
         if isinstance(acts, LayerInputStream) and not pruning:
             record["calibration"]["seconds"] = round(acts.seconds, 2)
         record.update(quantized.record)

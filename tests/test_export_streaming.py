@@ -18,6 +18,7 @@ from edge_runtime.exporters.lazy_layers import LazyLayers
 from edge_runtime.exporters.memory_plan import estimate_export_memory
 from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantizedMatrix, QuantMethod
 from edge_runtime.exporters.quant_pipeline import prepare_weights
+from edge_runtime.exporters.scratch import Scratch
 from edge_runtime.models import DEMO_CHECKPOINT
 
 from .tiny_models import save_tiny_checkpoint
@@ -73,9 +74,7 @@ def test_a_bf16_checkpoints_layers_are_read_on_demand_and_equal_the_eager_load(t
     assert ckpt.weights.layers[0] is first  # the latest layer is kept: fields read twice are the same arrays
     raw = ckpt.tensors.read("model.layers.1.mlp.down_proj.weight")
     assert raw.dtype == np.uint16  # bf16 as stored
-    np.testing.assert_array_equal(
-        ckpt.weights.layers[1].down, (raw.astype(np.uint32) << 16).view(np.float32)
-    )
+    np.testing.assert_array_equal(ckpt.weights.layers[1].down, (raw.astype(np.uint32) << 16).view(np.float32))
 
 
 def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
@@ -89,10 +88,38 @@ def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
     assert np.array_equal(flipped.codes, -codes) and flipped.held_bytes() == 6 * 64 + 6 * 2 * 4
 
 
+def test_spilled_codes_scales_and_zero_points_read_back_exactly_and_leave_memory(tmp_path):
+    """Issue 23: quantized Linears wait in an unlinked scratch file between uses (export() spills them;
+    the byte-for-byte test above compares its bundle with one built from codes held in memory)."""
+    rng = np.random.default_rng(1)
+    scratch = Scratch(tmp_path)
+    forms = [
+        QuantizedMatrix(rng.integers(-8, 8, (6, 64)).astype(np.int8), rng.random((6, 2), np.float32), 4, 32),
+        QuantizedMatrix(
+            rng.integers(-8, 8, (4, 64)).astype(np.int8),
+            rng.random((4, 2), np.float32),
+            4,
+            32,
+            zeros=rng.integers(-8, 8, (4, 2)).astype(np.int8),
+        ),
+        QuantizedMatrix(rng.integers(-128, 128, (5, 48)).astype(np.int8), rng.random((5, 1), np.float32), 8, 48),
+    ]
+    before = [(qm.codes, qm.scales, qm.zeros, qm.dequantize(), qm.storage_bytes()) for qm in forms]
+    for qm in forms:
+        qm.spill(scratch)
+        qm.spill(scratch)  # a second spill writes nothing more
+    assert list(tmp_path.iterdir()) == []  # unlinked: nothing left behind, whatever happens to the process
+    for qm, (codes, scales, zeros, deq, size) in zip(forms, before, strict=True):
+        assert qm.held_bytes() == 0 and qm.storage_bytes() == size
+        assert np.array_equal(qm.codes, codes) and np.array_equal(qm.scales, scales)
+        assert (qm.zeros is None) == (zeros is None) and (zeros is None or np.array_equal(qm.zeros, zeros))
+        assert np.array_equal(qm.dequantize(), deq) and np.array_equal(qm.dequantize_rows([2, 0]), deq[[2, 0]])
+
+
 def test_max_memory_refuses_up_front_with_the_estimate(tmp_path):
     out = tmp_path / "b"
     estimate = estimate_export_memory(load_checkpoint(DEMO_CHECKPOINT), _INT4, Flavor.ORT)
-    assert estimate.total > 0 and set(estimate.parts) >= {"baseline", "tables", "codes", "layer"}
+    assert estimate.total > 0 and set(estimate.parts) >= {"baseline", "tables", "layer"}
     with pytest.raises(ExportError, match=r"needs about .* MB .* --max-memory"):
         export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, quant=_INT4, max_memory=estimate.total // 2))
     assert not out.exists() and list(tmp_path.iterdir()) == []

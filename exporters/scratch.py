@@ -1,0 +1,56 @@
+"""Arrays an export has finished making but will read again, kept in an unlinked scratch file instead of
+the process's memory (issue 23)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class Scratch:
+    """An unlinked file beside the export's output for arrays it has finished making but will read again
+    (issue 23: an 8B model's INT4 codes and scales are 5 GB). Each is written once and read back whole
+    when used; the page cache, not the process, holds them in between, and the file goes with its last
+    reader (or the process) without a name left on disk."""
+
+    def __init__(self, directory: Path):
+        self._file = tempfile.TemporaryFile(dir=directory, prefix=".edge-export-codes-")
+        self._end = 0
+
+    def put(self, a: np.ndarray) -> OnDisk:
+        a = np.ascontiguousarray(a)
+        view, at = memoryview(a).cast("B"), self._end
+        while view:
+            n = os.pwrite(self._file.fileno(), view, at)
+            view, at = view[n:], at + n
+        rec = OnDisk(self, self._end, a.shape, a.dtype)
+        self._end = at
+        return rec
+
+    def read(self, rec: OnDisk) -> np.ndarray:
+        out = np.empty(rec.shape, rec.dtype)
+        view, at = memoryview(out).cast("B"), rec.offset
+        while view:
+            n = os.preadv(self._file.fileno(), [view], at)
+            if n == 0:
+                raise OSError(f"the export's scratch file ended at {at} bytes")  # truncated underneath us
+            view, at = view[n:], at + n
+        return out
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """Where Scratch put an array."""
+
+    scratch: Scratch
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def load(a: np.ndarray | OnDisk | None) -> np.ndarray | None:
+    return a.scratch.read(a) if isinstance(a, OnDisk) else a
