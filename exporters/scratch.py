@@ -35,11 +35,18 @@ class Scratch:
         out = np.empty(rec.shape, rec.dtype)
         view, at = memoryview(out).cast("B"), rec.offset
         while view:
-            n = os.preadv(self._file.fileno(), [view], at)
+            n = _read_at(self._file, view, at)
             if n == 0:
                 raise OSError(f"the export's scratch file ended at {at} bytes")  # truncated underneath us
             view, at = view[n:], at + n
         return out
+
+
+def _read_at(f, view: memoryview, at: int) -> int:
+    if hasattr(os, "preadv"):  # Linux and the BSDs: no shared file position
+        return os.preadv(f.fileno(), [view], at)
+    f.seek(at)  # elsewhere (one reader at a time: the export is single-threaded here)
+    return f.readinto(view)
 
 
 @dataclass(frozen=True)
