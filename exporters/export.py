@@ -124,7 +124,10 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     if kv_problem:
         raise ExportError(kv_problem)
     pruning = opts.prune is not None or opts.prune_budget is not None
-    estimate = estimate_export_memory(ckpt, opts.quant, opts.flavor, pruning)
+    scratch = _scratch(opts.out) if opts.quant.enabled else None
+    imported = opts.source_codes is not None and bool(opts.source_codes.tensors)
+    codes_held = imported or (opts.quant.enabled and scratch is None)
+    estimate = estimate_export_memory(ckpt, opts.quant, opts.flavor, pruning, codes_held)
     progress(f"estimated peak memory {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
     if opts.max_memory is not None and estimate.total > opts.max_memory:
         raise ExportError(
@@ -132,7 +135,6 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             f"--max-memory {opts.max_memory / 1e6:,.0f} MB; a smaller --quant, or a machine with more memory"
         )
     stages.done("load")
-    scratch = _scratch(opts.out) if opts.quant.enabled else None
     prepared = prepare_weights(
         ckpt,
         opts.quant,

@@ -89,10 +89,14 @@ def _linear_params(args: ModelArgs) -> tuple[int, int]:
     return per_layer, grams
 
 
-def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bool = False) -> MemoryEstimate:
+def estimate_export_memory(
+    ckpt, quant: QuantConfig, flavor: Flavor, pruning: bool = False, codes_held: bool = False
+) -> MemoryEstimate:
     """`ckpt`: a loaded Checkpoint (its shapes only are read). The largest of the phases' sums: preparing the
     weights (the source's float tables beside the codes), building the graph (a few layers' floats and the
-    table's bytes on their way to the file), running it on ONNX Runtime, and the reference's pass."""
+    table's bytes on their way to the file), running it on ONNX Runtime, and the reference's pass.
+    `codes_held`: every Linear's codes are in memory while the weights are prepared (a GGUF source's,
+    read before the export starts) or throughout (no scratch file could be made)."""
     args: ModelArgs = ckpt.args
     v, h = args.vocab_size, args.hidden_size
     tables = 1 if args.tie_word_embeddings else 2
@@ -117,6 +121,8 @@ def estimate_export_memory(ckpt, quant: QuantConfig, flavor: Flavor, pruning: bo
     # wait in the scratch file); a float one its tables.
     held = {"baseline": BASELINE, "tables": table_codes if table_codes else table_f32}
 
+    if codes_held:  # counted in every phase: an over-estimate after the weight stage for a GGUF's
+        held["codes"] = codes
     prepare = {**held, "tables": table_f32 + table_codes, "layer": PREPARE_LAYERS * layer}
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
     if pruning or quant.mixed.needs_calibration:  # every layer's statistics at once, the pruned model whole

@@ -214,6 +214,16 @@ class QuantizedMatrix:
     def zeros(self) -> np.ndarray | None:
         return load(self._zeros)
 
+    def in_memory(self) -> QuantizedMatrix:
+        """This form with its arrays read back once (itself where nothing is spilled), for a caller that
+        reads it a part at a time: each access of a spilled matrix reads its whole file region."""
+        if not isinstance(self._stored, OnDisk):
+            return self
+        out = QuantizedMatrix.__new__(QuantizedMatrix)
+        out.bits, out.block, out._cols = self.bits, self.block, self._cols
+        out._stored, out._scales, out._zeros = load(self._stored), self.scales, self.zeros
+        return out
+
     def spill(self, scratch: Scratch) -> None:
         """Hold nothing but where the arrays went (a spilled matrix reads its file on every use)."""
         if not isinstance(self._stored, OnDisk):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_runtime.errors import ExportError
+
 
 class Scratch:
     """An unlinked file beside the export's output for arrays it has finished making but will read again
@@ -18,15 +20,22 @@ class Scratch:
     reader (or the process) without a name left on disk."""
 
     def __init__(self, directory: Path):
+        self.directory = directory
         self._file = tempfile.TemporaryFile(dir=directory, prefix=".edge-export-codes-")
         self._end = 0
 
     def put(self, a: np.ndarray) -> OnDisk:
         a = np.ascontiguousarray(a)
         view, at = memoryview(a).cast("B"), self._end
-        while view:
-            n = os.pwrite(self._file.fileno(), view, at)
-            view, at = view[n:], at + n
+        try:
+            while view:
+                n = os.pwrite(self._file.fileno(), view, at)
+                view, at = view[n:], at + n
+        except OSError as e:  # a full disk, mostly: say what the space was for
+            raise ExportError(
+                f"cannot write the export's scratch file in '{self.directory}' ({e.strerror or e}; it holds the "
+                f"quantized weights, about the bundle's size, beside the output): free space there"
+            ) from e
         rec = OnDisk(self, self._end, a.shape, a.dtype)
         self._end = at
         return rec

@@ -116,6 +116,10 @@ class LlamaCpp:
     def gguf(self, ckpt: Path, work: Path, precision: str, pure: bool, log: Path) -> Path:
         """The checkpoint as a GGUF of `precision`, converted / quantized once and reused."""
         f32 = work / "model-F32.gguf"
+        qtype = PRECISIONS[precision]
+        out = work / f"model-{qtype}{'-pure' if pure else ''}.gguf"
+        if precision != "fp32" and out.is_file():  # reused without its F32 source (32 GB at 8B)
+            return out
         if not f32.is_file():
             say(f"converting {ckpt.name} to {f32.name}")
             tmp = f32.with_suffix(".tmp")
@@ -124,8 +128,6 @@ class LlamaCpp:
             tmp.rename(f32)
         if precision == "fp32":
             return f32
-        qtype = PRECISIONS[precision]
-        out = work / f"model-{qtype}{'-pure' if pure else ''}.gguf"
         if not out.is_file():
             say(f"quantizing {f32.name} to {out.name}")
             tmp = out.with_suffix(".tmp")

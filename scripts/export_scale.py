@@ -85,7 +85,8 @@ def size_mb(path: Path) -> float:
 
 
 def ours(ckpt: Path, quant: str, kernel: str | None, out: Path, log: Path) -> tuple[Timed, float]:
-    cmd = [shutil.which("edge-export") or "edge-export", str(ckpt), "-o", str(out), "--quant", quant, "--overwrite"]
+    cli = Path(sys.executable).with_name("edge-export")  # this environment's, activated or not
+    cmd = [str(cli) if cli.exists() else "edge-export", str(ckpt), "-o", str(out), "--quant", quant, "--overwrite"]
     t = timed([*cmd, *(["--kernel", kernel] if kernel else [])], log)
     return t, size_mb(out)
 

@@ -116,6 +116,33 @@ def test_spilled_codes_scales_and_zero_points_read_back_exactly_and_leave_memory
         assert np.array_equal(qm.dequantize(), deq) and np.array_equal(qm.dequantize_rows([2, 0]), deq[[2, 0]])
 
 
+def test_tables_pack_a_part_at_a_time_as_they_pack_whole(monkeypatch, tmp_path):
+    from edge_runtime.exporters import quant_graph
+
+    rng = np.random.default_rng(2)
+    qm = QuantizedMatrix(rng.integers(-8, 8, (37, 64)).astype(np.int8), rng.random((37, 2), np.float32), 4, 32)
+    whole = quant_graph.pack_nbits(qm, "t")
+    monkeypatch.setattr(quant_graph, "PACK_PART_ELEMENTS", 5 * 64)  # 8 parts, the last of 2 rows
+    qm.spill(Scratch(tmp_path))
+    for got, want in zip(quant_graph.pack_nbits(qm, "t"), whole, strict=True):
+        assert np.array_equal(got, want)
+
+
+def test_an_export_spills_its_codes_and_counts_them_only_where_held(monkeypatch, tmp_path):
+    from edge_runtime.exporters import scratch
+
+    written = []
+    put = scratch.Scratch.put
+    monkeypatch.setattr(scratch.Scratch, "put", lambda self, a: written.append(a.nbytes) or put(self, a))
+    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=tmp_path / "b", quant=_INT4, window=60))
+    args = load_checkpoint(DEMO_CHECKPOINT).args
+    assert len(written) >= 2 * 7 * args.num_layers  # every Linear's codes and scales
+    ckpt = load_checkpoint(DEMO_CHECKPOINT)
+    spilled = estimate_export_memory(ckpt, _INT4, Flavor.ORT)
+    held = estimate_export_memory(ckpt, _INT4, Flavor.ORT, codes_held=True)  # a GGUF's codes, or no scratch file
+    assert "codes" not in spilled.parts and held.parts["codes"] > 0 and held.total > spilled.total
+
+
 def test_max_memory_refuses_up_front_with_the_estimate(tmp_path):
     out = tmp_path / "b"
     estimate = estimate_export_memory(load_checkpoint(DEMO_CHECKPOINT), _INT4, Flavor.ORT)
