@@ -1,6 +1,6 @@
 """Export memory, time and size at real model shapes, ours beside llama.cpp's converter + quantizer (issue 23).
 
-    python scripts/make_shape_checkpoints.py --out /tmp/edge-shapes --shape llama-3.2-1b --dtype bf16
+    python scripts/make_shape_checkpoints.py --out /tmp/edge-shapes --shape smollm2-135m --shape llama-3.2-1b
     python scripts/export_scale.py --shapes /tmp/edge-shapes --shape smollm2-135m --shape llama-3.2-1b \\
         --quant int4 --quant int8 [--kernel edge] [--llama-cpp LLAMA_CPP_SRC] --work /tmp/export-scale [--json out.json]
 
@@ -153,7 +153,10 @@ def main() -> int:
     if a.llama_cpp and not (a.llama_cpp / "build" / "bin" / "llama-quantize").exists():
         raise SystemExit(f"{a.llama_cpp} has no build/bin/llama-quantize; build llama.cpp there first")
     work = a.work or Path(tempfile.mkdtemp(prefix="export-scale-"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"cannot create --work {work}: {e.strerror or e}") from None
     cpu = cpu_model(default="unknown CPU") + f", {os.cpu_count()} logical CPUs"
     rows: list[Row] = []
     converted: dict[Path, Timed] = {}
