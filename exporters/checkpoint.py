@@ -18,6 +18,7 @@ from edge_runtime.models import Architecture, LayerWeights, ModelArgs, ModelWeig
 
 from .lazy_layers import LazyLayers
 from .safetensors_io import CheckpointTensors
+from .tables import StoredTable
 
 
 @dataclass
@@ -54,8 +55,11 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     return config
 
 
-def load_checkpoint(directory: str | Path) -> Checkpoint:
-    """Parse the config and bind every tensor; raises a `CheckpointError` subclass naming the problem."""
+def load_checkpoint(directory: str | Path, *, stored_tables: bool = False) -> Checkpoint:
+    """Parse the config and bind every tensor; raises a `CheckpointError` subclass naming the problem.
+    `stored_tables`: the embedding table and LM head stay in the file, read a block of rows at a time
+    (StoredTable, tables.py), for an export that quantizes them; where the architecture rewrites its
+    weights on load (Gemma) they are float32 arrays regardless."""
     directory = Path(directory)
     config = read_config(directory)
     arch = get_arch(config)
@@ -64,14 +68,15 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
     if arch.weights.adapt is not None:  # rewrites the bound arrays (Gemma's 1 + w norms): every layer up front
         weights = arch.weights.bind(args, tensors.keys(), lambda name: finite_tensor(name, tensors[name]))
     else:
-        weights = _bind_lazily(arch, args, tensors)
+        weights = _bind_lazily(arch, args, tensors, stored_tables)
     return Checkpoint(path=directory, config=config, arch=arch, args=args, weights=weights, tensors=tensors)
 
 
-def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors) -> ModelWeights:
+def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors, stored_tables: bool) -> ModelWeights:
     """The weight map bound on the file's stored bytes (names and shapes checked, nothing widened), then every
     tensor checked finite one at a time (the load still refuses a NaN, naming it), the tables kept as float32
-    and the layers widened on demand (issue 23: a 1B model's float32 layers are 4.9 GB)."""
+    or in the file (`stored_tables`), and the layers widened on demand (issue 23: a 1B model's float32
+    layers are 4.9 GB, an 8B model's tables 4.2 GB)."""
     raw = arch.weights.bind(args, tensors.keys(), tensors.raw)
     names: list[dict[str, str]] = []
     for i, lw in enumerate(raw.layers):
@@ -79,9 +84,18 @@ def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors
         for name in fields.values():
             finite_tensor(name, tensors[name])
         names.append(fields)
-    embed = finite_tensor(arch.weights.embed, tensors[arch.weights.embed])
+
+    def table(name: str) -> np.ndarray:
+        if not stored_tables:
+            return finite_tensor(name, tensors[name])
+        stored = StoredTable(lambda rows: tensors.get_rows(name, rows), tensors.shape(name))
+        for rows, part in stored.parts():
+            finite_tensor(name, part, first_row=rows.start)
+        return stored
+
+    embed = table(arch.weights.embed)
     tied = raw.lm_head is raw.embed
-    lm_head = embed if tied else finite_tensor(arch.weights.lm_head, tensors[arch.weights.lm_head])
+    lm_head = embed if tied else table(arch.weights.lm_head)
     final_norm = finite_tensor(arch.weights.final_norm, tensors[arch.weights.final_norm])
 
     def layer(i: int) -> LayerWeights:
@@ -93,10 +107,11 @@ def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors
 _SCAN_ROWS = 1 << 22  # elements per isfinite pass on the error path: bounded temporaries
 
 
-def finite_tensor(name: str, arr: np.ndarray) -> np.ndarray:
+def finite_tensor(name: str, arr: np.ndarray, first_row: int | None = None) -> np.ndarray:
     """`arr`, refused if it holds NaN or Inf: otherwise the export would fail late, validation reporting
     "differs by nan", with no hint of which weight is to blame. One float sum per tensor (NaN and Inf
-    propagate through it); only when it is not finite are the values counted, in bounded chunks."""
+    propagate through it); only when it is not finite are the values counted, in bounded chunks.
+    `first_row`: `arr` is the rows of `name` from this one on (a table checked a part at a time)."""
     if not np.issubdtype(arr.dtype, np.floating):
         return arr
     with np.errstate(over="ignore", invalid="ignore"):
@@ -105,7 +120,8 @@ def finite_tensor(name: str, arr: np.ndarray) -> np.ndarray:
         return arr
     flat = arr.reshape(-1)
     bad = sum(int(np.count_nonzero(~np.isfinite(flat[i : i + _SCAN_ROWS]))) for i in range(0, flat.size, _SCAN_ROWS))
+    where = "" if first_row is None else f" in rows {first_row}..{first_row + len(arr) - 1}"
     raise CorruptCheckpointError(
-        f"tensor '{name}' holds {bad} NaN or Inf value{'s' if bad != 1 else ''} of {flat.size}; the checkpoint is "
-        "corrupted (or was saved after a diverged training step)"
+        f"tensor '{name}' holds {bad} NaN or Inf value{'s' if bad != 1 else ''} of {flat.size}{where}; the "
+        "checkpoint is corrupted (or was saved after a diverged training step)"
     )

@@ -117,7 +117,10 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     return_freed_memory()
     stages = _Stages()
     progress(f"loading {opts.checkpoint}")
-    ckpt = load_checkpoint(opts.checkpoint)
+    # A quantized table is read a block of rows at a time from the checkpoint (an 8B model's two float32
+    # tables are 4.2 GB); a float one goes into the graph whole.
+    stored_tables = opts.quant.enabled and not opts.quant.fp_embeddings
+    ckpt = load_checkpoint(opts.checkpoint, stored_tables=stored_tables)
     tokenizer = bundle_tokenizer(ckpt)
     cache = _cache_spec(ckpt, opts)
     kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing

@@ -5,8 +5,9 @@ The export streams: layers are read and widened one at a time (LazyLayers), INT4
 byte, initializers go to the data file as the graph builder makes them, and validation reads each layer
 once per case. What it still holds whole is named here, part by part, so a refusal says what to change:
 
-    tables    the embedding table (and an untied LM head): float32 while the weights are prepared (and in a
-              float export), then only the codes of a quantized table (QuantizedTable)
+    tables    the embedding table (and an untied LM head): float32 in a float export; a quantized export
+              reads it from the checkpoint a block of rows at a time (StoredTable) and holds its codes
+              (QuantizedTable)
     (codes    every quantized Linear's codes and scales are not held: each layer's go to an unlinked
               scratch file as it is quantized, scratch.py, and are read back as they are used)
     layer     float32 copies of one layer's Linears alive at once
@@ -33,6 +34,7 @@ from .calibrate import DEFAULT_CALIBRATION_TOKENS
 from .decoder import Flavor
 from .quant import QuantConfig
 from .reference import F64_COPY_MAX_PARAMS
+from .tables import RowTable
 
 BASELINE = 200 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tokenizer (180 MB seen at load)
 # float32 copies of one layer's Linears alive at once, fitted to the Llama-3.2-1B shape's measured phases:
@@ -123,7 +125,9 @@ def estimate_export_memory(
 
     if codes_held:  # counted in every phase: an over-estimate after the weight stage for a GGUF's
         held["codes"] = codes
-    prepare = {**held, "tables": table_f32 + table_codes, "layer": PREPARE_LAYERS * layer}
+    # Tables read from the checkpoint a block of rows at a time (StoredTable) are never whole as float32
+    stored = isinstance(ckpt.weights.embed, RowTable)
+    prepare = {**held, "tables": table_codes + (0 if stored else table_f32), "layer": PREPARE_LAYERS * layer}
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
     if pruning or quant.mixed.needs_calibration:  # every layer's statistics at once, the pruned model whole
         prepare["calibration"] = grams * 8 * args.num_layers + params * ref_bytes
@@ -137,7 +141,8 @@ def estimate_export_memory(
     reference = {
         **held,
         "layer": REFERENCE_LAYERS * layer,
-        "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS else 0,
+        # a quantized table is read from its codes a block of rows at a time, not copied to float64
+        "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS and not table_codes else 0,
     }
     phases = (prepare, graph, run, reference)
     return MemoryEstimate(max(phases, key=lambda p: sum(p.values())))

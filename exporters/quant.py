@@ -41,6 +41,7 @@ import numpy as np
 from edge_runtime.errors import ExportError
 
 from .scratch import OnDisk, Scratch, load
+from .tables import RowSelection, RowTable
 
 INT4_BLOCKS = (32, 64, 128)
 TRT_INT4_BLOCKS = (64, 128)  # TensorRT's INT4 weight-only blocks
@@ -277,32 +278,26 @@ class QuantizedMatrix:
         return sum(a.nbytes for a in parts if isinstance(a, np.ndarray))
 
 
-class QuantizedTable(np.ndarray):
-    """What ModelWeights holds for a quantized embedding table or LM head: the float table's shape and dtype
-    over no bytes (a broadcast zero), carrying its integer form in `.qm` (issue 23: the dequantized table
-    of a 128k-vocabulary model is 1-2 GB). The graph builder needs only its identity (QuantizedModel.lookup)
-    and the reference reads rows and logit blocks through `.qm` (reference.py); any other use of its values
-    raises instead of computing with zeros."""
+class QuantizedTable(RowTable):
+    """What ModelWeights holds for a quantized embedding table or LM head (a RowTable, tables.py), carrying
+    its integer form in `.qm` (issue 23: the dequantized table of a 128k-vocabulary model is 1-2 GB). The
+    graph builder needs only its identity (QuantizedModel.lookup); the reference reads rows and logit
+    blocks dequantized from `.qm`."""
 
     qm: QuantizedMatrix | None
 
     def __new__(cls, qm: QuantizedMatrix) -> QuantizedTable:
-        obj = np.broadcast_to(np.zeros((), np.float32), qm.shape).view(cls)
+        obj = super().__new__(cls, qm.shape)
         obj.qm = qm
         return obj
 
     def __array_finalize__(self, obj: object) -> None:
         self.qm = getattr(obj, "qm", None)
 
-    def _refuse(self, *_args: object, **_kwargs: object):
-        raise TypeError("a quantized table holds no float values: dequantize it from .qm (QuantizedTable)")
-
-    __array_ufunc__ = _refuse
-    __array_function__ = _refuse
-    __getitem__ = _refuse
-    __array__ = _refuse
-    astype = _refuse
-    tobytes = _refuse
+    def rows(self, sel: RowSelection) -> np.ndarray:
+        if self.qm is None or self.shape != self.qm.shape:
+            raise TypeError("a view of a QuantizedTable holds no rows")
+        return self.qm.dequantize_rows(sel)
 
 
 def _fits_nibbles(codes: np.ndarray) -> bool:
@@ -376,33 +371,35 @@ RTN_CHUNK_ELEMENTS = 1 << 22
 
 
 def quantize_rtn(w: np.ndarray, bits: int, block: int | None = None, asymmetric: bool = False) -> QuantizedMatrix:
-    """Round to nearest: INT4 blocks of `block`, or (block None) INT8/INT4 per output channel."""
-    out, k = w.shape
-    rows = max(1, RTN_CHUNK_ELEMENTS // max(k, 1))
-    if out <= rows:
-        return _quantize_rtn_rows(w, bits, block, asymmetric)
-    parts = [_quantize_rtn_rows(w[r : r + rows], bits, block, asymmetric) for r in range(0, out, rows)]
-    zeros = None if parts[0].zeros is None else np.concatenate([p.zeros for p in parts])
-    return QuantizedMatrix(
-        codes=np.concatenate([p.codes for p in parts]),
-        scales=np.concatenate([p.scales for p in parts]),
-        bits=bits,
-        block=parts[0].block,
-        zeros=zeros,
-    )
-
-
-def _quantize_rtn_rows(w: np.ndarray, bits: int, block: int | None, asymmetric: bool) -> QuantizedMatrix:
+    """Round to nearest: INT4 blocks of `block`, or (block None) INT8/INT4 per output channel. Rows are
+    rounded independently, so `w` is read a part of the rows at a time (a RowTable's from its file) into
+    preallocated codes: no float64 copy of a 128k-vocabulary table, nor its parts' codes concatenated."""
     out, k = w.shape
     block = k if block is None else block
-    groups = np.asarray(w, dtype=np.float64).reshape(out, k // block, block)
+    step = max(1, RTN_CHUNK_ELEMENTS // max(k, 1))
+    codes = np.empty((out, k), np.int8)
+    scales = np.empty((out, k // block), np.float32)
+    zeros = np.empty((out, k // block), np.int8) if asymmetric else None
+    for r in range(0, out, step):
+        part = slice(r, min(r + step, out))
+        codes[part], scales[part], z = _rtn_rows(w[part], bits, block, asymmetric)
+        if zeros is not None:
+            zeros[part] = z
+    return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block, zeros=zeros)
+
+
+def _rtn_rows(
+    w: np.ndarray, bits: int, block: int, asymmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(codes [n, k], scales [n, k // block], zero points or None) of some rows."""
+    n, k = w.shape
+    groups = np.asarray(w, dtype=np.float64).reshape(n, k // block, block)
     if asymmetric:
         scales, zeros = block_scales_asym(groups, bits)
         codes = round_codes(groups, scales[:, :, None].astype(np.float64), bits, zeros[:, :, None])
-        return QuantizedMatrix(codes=codes.reshape(out, k), scales=scales, bits=bits, block=block, zeros=zeros)
+        return codes.reshape(n, k), scales, zeros
     scales = block_scales(groups, bits)
-    codes = round_codes(groups, scales[:, :, None].astype(np.float64), bits).reshape(out, k)
-    return QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=block)
+    return round_codes(groups, scales[:, :, None].astype(np.float64), bits).reshape(n, k), scales, None
 
 
 def gptq(

@@ -23,10 +23,7 @@ from edge_runtime.models.base import Activation
 from edge_runtime.models.layer_plan import Sublayer, run_layer
 
 from .lazy_layers import LazyLayers
-from .quant import QuantizedTable
-
-# Rows of a quantized table dequantized at a time for the logits (16 MB of float32)
-TABLE_CHUNK_ELEMENTS = 1 << 22
+from .tables import RowTable
 
 
 @dataclass
@@ -143,8 +140,9 @@ class ReferenceModel:
             dtype = np.float64 if params <= F64_COPY_MAX_PARAMS else None
         conv = _f64 if dtype is np.float64 else _f32 if dtype is np.float32 else _keep
         self.dtype = np.dtype(np.float32 if dtype is None else dtype)  # compute precision
-        # A quantized table (QuantizedTable) is kept as its codes and read a block of rows at a time
-        table = lambda t: t if isinstance(t, QuantizedTable) else conv(t)  # noqa: E731
+        # A table held without its floats (its codes, or its rows in the checkpoint file: tables.py) is
+        # read a block of rows at a time
+        table = lambda t: t if isinstance(t, RowTable) else conv(t)  # noqa: E731
         self.embed = table(weights.embed)
         self.lm_head = self.embed if weights.lm_head is weights.embed else table(weights.lm_head)
         self.final_norm = conv(weights.final_norm)
@@ -187,10 +185,7 @@ class ReferenceModel:
 
     def embed_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, np.int64).reshape(-1)
-        if isinstance(self.embed, QuantizedTable):
-            rows = self.embed.qm.dequantize_rows(ids).astype(self.dtype)
-        else:
-            rows = self.embed[ids].astype(self.dtype)
+        rows = self.embed[ids].astype(self.dtype)  # float32 rows of a RowTable, or the float table's
         return rows * self.dtype.type(self.args.embed_scale)  # [T, H]
 
     def angles(self, positions: np.ndarray) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
@@ -216,13 +211,11 @@ class ReferenceModel:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.final_norm, self.args.rms_norm_eps)
-        if not isinstance(self.lm_head, QuantizedTable):
+        if not isinstance(self.lm_head, RowTable):
             return h @ self.lm_head.T  # [T, V]
-        qm = self.lm_head.qm
-        out = np.empty((h.shape[0], qm.shape[0]), h.dtype)
-        rows = max(1, TABLE_CHUNK_ELEMENTS // qm.shape[1])
-        for r in range(0, qm.shape[0], rows):
-            out[:, r : r + rows] = h @ qm.dequantize_rows(slice(r, r + rows)).astype(self.dtype).T
+        out = np.empty((h.shape[0], self.lm_head.shape[0]), h.dtype)
+        for rows, part in self.lm_head.parts():
+            out[:, rows] = h @ part.astype(self.dtype).T
         return out
 
     def _attention(

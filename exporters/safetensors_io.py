@@ -143,7 +143,40 @@ class SafetensorsFile:
 
     def get(self, name: str) -> np.ndarray:
         """The tensor, read from the file; fp16/bf16 widened to float32 (exactly), others as stored."""
-        dtype_name, arr = self._entries[name][0], self.read(name)
+        return self._widen(name, self.read(name))
+
+    def get_rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
+        """Rows of a 2-D tensor (a slice, or integer indices), widened as `get` widens: a table read a part
+        at a time. A slice is read from the file; indices are gathered through a mapping made for the call
+        (its touched pages leave the process's RSS with it)."""
+        dtype_name, shape, begin, end = self._entries[name]
+        dtype = _DTYPES[dtype_name]
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(shape[0])
+            if step != 1:
+                raise ValueError("get_rows reads a contiguous slice of rows")
+            stop = max(start, stop)
+            out = np.empty((stop - start, *shape[1:]), dtype)
+            try:
+                with self.path.open("rb", buffering=0) as f:
+                    f.seek(self._data_start + begin + start * row_bytes)
+                    got = f.readinto(memoryview(out.reshape(-1)).cast("B")) if stop > start else 0
+            except OSError as e:
+                raise CheckpointError(f"cannot read tensor '{name}' from '{self.path}': {e.strerror or e}") from e
+            if got != (stop - start) * row_bytes:
+                raise self._corrupt(f"tensor '{name}': read {got} of {(stop - start) * row_bytes} bytes (truncated?)")
+            return self._widen(name, out)
+        ids = np.asarray(rows, np.int64)
+        if ids.size and (ids.min() < -shape[0] or ids.max() >= shape[0]):
+            raise IndexError(f"row index out of range for '{name}' with {shape[0]} rows")
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start + begin, shape=(end - begin,))
+        picked = mapped.view(dtype).reshape(shape)[ids]  # fancy indexing copies the rows
+        del mapped  # the mapping, and its touched pages, go with its last reference
+        return self._widen(name, picked)
+
+    def _widen(self, name: str, arr: np.ndarray) -> np.ndarray:
+        dtype_name = self._entries[name][0]
         if dtype_name == "BF16":
             return bf16_to_f32(arr)
         if dtype_name == "F16":
@@ -232,6 +265,10 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
     def read(self, name: str) -> np.ndarray:
         """The stored bytes read into a new array, in the stored dtype (bf16 as uint16)."""
         return self._where[name].read(name)
+
+    def get_rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
+        """Rows of a 2-D tensor, widened to float32 as `[name]` widens the whole tensor."""
+        return self._where[name].get_rows(name, rows)
 
     @property
     def files(self) -> list[Path]:

@@ -46,9 +46,9 @@ def _write(path: Path, header: dict, data: bytes) -> None:
     path.write_bytes(struct.pack("<Q", len(h)) + h + data)
 
 
-def _export_refused(bad: Path, tmp_path: Path, *needles: str) -> str:
+def _export_refused(bad: Path, tmp_path: Path, *needles: str, options: tuple[str, ...] = ()) -> str:
     before = snapshot(bad)
-    r = CliRunner().invoke(export_cli, [str(bad), "-o", str(tmp_path / "out"), "--window", "64"])
+    r = CliRunner().invoke(export_cli, [str(bad), "-o", str(tmp_path / "out"), "--window", "64", *options])
     line = one_line_error(r, *needles)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
     assert snapshot(bad) == before  # the checkpoint is untouched
@@ -99,6 +99,25 @@ def test_nan_or_inf_weights_are_refused_naming_the_tensor(bad, tmp_path, value):
     w[[3, 77]] = value
     _write(bad / WEIGHTS, header, data[:begin] + w.tobytes() + data[end:])
     _export_refused(bad, tmp_path, f"tensor '{VICTIM}' holds 2 NaN or Inf values", "corrupted")
+
+
+def test_a_nan_in_a_table_read_a_part_at_a_time_is_refused_naming_its_rows(bad, tmp_path, monkeypatch):
+    """A quantized export reads the embedding table from the file a block of rows at a time (StoredTable):
+    the finite check runs per block and says where."""
+    from edge_runtime.exporters import tables
+
+    table = "model.embed_tokens.weight"
+    header, data = _read(bad / WEIGHTS)
+    rows, cols = header[table]["shape"]
+    begin, end = header[table]["data_offsets"]
+    w = np.frombuffer(data[begin:end], dtype="<f4").copy().reshape(rows, cols)
+    w[rows - 2, 5] = np.nan
+    _write(bad / WEIGHTS, header, data[:begin] + w.tobytes() + data[end:])
+    monkeypatch.setattr(tables, "PART_ELEMENTS", 16 * cols)  # blocks of 16 rows
+    first = (rows - 2) // 16 * 16
+    _export_refused(
+        bad, tmp_path, f"tensor '{table}' holds 1 NaN or Inf value", f"in rows {first}..", options=("--quant", "int4")
+    )
 
 
 @pytest.mark.parametrize("config_file", ["config.json", "generation_config.json"])

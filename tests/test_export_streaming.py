@@ -77,6 +77,44 @@ def test_a_bf16_checkpoints_layers_are_read_on_demand_and_equal_the_eager_load(t
     np.testing.assert_array_equal(ckpt.weights.layers[1].down, (raw.astype(np.uint32) << 16).view(np.float32))
 
 
+def test_stored_tables_read_the_rows_the_float_tables_hold_and_quantize_alike(tmp_path, monkeypatch):
+    """Issue 23: a quantized export reads the embedding table and LM head from the checkpoint a block of rows
+    at a time (an 8B model's float32 tables are 4.2 GB). Rows, codes and the reference's logits are the
+    float tables' exactly, with blocks small enough that every pass takes many."""
+    from edge_runtime.exporters import quant, tables
+    from edge_runtime.exporters.reference import ReferenceModel
+    from edge_runtime.exporters.tables import StoredTable
+
+    save_tiny_checkpoint("llama-untied", tmp_path, dtype="bfloat16")
+    eager, stored = load_checkpoint(tmp_path), load_checkpoint(tmp_path, stored_tables=True)
+    e, s = eager.weights, stored.weights
+    assert isinstance(s.embed, StoredTable) and isinstance(s.lm_head, StoredTable) and s.lm_head is not s.embed
+    assert not isinstance(e.embed, StoredTable) and s.embed.shape == e.embed.shape and s.embed.dtype == np.float32
+    ids = np.array([[5, 0, 5], [e.embed.shape[0] - 1, 2, 3]])
+    np.testing.assert_array_equal(s.embed[ids], e.embed[ids])
+    np.testing.assert_array_equal(s.lm_head[3:11], e.lm_head[3:11])
+    np.testing.assert_array_equal(s.embed[7], e.embed[7])
+    for use in (lambda t: t @ np.ones(t.shape[1], np.float32), lambda t: t.T[0], lambda t: t[::2], lambda t: t + 1):
+        with pytest.raises(TypeError):
+            use(s.embed)
+    assert np.isnan(np.asarray(s.embed)).all()  # no hook refuses np.asarray: NaN, never zeros that pass for weights
+
+    k = e.lm_head.shape[1]
+    whole = [quant.quantize_rtn(e.lm_head, 8), quant.quantize_rtn(e.lm_head, 4, 32)]
+    monkeypatch.setattr(quant, "RTN_CHUNK_ELEMENTS", 7 * k)  # 7 rows a part
+    monkeypatch.setattr(tables, "PART_ELEMENTS", 5 * k)
+    for qm, got in zip(whole, [quant.quantize_rtn(s.lm_head, 8), quant.quantize_rtn(s.lm_head, 4, 32)], strict=True):
+        assert np.array_equal(got.codes, qm.codes) and np.array_equal(got.scales, qm.scales) and got.block == qm.block
+        assert quant.table_error(qm, s.lm_head) == quant.table_error(qm, e.lm_head)
+    tokens = [1, 7, 3, 9, 2]
+    np.testing.assert_allclose(
+        ReferenceModel(stored.args, s).forward(tokens),
+        ReferenceModel(eager.args, e).forward(tokens),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+
+
 def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
     rng = np.random.default_rng(0)
     codes = rng.integers(-8, 8, (6, 64)).astype(np.int8)
