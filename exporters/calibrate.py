@@ -24,6 +24,7 @@ from edge_runtime.models import GENERAL_CALIBRATION, LayerWeights, ModelArgs, Mo
 
 from .checkpoint import Checkpoint
 from .reference import DenseKVCache, ReferenceModel, perplexity
+from .tables import RowTable
 
 CALIBRATION_FILE = "calibration.txt"
 HELDOUT_FILE = "heldout.txt"
@@ -308,8 +309,12 @@ def capture_linear_inputs(
 
 
 def copy_layer(lw: LayerWeights, **changes: np.ndarray | None) -> LayerWeights:
-    """`lw` with some arrays replaced, all float32. float32 arrays pass through as the same objects
-    (quantized models find their integer forms by array identity)."""
+    """`lw` with some arrays replaced, all float32. float32 arrays pass through as the same objects, and a
+    RowTable as itself (np.asarray would strip it to its NaN placeholder values: tables.py)."""
     values = {f.name: getattr(lw, f.name) for f in fields(LayerWeights)}
     values.update(changes)
-    return LayerWeights(**{k: None if v is None else np.asarray(v, dtype=np.float32) for k, v in values.items()})
+
+    def f32(v: np.ndarray | None) -> np.ndarray | None:
+        return v if v is None or isinstance(v, RowTable) else np.asarray(v, dtype=np.float32)
+
+    return LayerWeights(**{k: f32(v) for k, v in values.items()})

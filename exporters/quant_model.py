@@ -5,16 +5,18 @@ unless kept in float), with the per-tensor error record the manifest carries.
     build_decoder(args, qm.weights, flavor, precision, quantized=qm)   # integer initializers
     ReferenceModel(args, qm.weights)                                   # the same dequantized weights
 
-`qm.weights` holds the dequantized float32 values; the graph's weight format finds each array's
-integer form by identity (`lookup`), so blocks.py hands it the same arrays it would hand FloatWeights.
+`qm.weights` holds a QuantizedTable (quant.py) in place of each quantized matrix: the float matrix's
+shape over no bytes, its integer form in `.qm`, its dequantized rows read on demand. The graph's weight
+format finds the integer form from it (`lookup`), so blocks.py hands it the same fields it would hand
+FloatWeights, and the reference dequantizes a layer as it runs it (issue 23: an 8B layer's Linears are
+0.9 GB as float32, and the graph builder needs none of those values).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -58,19 +60,12 @@ AWQ_SINK_WEIGHT = 0.0  # AWQ's scale-search loss: the sink rows' weight (InputSt
 @dataclass
 class QuantizedModel:
     config: QuantConfig
-    weights: ModelWeights  # dequantized float32: what the graph computes with
+    weights: ModelWeights  # QuantizedTable for each quantized matrix: what the graph computes with
     tensors: dict[str, QuantizedMatrix]  # checkpoint tensor name -> integer form
     record: dict[str, Any]  # for the manifest's `quantization`
-    _by_id: dict[int, tuple[weakref.ref, QuantizedMatrix]] = field(default_factory=dict, repr=False)
-
-    def bind(self, dequantized: np.ndarray, qm: QuantizedMatrix) -> None:
-        # `weights.layers` dequantizes a layer each time it is built (LazyLayers): an id may be reused by a
-        # later array once the first is freed, so the entry holds a weak reference to check it against.
-        self._by_id[id(dequantized)] = (weakref.ref(dequantized), qm)
 
     def lookup(self, array: np.ndarray) -> QuantizedMatrix | None:
-        entry = self._by_id.get(id(array))
-        return entry[1] if entry is not None and entry[0]() is array else None
+        return array.qm if isinstance(array, QuantizedTable) else None
 
     def require(self, array: np.ndarray, where: str) -> QuantizedMatrix:
         qm = self.lookup(array)
@@ -178,14 +173,7 @@ def quantize_model(
         if name in imported and not exact:
             raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
         record(name, qm, rel)
-        held = QuantizedTable(qm)
-        out.bind(held, qm)
-        return held
-
-    def dequantized(qm: QuantizedMatrix) -> np.ndarray:
-        deq = qm.dequantize()
-        out.bind(deq, qm)
-        return deq
+        return QuantizedTable(qm)
 
     # --mixed: a fixed plan is known before quantizing (its INT8 groups skip INT4 work); the sensitivity
     # plan is chosen from every group's INT4 form, so all are quantized to INT4 first (quant_mixed.py).
@@ -260,8 +248,9 @@ def quantize_model(
     source = weights.layers
 
     def layer(i: int) -> LayerWeights:
-        """Layer i dequantized from its codes when it is read (issue 23: a 1B model's are 4.9 GB as float32)."""
-        return copy_layer(source[i], **{f: dequantized(forms[(i, f)]) for f in LINEARS})
+        """Layer i's norms and biases with its Linears' integer forms (issue 23: a 1B model's Linears are
+        4.9 GB as float32): a reader that needs their values dequantizes them (reference.py)."""
+        return copy_layer(source[i], **{f: QuantizedTable(forms[(i, f)]) for f in LINEARS})
 
     layers = LazyLayers(len(source), layer)
 

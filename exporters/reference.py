@@ -147,8 +147,12 @@ class ReferenceModel:
         self.lm_head = self.embed if weights.lm_head is weights.embed else table(weights.lm_head)
         self.final_norm = conv(weights.final_norm)
 
+        def widen(a: np.ndarray | None) -> np.ndarray | None:
+            # a quantized Linear (QuantizedTable) is dequantized here, as its layer is built
+            return a.rows(slice(None)) if isinstance(a, RowTable) else a
+
         def layer(lw: LayerWeights) -> LayerWeights:
-            return LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in fields(LayerWeights)})
+            return LayerWeights(**{f.name: conv(widen(getattr(lw, f.name))) for f in fields(LayerWeights)})
 
         source = weights.layers
         if lazy and isinstance(source, LazyLayers):  # built (and converted) a layer at a time, each forward (issue 23)
