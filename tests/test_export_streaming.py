@@ -115,6 +115,28 @@ def test_stored_tables_read_the_rows_the_float_tables_hold_and_quantize_alike(tm
     )
 
 
+def test_the_graph_builder_never_dequantizes_a_quantized_weight(monkeypatch):
+    """Issue 23: a quantized model's Linears and tables are QuantizedTable placeholders (their shape over one
+    NaN, the integer form in .qm): the builder packs codes and never widens a layer to float32, which at
+    8B was 0.9 GB a layer, several alive at once. The reference still sees the dequantized values."""
+    from edge_runtime.exporters.quant import QuantizedTable
+    from edge_runtime.exporters.reference import ReferenceModel
+
+    ckpt = load_checkpoint(DEMO_CHECKPOINT)
+    prepared = prepare_weights(ckpt, _INT4, None, None, trt=False, weights_label="fp32", progress=lambda _m: None)
+    lw = prepared.weights.layers[1]
+    assert isinstance(lw.q, QuantizedTable) and prepared.quantized.lookup(lw.q) is lw.q.qm
+    assert not isinstance(lw.attn_norm, QuantizedTable)  # norms stay float
+    widened = []
+    real = QuantizedMatrix.dequantize_rows
+    monkeypatch.setattr(QuantizedMatrix, "dequantize_rows", lambda self, rows: widened.append(rows) or real(self, rows))
+    build_decoder(ckpt.args, prepared.weights, Flavor.ORT, Precision.FP32, prepared.quantized)
+    assert widened == []
+    ref = ReferenceModel(ckpt.args, prepared.weights)
+    np.testing.assert_array_equal(ref.layers[1].down, lw.down.qm.dequantize().astype(ref.dtype))
+    assert widened  # the reference dequantized the layer it was asked for
+
+
 def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
     rng = np.random.default_rng(0)
     codes = rng.integers(-8, 8, (6, 64)).astype(np.int8)
