@@ -40,7 +40,7 @@ import numpy as np
 
 from edge_runtime.errors import ExportError
 
-from .scratch import OnDisk, Scratch, load
+from .scratch import OnDisk, Scratch, load, load_rows
 from .tables import RowSelection, RowTable
 
 INT4_BLOCKS = (32, 64, 128)
@@ -215,18 +215,9 @@ class QuantizedMatrix:
     def zeros(self) -> np.ndarray | None:
         return load(self._zeros)
 
-    def in_memory(self) -> QuantizedMatrix:
-        """This form with its arrays read back once (itself where nothing is spilled), for a caller that
-        reads it a part at a time: each access of a spilled matrix reads its whole file region."""
-        if not isinstance(self._stored, OnDisk):
-            return self
-        out = QuantizedMatrix.__new__(QuantizedMatrix)
-        out.bits, out.block, out._cols = self.bits, self.block, self._cols
-        out._stored, out._scales, out._zeros = load(self._stored), self.scales, self.zeros
-        return out
-
     def spill(self, scratch: Scratch) -> None:
-        """Hold nothing but where the arrays went (a spilled matrix reads its file on every use)."""
+        """Hold nothing but where the arrays went (a spilled matrix reads its file on every use, only the
+        rows asked for where a part is asked for: codes_rows, dequantize_rows)."""
         if not isinstance(self._stored, OnDisk):
             self._stored, self._scales = scratch.put(self._stored), scratch.put(self._scales)
             self._zeros = None if self._zeros is None else scratch.put(self._zeros)
@@ -239,7 +230,7 @@ class QuantizedMatrix:
     def codes_rows(self, rows: slice) -> np.ndarray:
         """int8 [n, in] of a slice of output rows: a table's codes a part at a time (a 128k-vocabulary
         table's are 0.26 GB as int8, and its consumers widen them further)."""
-        stored = load(self._stored)[rows]
+        stored = load_rows(self._stored, rows)
         if stored.shape[1] == self._cols and stored.dtype == np.int8:
             return stored
         return _unpack_nibbles(stored, self._cols)
@@ -261,10 +252,9 @@ class QuantizedMatrix:
         codes = self.codes_rows(rows)
         n, k = codes.shape
         blocks = codes.reshape(n, k // self.block, self.block).astype(np.float32)
-        zeros = self.zeros
-        if zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
-            blocks -= zeros[rows][:, :, None]
-        blocks *= self.scales[rows][:, :, None]  # in place: no second copy of a large table
+        if self._zeros is not None:  # code - zero is an integer of <= bits + 1 bits: still exact
+            blocks -= load_rows(self._zeros, rows)[:, :, None]
+        blocks *= load_rows(self._scales, rows)[:, :, None]  # in place: no second copy of a large table
         return blocks.reshape(n, k)
 
     def storage_bytes(self, scale_bytes: int = 4) -> int:

@@ -82,7 +82,6 @@ PACK_PART_ELEMENTS = 1 << 24  # codes widened at once by pack_nbits (64 MB as in
 
 def pack_nbits(qm: QuantizedMatrix, name: str) -> tuple[np.ndarray, np.ndarray, int]:
     """(B uint8 [N, k_blocks, blob], scales float32 [N, k_blocks], block) in MatMulNBits' layout."""
-    qm = qm.in_memory()  # a spilled Linear read back once, not once a part
     n, k = qm.shape
     blk = nbits_block(qm, name)
     b = np.empty((n, k * qm.bits // 8), np.uint8)

@@ -173,6 +173,8 @@ def quantize_model(
         if name in imported and not exact:
             raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
         record(name, qm, rel)
+        if scratch is not None:  # read back a block of rows at a time (an 8B model's int8 tables are 1 GB)
+            qm.spill(scratch)
         return QuantizedTable(qm)
 
     # --mixed: a fixed plan is known before quantizing (its INT8 groups skip INT4 work); the sensitivity

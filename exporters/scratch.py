@@ -16,8 +16,8 @@ from edge_runtime.errors import ExportError
 class Scratch:
     """An unlinked file beside the export's output for arrays it has finished making but will read again
     (issue 23: an 8B model's INT4 codes and scales are 5 GB). Each is written once and read back whole
-    when used; the page cache, not the process, holds them in between, and the file goes with its last
-    reader (or the process) without a name left on disk."""
+    when used (or a block of rows: `load_rows`); the page cache, not the process, holds them in between,
+    and the file goes with its last reader (or the process) without a name left on disk."""
 
     def __init__(self, directory: Path):
         self.directory = directory
@@ -40,9 +40,18 @@ class Scratch:
         self._end = at
         return rec
 
-    def read(self, rec: OnDisk) -> np.ndarray:
-        out = np.empty(rec.shape, rec.dtype)
-        view, at = memoryview(out).cast("B"), rec.offset
+    def read(self, rec: OnDisk, rows: slice | None = None) -> np.ndarray:
+        """The array, or a contiguous slice of its rows (first axis)."""
+        start, stop = 0, rec.shape[0] if rec.shape else 0
+        if rows is not None:
+            start, stop, step = rows.indices(rec.shape[0])
+            if step != 1:
+                raise ValueError("Scratch.read takes a contiguous slice of rows")
+            stop = max(start, stop)
+        shape = (stop - start, *rec.shape[1:]) if rec.shape else ()
+        out = np.empty(shape, rec.dtype)
+        row_bytes = int(np.prod(rec.shape[1:], dtype=np.int64)) * rec.dtype.itemsize
+        view, at = memoryview(out.reshape(-1)).cast("B"), rec.offset + start * row_bytes
         while view:
             n = _read_at(self._file, view, at)
             if n == 0:
@@ -70,3 +79,18 @@ class OnDisk:
 
 def load(a: np.ndarray | OnDisk | None) -> np.ndarray | None:
     return a.scratch.read(a) if isinstance(a, OnDisk) else a
+
+
+def load_rows(a: np.ndarray | OnDisk, rows: slice | np.ndarray) -> np.ndarray:
+    """`a[rows]` (a slice, or integer indices) reading only those rows where `a` is on disk: a spilled
+    table is read a block of rows at a time (the reference's logits) or a few rows (its embedding)."""
+    if not isinstance(a, OnDisk):
+        return a[rows]
+    if isinstance(rows, slice) and rows.step in (None, 1):
+        return a.scratch.read(a, rows)
+    ids = np.arange(a.shape[0])[rows]  # any other selection numpy takes, checked against the rows there are
+    wanted, back = np.unique(ids, return_inverse=True)
+    picked = np.stack([a.scratch.read(a, slice(r, r + 1))[0] for r in wanted]) if wanted.size else None
+    if picked is None:
+        return np.empty((0, *a.shape[1:]), a.dtype)
+    return picked[back.reshape(ids.shape)]

@@ -174,6 +174,11 @@ def test_spilled_codes_scales_and_zero_points_read_back_exactly_and_leave_memory
         assert np.array_equal(qm.codes, codes) and np.array_equal(qm.scales, scales)
         assert (qm.zeros is None) == (zeros is None) and (zeros is None or np.array_equal(qm.zeros, zeros))
         assert np.array_equal(qm.dequantize(), deq) and np.array_equal(qm.dequantize_rows([2, 0]), deq[[2, 0]])
+        # a block of rows, or a few (repeated, from the end) read alone from the file (load_rows)
+        assert np.array_equal(qm.dequantize_rows(slice(1, 3)), deq[1:3]) and np.array_equal(
+            qm.codes_rows(slice(2, 9)), codes[2:]
+        )
+        assert np.array_equal(qm.dequantize_rows(np.array([3, 3, -1])), deq[[3, 3, -1]])
 
 
 def test_tables_pack_a_part_at_a_time_as_they_pack_whole(monkeypatch, tmp_path):
