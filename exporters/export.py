@@ -130,7 +130,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     scratch = _scratch(opts.out) if opts.quant.enabled else None
     imported = opts.source_codes is not None and bool(opts.source_codes.tensors)
     codes_held = imported or (opts.quant.enabled and scratch is None)
-    estimate = estimate_export_memory(ckpt, opts.quant, opts.flavor, pruning, codes_held)
+    estimate = estimate_export_memory(ckpt, opts.quant, opts.flavor, pruning, codes_held, spilled=scratch is not None)
     progress(f"estimated peak memory {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
     if opts.max_memory is not None and estimate.total > opts.max_memory:
         raise ExportError(

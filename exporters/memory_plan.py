@@ -39,11 +39,16 @@ from .tables import RowTable
 BASELINE = 200 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tokenizer (180 MB seen at load)
 # float32 copies of one layer's Linears alive at once, fitted to the Llama-3.2-1B shape's measured phases:
 PREPARE_LAYERS = 2  # the widened source layer and quantization's temporaries
-GRAPH_LAYERS = 5  # the source layer, its dequantized twin, packing temporaries, two branches' lookups
+GRAPH_LAYERS = 5  # a float graph: the source layer, its initializers' copies, two branches' lookups
+# A quantized graph packs codes (QuantizedTable placeholders, nothing dequantized): the packing temporaries
+# and their TensorProto copies, and the table's packed bytes on their way to the file (measured at the
+# 1B and 8B shapes: 0.8 and 2.6 GB at their peaks)
+GRAPH_LAYERS_QUANTIZED = 1.5
 REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activations
 # float32 LM heads' worth the accuracy_level 0 twin's session adds beyond the bundle's bytes while it runs
 # (its own data file is 1.4x the bundle's; MLAS prepacks part of it; its head runs in parts,
-# quant_graph.FP32_TABLE_PART_ROWS): fitted to the 1B shape, whose validation held 2.5 GB in all
+# quant_graph.FP32_TABLE_PART_ROWS): the 1B shape's twin needs 0.52, the 8B shape's 0.16 (its session
+# held 5.3 GiB beside a 5.0 GB bundle), so the smaller model's figure bounds both
 TWIN_HEAD_COPIES = 0.6
 # One layer's Gram matrices' worth alive while it is calibrated and quantized: its statistics, AWQ's
 # rescaled copies, GPTQ's Hessian and its factorisation
@@ -92,13 +97,14 @@ def _linear_params(args: ModelArgs) -> tuple[int, int]:
 
 
 def estimate_export_memory(
-    ckpt, quant: QuantConfig, flavor: Flavor, pruning: bool = False, codes_held: bool = False
+    ckpt, quant: QuantConfig, flavor: Flavor, pruning: bool = False, codes_held: bool = False, spilled: bool = True
 ) -> MemoryEstimate:
     """`ckpt`: a loaded Checkpoint (its shapes only are read). The largest of the phases' sums: preparing the
     weights (the source's float tables beside the codes), building the graph (a few layers' floats and the
     table's bytes on their way to the file), running it on ONNX Runtime, and the reference's pass.
     `codes_held`: every Linear's codes are in memory while the weights are prepared (a GGUF source's,
-    read before the export starts) or throughout (no scratch file could be made)."""
+    read before the export starts) or throughout (no scratch file could be made). `spilled`: a scratch file
+    takes the quantized tables' codes once they are made (False: they are held to the end)."""
     args: ModelArgs = ckpt.args
     v, h = args.vocab_size, args.hidden_size
     tables = 1 if args.tie_word_embeddings else 2
@@ -119,9 +125,10 @@ def estimate_export_memory(
         bundle = codes + (table_codes or table_f32)
     else:
         bundle = params * (4 if flavor is Flavor.ORT else 2)  # trt bundles of float weights: fp16 commonly
-    # After the weight stage a quantized export holds its tables' codes only (QuantizedTable; the Linears'
-    # wait in the scratch file); a float one its tables.
-    held = {"baseline": BASELINE, "tables": table_codes if table_codes else table_f32}
+    # After the weight stage a quantized export holds nothing of its tables (their codes and the Linears'
+    # wait in the scratch file, read a block of rows at a time) unless there is no scratch file; a float
+    # export holds its float tables.
+    held = {"baseline": BASELINE, "tables": (0 if spilled else table_codes) if table_codes else table_f32}
 
     if codes_held:  # counted in every phase: an over-estimate after the weight stage for a GGUF's
         held["codes"] = codes
@@ -133,7 +140,8 @@ def estimate_export_memory(
         prepare["calibration"] = grams * 8 * args.num_layers + params * ref_bytes
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
         prepare["calibration"] = LAYER_GRAM_COPIES * grams * 8 + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes
-    graph = {**held, "layer": GRAPH_LAYERS * layer, "runtime": table_codes}
+    graph_layers = GRAPH_LAYERS_QUANTIZED if quant.enabled else GRAPH_LAYERS
+    graph = {**held, "layer": int(graph_layers * layer), "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)
     # dequantizes a quantized LM head whole for a prefill of more than one row, beside its arena.
     twin = int(TWIN_HEAD_COPIES * table_f32 / tables) if table_codes and flavor is Flavor.ORT else 0
