@@ -29,7 +29,7 @@ class Scratch:
         view, at = memoryview(a).cast("B"), self._end
         try:
             while view:
-                n = os.pwrite(self._file.fileno(), view, at)
+                n = _write_at(self._file, view, at)
                 view, at = view[n:], at + n
         except OSError as e:  # a full disk, mostly: say what the space was for
             raise ExportError(
@@ -58,6 +58,13 @@ class Scratch:
                 raise OSError(f"the export's scratch file ended at {at} bytes")  # truncated underneath us
             view, at = view[n:], at + n
         return out
+
+
+def _write_at(f, view: memoryview, at: int) -> int:
+    if hasattr(os, "pwrite"):  # POSIX
+        return os.pwrite(f.fileno(), view, at)
+    f.seek(at)  # elsewhere (Windows): one writer at a time, as for reads
+    return f.write(view)
 
 
 def _read_at(f, view: memoryview, at: int) -> int:

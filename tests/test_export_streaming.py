@@ -148,9 +148,16 @@ def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
     assert np.array_equal(flipped.codes, -codes) and flipped.held_bytes() == 6 * 64 + 6 * 2 * 4
 
 
-def test_spilled_codes_scales_and_zero_points_read_back_exactly_and_leave_memory(tmp_path):
+@pytest.mark.parametrize("positional_io", [True, False], ids=["pread-pwrite", "seek"])
+def test_spilled_codes_scales_and_zero_points_read_back_exactly_and_leave_memory(tmp_path, monkeypatch, positional_io):
     """Issue 23: quantized Linears wait in an unlinked scratch file between uses (export() spills them;
-    the byte-for-byte test above compares its bundle with one built from codes held in memory)."""
+    the byte-for-byte test above compares its bundle with one built from codes held in memory). Where
+    the OS has no pwrite/preadv (Windows), seek + write/readinto does the same."""
+    if not positional_io:
+        import os
+
+        monkeypatch.delattr(os, "pwrite", raising=False)
+        monkeypatch.delattr(os, "preadv", raising=False)
     rng = np.random.default_rng(1)
     scratch = Scratch(tmp_path)
     forms = [
