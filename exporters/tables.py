@@ -1,5 +1,7 @@
-"""Embedding tables and LM heads held without their float values (issue 23): a 128k-vocabulary table of
-an 8B model is 2.1 GB as float32, and a quantized export only ever reads one a block of rows at a time.
+"""Matrices held without their float values (issue 23): an embedding table or LM head read from the
+checkpoint (a 128k-vocabulary table of an 8B model is 2.1 GB as float32, and a quantized export only
+ever reads one a block of rows at a time), and a quantized model's matrices (quant.QuantizedTable: the
+graph builder needs their integer form, only the reference their values).
 
     t = StoredTable(read_rows, shape)   # rows widened from the checkpoint file as they are asked for
     t[ids], t[r0:r1]                    # float32 rows
@@ -25,6 +27,8 @@ PART_ELEMENTS = 1 << 22
 
 
 class RowTable(np.ndarray):
+    """A [rows, in] float32 matrix whose values are read a selection of rows at a time (`rows`)."""
+
     def __new__(cls, shape: tuple[int, int]) -> RowTable:
         return np.broadcast_to(np.full((), np.nan, np.float32), shape).view(cls)
 
