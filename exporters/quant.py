@@ -269,10 +269,10 @@ class QuantizedMatrix:
 
 
 class QuantizedTable(RowTable):
-    """What ModelWeights holds for a quantized embedding table or LM head (a RowTable, tables.py), carrying
-    its integer form in `.qm` (issue 23: the dequantized table of a 128k-vocabulary model is 1-2 GB). The
-    graph builder needs only its identity (QuantizedModel.lookup); the reference reads rows and logit
-    blocks dequantized from `.qm`."""
+    """What ModelWeights holds for a quantized matrix (a Linear, the embedding table, the LM head): a
+    RowTable (tables.py) carrying its integer form in `.qm` (issue 23: an 8B layer's Linears are 0.9 GB
+    and a 128k-vocabulary table 1-2 GB as float32). The graph builder reads `.qm` (QuantizedModel.lookup);
+    the reference reads rows and logit blocks dequantized from it."""
 
     qm: QuantizedMatrix | None
 
@@ -282,10 +282,10 @@ class QuantizedTable(RowTable):
         return obj
 
     def __array_finalize__(self, obj: object) -> None:
-        self.qm = getattr(obj, "qm", None)
+        self.qm = None  # a view numpy made (`.T` of a square matrix keeps its shape) is not these rows
 
     def rows(self, sel: RowSelection) -> np.ndarray:
-        if self.qm is None or self.shape != self.qm.shape:
+        if self.qm is None:
             raise TypeError("a view of a QuantizedTable holds no rows")
         return self.qm.dequantize_rows(sel)
 

@@ -126,6 +126,8 @@ def test_the_graph_builder_never_dequantizes_a_quantized_weight(monkeypatch):
     prepared = prepare_weights(ckpt, _INT4, None, None, trt=False, weights_label="fp32", progress=lambda _m: None)
     lw = prepared.weights.layers[1]
     assert isinstance(lw.q, QuantizedTable) and prepared.quantized.lookup(lw.q) is lw.q.qm
+    with pytest.raises(TypeError):
+        lw.o.T[0]  # a view (the transpose of a square matrix has its shape) is not the matrix's rows
     assert not isinstance(lw.attn_norm, QuantizedTable)  # norms stay float
     widened = []
     real = QuantizedMatrix.dequantize_rows
