@@ -6,8 +6,8 @@ byte, initializers go to the data file as the graph builder makes them, and vali
 once per case. What it still holds whole is named here, part by part, so a refusal says what to change:
 
     tables    the embedding table (and an untied LM head): float32 in a float export; a quantized export
-              reads it from the checkpoint a block of rows at a time (StoredTable) and holds its codes
-              (QuantizedTable)
+              reads it from the checkpoint a block of rows at a time (StoredTable), and its codes go to the
+              scratch file once made (QuantizedTable reads them back by rows)
     (codes    every quantized Linear's codes and scales are not held: each layer's go to an unlinked
               scratch file as it is quantized, scratch.py, and are read back as they are used)
     layer     float32 copies of one layer's Linears alive at once
