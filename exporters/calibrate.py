@@ -23,6 +23,7 @@ from edge_runtime.errors import ExportError
 from edge_runtime.models import GENERAL_CALIBRATION, LayerWeights, ModelArgs, ModelWeights
 
 from .checkpoint import Checkpoint
+from .input_stats import InputStats
 from .reference import DenseKVCache, ReferenceModel, perplexity
 from .tables import RowTable
 
@@ -147,77 +148,6 @@ class _Tap(np.ndarray):
         return getattr(ufunc, method)(*plain, **kwargs)
 
 
-@dataclass
-class InputStats:
-    """What quantization and pruning read of one group of Linears' inputs X [n, K] over the calibration
-    tokens: the Gram matrix X^T X (GPTQ's Hessian, AWQ's and the manifest's output errors, pruning's
-    column norms) and sum |X| (AWQ's salience). Accumulated per forward, so memory does not grow with
-    the calibration length (the rows themselves are 0.4 MB a token on a 135M model)."""
-
-    gram: np.ndarray  # [K, K] float64
-    abs_sum: np.ndarray  # [K] float64
-    rows: int
-    # The row of each sequence's first token (the attention sink), times sqrt(T - 1): its Gram matrix
-    # counts that row once per later token of its sequence, since every query attends to the sink's key
-    # and value and an error there reaches every position, where X^T X weighs it as 1 row of ~500.
-    sinks: list[np.ndarray]  # [K] float64 each, one per sequence
-    # sum X and sum of (T - 1) x_0 over sequences: the constant column of X^T X (with and without the
-    # sink weighting), which pruning's reconstruction needs to refit a bias
-    col_sum: np.ndarray  # [K] float64
-    sink_sum: np.ndarray  # [K] float64
-
-    @classmethod
-    def empty(cls, k: int) -> InputStats:
-        return cls(np.zeros((k, k)), np.zeros(k), 0, [], np.zeros(k), np.zeros(k))
-
-    def add(self, x: np.ndarray) -> None:
-        """The rows of one sequence, first token first."""
-        x32 = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-        # float32 products of one sequence (<= 512 rows), summed in float64: statistics, not the forward
-        self.gram += (x32.T @ x32).astype(np.float64)
-        self.abs_sum += np.abs(x32).sum(axis=0, dtype=np.float64)
-        self.rows += x32.shape[0]
-        self.sinks.append(np.sqrt(x32.shape[0] - 1) * x32[0].astype(np.float64))
-        self.col_sum += x32.sum(axis=0, dtype=np.float64)
-        self.sink_sum += (x32.shape[0] - 1) * x32[0].astype(np.float64)
-
-    @property
-    def sink_gram(self) -> np.ndarray:
-        s = np.asarray(self.sinks).reshape(-1, self.gram.shape[0])
-        return s.T @ s
-
-    def sink_weighted(self, weight: float) -> np.ndarray:
-        """X^T X with each sequence's first row also counted `weight` times per later token (GPTQ's Hessian)."""
-        return self.gram + weight * self.sink_gram if weight else self.gram
-
-    @property
-    def mean_abs(self) -> np.ndarray:
-        return self.abs_sum / max(self.rows, 1)
-
-    @property
-    def column_norms(self) -> np.ndarray:
-        return np.sqrt(np.maximum(np.diag(self.gram), 0.0))
-
-    def divided(self, s: np.ndarray) -> InputStats:
-        """The statistics of X / s (s per input channel)."""
-        s = np.asarray(s, dtype=np.float64)
-        return InputStats(
-            self.gram / np.outer(s, s),
-            self.abs_sum / s,
-            self.rows,
-            [r / s for r in self.sinks],
-            self.col_sum / s,
-            self.sink_sum / s,
-        )
-
-    def output_error(self, approx: np.ndarray, exact: np.ndarray) -> float:
-        """||X approx^T - X exact^T||_F / ||X exact^T||_F, from the Gram matrix alone."""
-        w = np.asarray(exact, dtype=np.float64)
-        d = np.asarray(approx, dtype=np.float64) - w
-        denom = float(((w @ self.gram) * w).sum())
-        return float(np.sqrt(max(float(((d @ self.gram) * d).sum()), 0.0) / denom)) if denom > 0 else 0.0
-
-
 GROUP_OF = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "down": "down"}
 
 
@@ -262,9 +192,20 @@ class LayerInputStream:
     The statistics equal a sequence-by-sequence forward's bit for bit (each sum runs over the sequences
     in the same order). `seconds`: the time spent computing them so far."""
 
-    def __init__(self, args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress):
+    def __init__(
+        self,
+        args: ModelArgs,
+        weights: ModelWeights,
+        calib: CalibrationSet,
+        progress: Progress,
+        *,
+        sample_wide: bool = False,
+    ):
+        """`sample_wide`: inputs wider than input_stats.SAMPLE_ROWS keep a row sample instead of X^T X
+        (for consumers that only measure output errors: AWQ, the manifest's record)."""
         self._ref = ReferenceModel(args, weights)
         self._calib, self._progress = calib, progress
+        self._sample_rows = calib.tokens - len(calib.sequences) if sample_wide else None
         self._streams = None  # per sequence: [residual stream, positions, angles, cache], made on first use
         self._next = 0
         self.seconds = 0.0
@@ -284,7 +225,7 @@ class LayerInputStream:
                 cache = DenseKVCache(positions=positions)
                 self._streams.append([ref.embed_rows(seq), positions, ref.angles(positions), cache])
         lw = ref.layers[i]
-        stats = {group: InputStats.empty(getattr(lw, f).shape[1]) for f, group in TAPPED.items()}
+        stats = {group: InputStats.empty(getattr(lw, f).shape[1], self._sample_rows) for f, group in TAPPED.items()}
         tapped = replace(lw, **{f: _Tap(getattr(lw, f), stats[group].add) for f, group in TAPPED.items()})
         for stream in self._streams:
             stream[0] = ref.layer(i, tapped, *stream)

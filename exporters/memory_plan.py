@@ -14,8 +14,9 @@ once per case. What it still holds whole is named here, part by part, so a refus
     runtime   ONNX Runtime's view of the bundle while the graph runs (the data file it maps and touches,
               and the twin's dequantized LM head), or the table's bytes on their way to the file
     reference the float64 reference's tables (models up to reference.F64_COPY_MAX_PARAMS parameters)
-    calibration  AWQ/GPTQ: one layer's X^T X statistics and the calibration tokens' residual streams (the
-              layers are calibrated one at a time as each is quantized); pruning and --mixed sensitivity
+    calibration  AWQ/GPTQ: one layer's input statistics (X^T X, or AWQ's row sample of a wide input) and
+              the calibration tokens' residual streams (the layers are calibrated one at a time as each
+              is quantized); pruning and --mixed sensitivity
               compare layers: every layer's statistics and the (pruned) model whole
 
 The constants were fitted to the phases measured on the Llama-3.2-1B shape (README "Export at scale").
@@ -32,7 +33,9 @@ from edge_runtime.models import ModelArgs
 
 from .calibrate import DEFAULT_CALIBRATION_TOKENS
 from .decoder import Flavor
+from .input_stats import SAMPLE_ROWS
 from .quant import QuantConfig
+from .quant_pipeline import samples_wide_inputs
 from .reference import F64_COPY_MAX_PARAMS
 from .tables import RowTable
 
@@ -50,7 +53,7 @@ REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activ
 # quant_graph.FP32_TABLE_PART_ROWS): the 1B shape's twin needs 0.52, the 8B shape's 0.16 (its session
 # held 5.3 GiB beside a 5.0 GB bundle), so the smaller model's figure bounds both
 TWIN_HEAD_COPIES = 0.6
-# One layer's Gram matrices' worth alive while it is calibrated and quantized: its statistics, AWQ's
+# One layer's statistics' worth alive while it is calibrated and quantized: its statistics, AWQ's
 # rescaled copies, GPTQ's Hessian and its factorisation
 LAYER_GRAM_COPIES = 3
 
@@ -87,13 +90,18 @@ class MemoryEstimate:
         return ", ".join(f"{k} {v / 1e6:,.0f}" for v, k in big)
 
 
-def _linear_params(args: ModelArgs) -> tuple[int, int]:
-    """(parameters of one layer's Linears, of its largest input width squared summed over its four input groups)."""
+def _linear_params(args: ModelArgs) -> tuple[int, tuple[int, ...]]:
+    """(parameters of one layer's Linears, the widths of its four input groups: calibrate.TAPPED)."""
     h, d, i = args.hidden_size, args.head_dim, args.intermediate_size
     q, kv = args.num_heads * d, args.num_kv_heads * d
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i
-    grams = h * h + q * q + h * h + i * i  # attn, o, mlp, down inputs (calibrate.TAPPED)
-    return per_layer, grams
+    return per_layer, (h, q, h, i)
+
+
+def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
+    """One layer's input statistics: X^T X in float64, or a float32 row sample of the inputs wider than
+    it where the consumer allows (input_stats.py)."""
+    return sum(SAMPLE_ROWS * k * 4 if sampled and k > SAMPLE_ROWS else k * k * 8 for k in widths)
 
 
 def estimate_export_memory(
@@ -108,7 +116,7 @@ def estimate_export_memory(
     args: ModelArgs = ckpt.args
     v, h = args.vocab_size, args.hidden_size
     tables = 1 if args.tie_word_embeddings else 2
-    per_layer, grams = _linear_params(args)
+    per_layer, widths = _linear_params(args)
     linear = per_layer * args.num_layers
     params = linear + tables * v * h
     table_f32 = tables * v * h * 4
@@ -137,9 +145,10 @@ def estimate_export_memory(
     prepare = {**held, "tables": table_codes + (0 if stored else table_f32), "layer": PREPARE_LAYERS * layer}
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
     if pruning or quant.mixed.needs_calibration:  # every layer's statistics at once, the pruned model whole
-        prepare["calibration"] = grams * 8 * args.num_layers + params * ref_bytes
+        prepare["calibration"] = _stats_bytes(widths, False) * args.num_layers + params * ref_bytes
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
-        prepare["calibration"] = LAYER_GRAM_COPIES * grams * 8 + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes
+        stats = _stats_bytes(widths, samples_wide_inputs(quant))
+        prepare["calibration"] = LAYER_GRAM_COPIES * stats + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes
     graph_layers = GRAPH_LAYERS_QUANTIZED if quant.enabled else GRAPH_LAYERS
     graph = {**held, "layer": int(graph_layers * layer), "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)

@@ -80,6 +80,12 @@ def check_options(quant: QuantConfig, trt: bool) -> None:
         raise ExportError("--table-bits 4 needs --flavor ort: the trt flavor stores the table as INT8 per row")
 
 
+def samples_wide_inputs(quant: QuantConfig) -> bool:
+    """AWQ and the manifest's record only measure output errors, which a row sample of a wide input gives
+    (input_stats.py); GPTQ's Hessian and --mixed sensitivity's energies need X^T X itself."""
+    return not quant.method.gptq and not quant.mixed.needs_calibration
+
+
 def pruning_unit(quant: QuantConfig) -> int:
     """Pruned widths stay multiples of 32 (MatMulNBits' fast ARM path) or of the INT4 (INT8) block."""
     block = quant.block if quant.method.linear_bits == 4 else quant.int8_block
@@ -137,13 +143,13 @@ def prepare_weights(
         acts = None  # they were the unpruned model's
         if quant.needs_calibration:
             progress("re-calibrating the pruned model, a layer at a time as it is quantized")
-            acts = LayerInputStream(args, weights, calib, progress)
+            acts = LayerInputStream(args, weights, calib, progress, sample_wide=samples_wide_inputs(quant))
     elif quant.needs_calibration:
         progress(
             f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward), "
             "a layer at a time as it is quantized"
         )
-        acts = LayerInputStream(args, weights, calib, progress)
+        acts = LayerInputStream(args, weights, calib, progress, sample_wide=samples_wide_inputs(quant))
 
     quantized = None
     if quant.enabled:
