@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_runtime.exporters import input_stats, load_checkpoint, quant_awq
+from edge_runtime.exporters import input_stats, load_checkpoint, memory_plan, quant_awq
 from edge_runtime.exporters.calibrate import TAPPED, LayerInputStream, load_calibration
 from edge_runtime.exporters.input_stats import InputStats
 from edge_runtime.exporters.quant import quantize_rtn
@@ -116,6 +116,7 @@ def test_layer_stream_samples_only_the_inputs_wider_than_the_sample(monkeypatch,
     narrow = min(widths.values())
     assert max(widths.values()) > narrow  # the tiny model has inputs of two widths: one of each kind
     monkeypatch.setattr(input_stats, "SAMPLE_ROWS", narrow)
+    monkeypatch.setattr(memory_plan, "SAMPLE_ROWS", narrow)
     full = LayerInputStream(ck.args, ck.weights, calib, lambda _m: None)
     sampled = LayerInputStream(ck.args, ck.weights, calib, lambda _m: None, sample_wide=True)
     for i in range(ck.args.num_layers):
@@ -127,3 +128,12 @@ def test_layer_stream_samples_only_the_inputs_wider_than_the_sample(monkeypatch,
             else:
                 assert y.sample is None and np.array_equal(x.gram, y.gram)
             np.testing.assert_array_equal(x.abs_sum, y.abs_sum)
+        # the export's memory estimate counts what the statistics hold (a sample at most SAMPLE_ROWS rows)
+        order = ("attn", "o", "mlp", "down")
+        held = [sum(_held(getattr(stats, g)) for g in order) for stats in (a, b)]
+        estimate = [memory_plan._stats_bytes(tuple(widths[g] for g in order), sampled) for sampled in (False, True)]
+        assert held[0] == estimate[0] and held[1] <= estimate[1] < estimate[0]
+
+
+def _held(stats: InputStats) -> int:
+    return stats.gram.nbytes if stats.gram is not None else stats.sample.rows.nbytes
