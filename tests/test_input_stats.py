@@ -45,6 +45,8 @@ def test_a_sample_of_every_row_gives_the_gram_matrix_figures(monkeypatch):
     w = rng.standard_normal((16, 96))
     q = quantize_rtn(w, 4, 32).dequantize()
     assert sample.output_error(q, w) == pytest.approx(gram.output_error(q, w), rel=1e-5)
+    monkeypatch.setattr(input_stats, "ERROR_BLOCK_ELEMENTS", 3 * 96)  # three rows a block: the same sums
+    assert sample.output_error(q, w) == pytest.approx(gram.output_error(q, w), rel=1e-5)
     d = q - w
     for weight in (0.0, 1.0):
         assert sample.squared_output(weight)(d) == pytest.approx(gram.squared_output(weight)(d), rel=1e-5)
