@@ -66,9 +66,10 @@ _cache: dict = {}
 
 class _CachedStream(pipeline.LayerInputStream):
     """One calibration for every row (no pruning here: one model), served a layer at a time as the
-    exporter asks for it."""
+    exporter asks for it. X^T X for every input, wide or not (`sample_wide` ignored: a model this script
+    compares is small enough)."""
 
-    def __init__(self, args, weights, calib, progress=lambda _m: None):
+    def __init__(self, args, weights, calib, progress=lambda _m: None, *, sample_wide=False):
         key = (calib.sha256, calib.tokens)
         if key not in _cache:
             _cache[key] = pipeline.capture_linear_inputs(args, weights, calib, progress)
