@@ -16,8 +16,8 @@ once per case. What it still holds whole is named here, part by part, so a refus
     reference the float64 reference's tables (models up to reference.F64_COPY_MAX_PARAMS parameters)
     calibration  AWQ/GPTQ: one layer's input statistics (X^T X, or AWQ's row sample of a wide input) and
               the calibration tokens' residual streams (the layers are calibrated one at a time as each
-              is quantized); pruning and --mixed sensitivity
-              compare layers: every layer's statistics and the (pruned) model whole
+              is quantized); pruning and --mixed sensitivity compare layers: every layer's statistics
+              and the (pruned) model whole
 
 The constants were fitted to the phases measured on the Llama-3.2-1B shape (README "Export at scale").
 """
