@@ -14,7 +14,7 @@ so a seed gives the same tokens (tests/test_sampling_buffers.py checks that on f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -89,6 +89,30 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+class LogitBias:
+    """OpenAI's `logit_bias` as a logits processor: each listed token's logit moved by its bias (-100..100).
+
+    Additive, as OpenAI describes it: -100 makes a token practically never chosen and +100 practically always,
+    but a constraint that allows only biased-away tokens still gets one (a ban is not a mask)."""
+
+    LIMIT = 100.0
+
+    def __init__(self, bias: Mapping[int, float]):
+        for token, value in bias.items():
+            if not (isinstance(token, (int, np.integer)) and token >= 0):
+                raise EdgeRuntimeError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not (math.isfinite(value) and -self.LIMIT <= value <= self.LIMIT):
+                raise EdgeRuntimeError(f"logit_bias values must be in [-100, 100], got {value} for token {token}")
+        self.ids = np.fromiter(bias.keys(), np.int64, len(bias))
+        self.values = np.fromiter(bias.values(), np.float32, len(bias))
+
+    def __call__(self, reply: Sequence[int], logits: np.ndarray) -> np.ndarray:
+        if self.ids.size and int(self.ids.max()) >= logits.size:
+            raise EdgeRuntimeError(f"logit_bias names token {int(self.ids.max())}; the vocabulary has {logits.size}")
+        logits[self.ids] += self.values
+        return logits
 
 
 class _Rows:

@@ -121,3 +121,18 @@ def test_sampling_params_refuse_what_would_crash_later(kwargs, needle):
     with pytest.raises(EdgeRuntimeError) as e:
         SamplingParams(**kwargs)
     assert needle in str(e.value)
+
+
+def test_logit_bias_adds_to_the_listed_logits_and_refuses_bad_entries():
+    from edge_runtime.sampling import LogitBias
+
+    logits = np.array([1.0, 2.0, 3.0, 0.5], np.float32)
+    biased = LogitBias({2: -100, 0: 2.5})([], logits.copy())
+    np.testing.assert_array_equal(biased, np.array([3.5, 2.0, -97.0, 0.5], np.float32))
+    assert Sampler(SamplingParams())(biased) == 0  # the old argmax banned, the raised one wins
+    with pytest.raises(EdgeRuntimeError, match=r"\[-100, 100\]"):
+        LogitBias({1: 100.5})
+    with pytest.raises(EdgeRuntimeError, match="token ids"):
+        LogitBias({-1: 1.0})
+    with pytest.raises(EdgeRuntimeError, match="vocabulary has 4"):
+        LogitBias({4: 1.0})([], logits.copy())

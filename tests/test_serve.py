@@ -51,6 +51,35 @@ def test_greedy_equals_the_python_api(client, serve_bundle):
     assert got.choices[0].finish_reason == "length"
 
 
+def test_logit_bias_moves_tokens_as_the_python_api_does(client, serve_bundle):
+    """OpenAI's logit_bias: the greedy first token banned by -100, another raised a little; +100 forces one."""
+    from itertools import islice
+
+    from edge_runtime.generate import generate_step
+    from edge_runtime.sampling import LogitBias, Sampler, SamplingParams
+
+    engine = load(serve_bundle, LoadOptions(window=100, threads=1), target="x86")
+    tok = Tokenizer.for_engine(engine)
+    prompt = "KING HENRY.\nOnce more unto the breach"
+    ids = tok.encode(prompt)
+
+    def greedy(bias):
+        return list(
+            islice(generate_step(engine, ids, Sampler(SamplingParams()), logits_processors=[LogitBias(bias)]), 6)
+        )
+
+    plain = greedy({})
+    other = tok.encode(" the", add_special_tokens=False)[0]
+    for bias in ({plain[0]: -100, other: 4}, {other: 100}):
+        want = greedy(bias)
+        assert not set(want) & set(engine.manifest.tokenizer.eos_token_ids)
+        got = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logit_bias={str(k): v for k, v in bias.items()}
+        )
+        assert got.choices[0].text == tok.decode(want)
+    assert want == [other] * 6 and plain[0] != other
+
+
 def test_models_and_health(client, edge_server):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]

@@ -50,6 +50,7 @@ async def chat_completions(request: Request) -> Response:
     arrival = time.perf_counter()
     req = parse_chat(await state.read_json(request), state.max_tokens)
     state.check_model(req.model)
+    _check_bias(state, req.params)
     ids, params, tool_format = await run_in_threadpool(_chat_prompt, state, req)
     job = Job(ids, params, asyncio.get_running_loop(), arrival=arrival)
     return await _respond(request, state, job, _ChatFormat(state, params, tool_format))
@@ -60,6 +61,7 @@ async def completions(request: Request) -> Response:
     arrival = time.perf_counter()
     req = parse_completion(await state.read_json(request), state.max_tokens)
     state.check_model(req.model)
+    _check_bias(state, req.params)
     if isinstance(req.prompt, str):
         ids = await run_in_threadpool(state.tokenizer.encode, req.prompt)
     else:
@@ -73,6 +75,18 @@ async def completions(request: Request) -> Response:
         )
     job = Job(ids, req.params, asyncio.get_running_loop(), arrival=arrival)
     return await _respond(request, state, job, _CompletionFormat(state, req.params))
+
+
+def _check_bias(state: ServerState, params: GenParams) -> None:
+    vocab = state.engine.manifest.model.vocab_size
+    bad = [token for token, _ in params.logit_bias if token >= vocab]
+    if bad:
+        raise APIError(
+            400,
+            f"'logit_bias' names token {bad[0]}; token ids are in [0, {vocab})",
+            param="logit_bias",
+            code="invalid_value",
+        )
 
 
 def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[list[int], GenParams, str | None]:

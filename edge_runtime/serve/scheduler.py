@@ -24,7 +24,7 @@ from edge_runtime.generate import (
     StopMatcher,  # stream_generate's stop-string matcher, across token boundaries
     generate_steps,
 )
-from edge_runtime.sampling import Sampler
+from edge_runtime.sampling import LogitBias, Sampler
 from edge_runtime.telemetry import Sampler as PowerSampler
 from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -225,7 +225,10 @@ class Scheduler:
         first = last = t_start
         cached = 0
         # The open loop on the session (it feeds only `rest`); max_tokens, EOS and stop strings end it here.
-        processors = [] if p.grammar is None else [_constraint(session, p.grammar)]
+        # The bias first: a constraint's mask then has the last word over what may follow.
+        processors: list[Any] = [LogitBias(dict(p.logit_bias))] if p.logit_bias else []
+        if p.grammar is not None:
+            processors.append(_constraint(session, p.grammar))
         spec = self.speculative
         before = replace(spec.stats) if spec is not None else None
         steps = generate_steps(

@@ -32,6 +32,7 @@ class GenParams:
     stream: bool
     include_usage: bool
     grammar: Any = None  # constrain.Grammar from response_format json_object / json_schema (issue 20)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); ids checked against the vocab
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,27 @@ class _Body:
             )
 
 
+def _logit_bias(body: _Body) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"token id": bias}`; JSON keys are strings, so "50256" names token 50256."""
+    v = body.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise invalid_type("logit_bias", "an object mapping token ids to biases", v)
+    pairs = []
+    for key, value in v.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise bad_request(
+                f"'logit_bias' keys must be token ids (non-negative integers), got {key!r}", param="logit_bias"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_request(
+                f"'logit_bias' values must be numbers in [-100, 100], got {value!r} for token {key}", param="logit_bias"
+            )
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
+
+
 def _stop(body: _Body) -> tuple[str, ...]:
     v = body.get("stop")
     if v is None:
@@ -153,7 +175,6 @@ def _common(body: _Body, max_tokens_limit: int, logprobs: int | None) -> GenPara
         )
     body.neutral("frequency_penalty", lambda v: v == 0, "use repetition_penalty")
     body.neutral("presence_penalty", lambda v: v == 0, "use repetition_penalty")
-    body.neutral("logit_bias", lambda v: isinstance(v, dict) and not v, "no logit bias")
     body.neutral("best_of", lambda v: v == 1, "one completion per request")
     limit = max_tokens_limit
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -173,7 +194,9 @@ def _common(body: _Body, max_tokens_limit: int, logprobs: int | None) -> GenPara
     include_usage = False
     if options is not None:
         include_usage = _Body(options).bool("include_usage", False)
-    return GenParams(max_tokens, _sampling(body), _stop(body), logprobs, stream, include_usage)
+    return GenParams(
+        max_tokens, _sampling(body), _stop(body), logprobs, stream, include_usage, logit_bias=_logit_bias(body)
+    )
 
 
 def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
