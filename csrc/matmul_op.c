@@ -14,6 +14,9 @@
  * MatMulQ8, over q8gemm.h: the same, with B N x K bytes (codes + 128) and scales float [N], one per
  * output channel (edge-runtime's INT8 weights); the same attributes and optional argmax output.
  *
+ * MatMulQ8 takes fp32_compute (0 or 1): with 1 the activations stay float (q8fp32_avx2.c), the arithmetic of
+ * MatMulNBits at accuracy_level 0 over the same bytes; the export validates INT8 edge graphs with it.
+ *
  * Both take an optional attribute silu_mul (0 or 1): with 1, A is [..., 2K] = gate | up and the product
  * is over silu(gate) * up, formed row by row as the rows are quantized (SiluMul folded into the MLP's
  * down projection: one node and one pass over the activations less per layer).
@@ -89,9 +92,19 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         snprintf(msg, sizeof msg, "%s: silu_mul and rms_norm are 0 or 1, and not both 1", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
+    int64_t fp32_compute = 0;
+    if ((absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "fp32_compute", &fp32_compute))) {
+        ORT_ReleaseStatus(g_api)(absent);
+        fp32_compute = 0;
+    }
+    if ((fp32_compute != 0 && fp32_compute != 1) || (fp32_compute && bits == 4)) {
+        snprintf(msg, sizeof msg, "%s: fp32_compute is 0 or 1, and only MatMulQ8 takes 1", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
     /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
     const char *isa = getenv("EDGE_KERNELS_ISA");
     const QImpl *impl = bits == 4 ? q4_impl(isa) : q8_impl(isa);
+    if (impl && fp32_compute) impl = &q8_fp32; /* still needs a CPU the quantized kernels run on: AVX2 */
     if (!impl) {
         snprintf(msg, sizeof msg, "%s: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
                  "(avx2 or avx512vnni; unset it to pick the fastest)", op, isa ? isa : "");

@@ -9,10 +9,13 @@
  *   y[n] = scales[n] * sum_b sx_b * sum_{k in b} (B[n, k] - 128) * xq_k
  * The per-channel weight scale leaves the loop: per block, only the activation scale multiplies the exact
  * int32 dot product. Implementations: q8gemm_avx2.c, q8gemm_vnni.c (both through q8kernel.h).
+ * With the attribute fp32_compute=1 the activations are not quantized (q8fp32_avx2.c, q8_fp32 below).
  */
 #ifndef EDGE_Q8GEMM_H
 #define EDGE_Q8GEMM_H
 
 #include "qgemm.h" /* QImpl, q8_impl */
+
+extern const QImpl q8_fp32; /* float activations, each code widened to float: MatMulNBits' accuracy_level 0 */
 
 #endif

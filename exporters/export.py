@@ -43,7 +43,8 @@ from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_quant import SourceCodes
 from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
-from .quant import QuantConfig
+from .quant import MatMulKernel, QuantConfig
+from .quant_graph import fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .scratch import Scratch
@@ -211,9 +212,12 @@ def _scratch(out: Path) -> Scratch | None:
         return None
 
 
-def _session(model: str | bytes, built: BuiltGraph) -> ort.InferenceSession:
+def _session(model: str | bytes, built: BuiltGraph, data_dir: Path | None = None) -> ort.InferenceSession:
+    """`data_dir`: where a `model` given as bytes finds its external data file."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if data_dir is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
     if built.flavor is Flavor.TRT:
         # ORT fuses DequantizeLinear -> MatMul into MatMulNBits with int8 activations by default;
         # TensorRT dequantizes and multiplies in fp16/fp32, which accuracy level 0 reproduces.
@@ -252,7 +256,7 @@ def _validate(
 
     if int8_act:
         progress("validating the same integer weights at accuracy_level 0 (fp32 compute) against the reference")
-        twin_cases = grid(lambda: _twin_session(graph.parent.parent, ckpt, built, prepared), probe)
+        twin_cases = grid(lambda: _twin_session(graph, ckpt, built, prepared), probe)
         exact = fp32_tolerance(twin_cases) if fp32 else fixed_tolerance(precision, int8_activations=False)
         _check(twin_cases, exact.value, _label(precision, exact) + ", accuracy_level 0 twin,")
         prepared.record["exact_parity"] = {  # into the manifest's `quantization` record
@@ -284,11 +288,21 @@ def _validate(
     )
 
 
-def _twin_session(where: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: PreparedWeights) -> ort.InferenceSession:
-    """The accuracy_level 0 twin, written to a scratch directory beside the bundle (streamed like the bundle,
-    then memory-mapped by ONNX Runtime) rather than serialized in memory: a second copy of every weight."""
+def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: PreparedWeights) -> ort.InferenceSession:
+    """The accuracy_level 0 twin. A --kernel edge graph without MatMulQ4 is its own twin: the same nodes over the
+    same data file with float activations (MatMulQ8's fp32_compute; quant_graph.fp32_compute_twin), nothing
+    written. MatMulNBits at accuracy_level 0 dequantizes all of an 8-bit B into a fresh float buffer on every
+    call (24x the graph's own validation time at the 1B shape, page faults included), which MatMulQ8 never does.
+    Otherwise the graph is rebuilt with MatMulNBits at accuracy_level 0 (its LM head in parts of rows) into a
+    scratch directory beside the bundle (streamed like the bundle, then memory-mapped by ONNX Runtime) rather
+    than serialized in memory: a second copy of every weight."""
     assert prepared.quantized is not None
-    with tempfile.TemporaryDirectory(prefix=".edge-export-twin-", dir=where) as scratch:
+    if prepared.quantized.config.kernel is MatMulKernel.EDGE:
+        model = onnx.load(str(graph), load_external_data=False)
+        if fp32_compute_twin(model):
+            return _session(model.SerializeToString(), built, data_dir=graph.parent)
+        del model
+    with tempfile.TemporaryDirectory(prefix=".edge-export-twin-", dir=graph.parent.parent) as scratch:
         graph = Path(scratch) / GRAPH_FILE
         with ExternalDataWriter(graph.parent / DATA_FILE) as writer:
             twin = build_decoder(

@@ -21,9 +21,11 @@ Both write the same `QuantizedMatrix` codes and scales (docs/architecture.md §5
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper
 
 from edge_runtime.errors import ExportError
@@ -275,6 +277,35 @@ class QdqWeights:
         # Zero point omitted (= 0): TensorRT accepts only symmetric Q/DQ. DQ's output dtype is the scale's.
         s = g.weight(f"{prefix}/scales", np.ascontiguousarray(scales.astype(g.dtype)))
         return g.op("DequantizeLinear", [codes, s], f"{prefix}/DequantizeLinear", **attrs)
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `graph` and of the subgraphs its nodes hold (If branches)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                yield from _nodes(sub)
+
+
+def fp32_compute_twin(model: onnx.ModelProto) -> bool:
+    """Make `model` (an ort-flavor graph, weights left external) its own fp32 twin in place: every MatMulQ8
+    with fp32_compute=1, the same nodes over the same weight bytes with float activations. False, with `model`
+    untouched, where another product is quantized: MatMulQ4 has no float mode, and a MatMulNBits at
+    accuracy_level 0 wants the rebuilt twin's LM head in parts of rows (FP32_TABLE_PART_ROWS)."""
+    nodes = list(_nodes(model.graph))
+    if any(n.op_type in (MATMUL_Q4, "MatMulNBits") for n in nodes):
+        return False
+    for node in nodes:
+        if node.op_type == MATMUL_Q8 and node.domain == EDGE_DOMAIN:
+            _set_int(node, "fp32_compute", 1)
+    return True
+
+
+def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(name, value)])
 
 
 def quantized_format(

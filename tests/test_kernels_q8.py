@@ -13,11 +13,15 @@ from edge_runtime import kernels
 from .test_kernels import ISAS, MATMUL_CASES, _pin_isa, _session, needs_kernels
 
 
-def _graph(op: str, k: int, n: int, b: np.ndarray, s: np.ndarray, rank: int, *, argmax: bool = False) -> bytes:
+def _graph(
+    op: str, k: int, n: int, b: np.ndarray, s: np.ndarray, rank: int, *, argmax: bool = False, fp32: bool = False
+) -> bytes:
+    """`fp32`: MatMulQ8's fp32_compute=1, or MatMulNBits at accuracy_level 0 (both with float activations)."""
     if op == kernels.MATMUL_Q8:
-        domain, attrs = kernels.DOMAIN, {"K": k, "N": n}
+        domain, attrs = kernels.DOMAIN, {"K": k, "N": n, **({"fp32_compute": 1} if fp32 else {})}
     else:  # the per-channel scale repeated over blocks of 32: exactly the same weights
-        domain, attrs = "com.microsoft", {"K": k, "N": n, "bits": 8, "block_size": 32, "accuracy_level": 4}
+        level = 0 if fp32 else 4
+        domain, attrs = "com.microsoft", {"K": k, "N": n, "bits": 8, "block_size": 32, "accuracy_level": level}
         b, s = b.reshape(n, k // 32, 32), np.repeat(s[:, None], k // 32, axis=1)
     lead = ["T"] if rank == 2 else [1, "T"]
     outputs = ["y", "am"] if argmax else ["y"]
@@ -124,21 +128,29 @@ def test_matmul_q8_zero_rows_single_thread_and_bad_shapes():
 
 
 @needs_kernels
-def test_int8_edge_export_runs_matmul_q8_for_every_product_and_validates(tmp_path):
+def test_int8_edge_export_runs_matmul_q8_for_every_product_and_validates(tmp_path, monkeypatch):
     from edge_runtime.engine import load
+    from edge_runtime.exporters import export as export_module
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
     from .tiny_models import save_tiny_checkpoint
 
+    builds = []
+    real_build = export_module.build_decoder
+    monkeypatch.setattr(export_module, "build_decoder", lambda *a, **k: builds.append(a[4]) or real_build(*a, **k))
     ckpt = tmp_path / "ckpt"
     save_tiny_checkpoint("llama-tied", ckpt, intermediate_size=128)  # every K a multiple of 64
     manifests = {}
     for kernel in ("edge", "mlas"):
         quant = QuantConfig(QuantMethod.INT8, kernel=MatMulKernel(kernel))
         manifests[kernel] = export(ExportOptions(checkpoint=ckpt, out=tmp_path / kernel, window=60, quant=quant))
+    # The edge graph is its own fp32 twin (MatMulQ8 fp32_compute=1 over the same data file): built once; the
+    # MLAS graph's twin is rebuilt with MatMulNBits at accuracy_level 0.
+    assert [q.config.kernel.value for q in builds] == ["edge", "mlas", "mlas"]
     edge = manifests["edge"]
     assert edge.validation.max_rel_err <= edge.validation.tolerance
+    assert edge.quantization["exact_parity"]["max_rel_err"] <= edge.quantization["exact_parity"]["tolerance"] <= 5e-3
     graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph
     top = [n.op_type for n in graph.node]
     assert top.count("If") == 1 and top.count(kernels.MATMUL_Q8) == 1  # one If around every layer; the LM head
@@ -356,3 +368,75 @@ def test_rows_up_to_exact_rows_are_bit_for_bit_decode_steps(op, isa, monkeypatch
     # The cap is the kernel's, not a loose bound: one row more rounds differently at some K (AVX2's
     # MatMulQ4 at five rows still equals decode where K is not chunked, K = 576).
     assert cap is None or any(tight)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("m", "k", "n", "rank"), MATMUL_CASES)
+def test_matmul_q8_fp32_compute_is_float_activations_times_the_same_weights(m, k, n, rank):
+    """fp32_compute=1 (the export's fp32 twin of INT8 edge graphs): MatMulNBits at accuracy_level 0's arithmetic
+    over the same bytes, without its float copy of B per call; float64 reference, no activation rounding."""
+    rng = np.random.default_rng(m * 1000 + n + 7)
+    b, s = _weights(rng, k, n)
+    x = rng.standard_normal((m, k) if rank == 2 else (1, m, k)).astype(np.float32)
+    x[..., :32] *= 40
+    ours, am = _session(_graph(kernels.MATMUL_Q8, k, n, b, s, rank, argmax=True, fp32=True)).run(None, {"x": x})
+    mlas = _session(_graph("MatMulNBits", k, n, b, s, rank, fp32=True)).run(None, {"x": x})[0]
+    w = (b.astype(np.float64) - 128) * s.astype(np.float64)[:, None]
+    ref = (x.reshape(-1, k).astype(np.float64) @ w.T).reshape(*x.shape[:-1], n)
+    scale = np.abs(ref).max()
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() / scale < 2e-6  # float32 sums of exact products
+    assert np.abs(ours - mlas).max() / scale < 2e-6
+    quantized = _reference(x, b, s)  # int8 activations are measurably further off: the mode is really float
+    assert np.abs(quantized - ref).max() / scale > 10 * np.abs(ours - ref).max() / scale
+    np.testing.assert_array_equal(am[..., 0], np.argmax(ours, axis=-1))
+
+
+@needs_kernels
+def test_fp32_compute_is_refused_on_matmul_q4():
+    graph = helper.make_graph(
+        [helper.make_node(kernels.MATMUL_Q4, ["x", "B", "S"], ["y"], domain=kernels.DOMAIN, K=64, N=4, fp32_compute=1)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [
+            numpy_helper.from_array(np.zeros((4, 2, 16), np.uint8), "B"),
+            numpy_helper.from_array(np.ones((4, 2), np.float32), "S"),
+        ],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+    with pytest.raises(Exception, match="only MatMulQ8 takes 1"):
+        _session(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+
+
+@needs_kernels
+def test_fp32_compute_twin_flips_every_product_or_refuses_a_graph_with_matmul_q4(tmp_path):
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant_graph import fp32_compute_twin
+
+    from .tiny_models import save_tiny_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint("llama-tied", ckpt, intermediate_size=128)
+    models = {}
+    for method in (QuantMethod.INT8, QuantMethod.INT4):
+        quant = QuantConfig(method, kernel=MatMulKernel.EDGE)
+        export(ExportOptions(checkpoint=ckpt, out=tmp_path / method.value, window=60, quant=quant))
+        models[method] = onnx.load(str(tmp_path / method.value / "model.onnx"), load_external_data=False)
+
+    def products(model):
+        top = list(model.graph.node)
+        inner = [n for node in top for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for n in a.g.node]
+        return [n for n in top + inner if n.op_type in (kernels.MATMUL_Q4, kernels.MATMUL_Q8)]
+
+    int4 = models[QuantMethod.INT4]
+    before = int4.SerializeToString()
+    assert not fp32_compute_twin(int4) and int4.SerializeToString() == before  # MatMulQ4 has no float mode
+    int8 = models[QuantMethod.INT8]
+    assert fp32_compute_twin(int8)
+    flipped = products(int8)
+    assert len(flipped) == 1 + 2 * 2 * 4  # the LM head, and both If branches' 2 layers x 4 products
+    assert all(
+        helper.get_attribute_value(next(a for a in n.attribute if a.name == "fp32_compute")) == 1 for n in flipped
+    )
