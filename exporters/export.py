@@ -43,7 +43,7 @@ from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_quant import SourceCodes
 from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
-from .quant import MatMulKernel, QuantConfig
+from .quant import QuantConfig
 from .quant_graph import fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
@@ -289,17 +289,18 @@ def _validate(
 
 
 def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: PreparedWeights) -> ort.InferenceSession:
-    """The accuracy_level 0 twin. A --kernel edge graph without MatMulQ4 is its own twin: the same nodes over the
-    same data file with float activations (MatMulQ8's fp32_compute; quant_graph.fp32_compute_twin), nothing
-    written. MatMulNBits at accuracy_level 0 dequantizes all of an 8-bit B into a fresh float buffer on every
-    call (24x the graph's own validation time at the 1B shape, page faults included), which MatMulQ8 never does.
+    """The accuracy_level 0 twin. Where the edge ops run, a graph of INT8 per-channel products is its own twin:
+    the same graph over the same data file with float activations (MatMulQ8's fp32_compute, MatMulNBits' 8-bit
+    products turned into it; quant_graph.fp32_compute_twin), nothing written. MatMulNBits at accuracy_level 0
+    dequantizes all of an 8-bit B into a fresh float buffer on every call (24x the graph's own validation time
+    at the 1B shape, page faults included), which MatMulQ8 never does.
     Otherwise the graph is rebuilt with MatMulNBits at accuracy_level 0 (its LM head in parts of rows) into a
     scratch directory beside the bundle (streamed like the bundle, then memory-mapped by ONNX Runtime) rather
     than serialized in memory: a second copy of every weight."""
     assert prepared.quantized is not None
-    if prepared.quantized.config.kernel is MatMulKernel.EDGE:
+    if kernels.available():
         model = onnx.load(str(graph), load_external_data=False)
-        if fp32_compute_twin(model):
+        if fp32_compute_twin(model, graph.parent):
             return _session(model.SerializeToString(), built, data_dir=graph.parent)
         del model
     with tempfile.TemporaryDirectory(prefix=".edge-export-twin-", dir=graph.parent.parent) as scratch:

@@ -29,12 +29,13 @@ import ctypes.util
 import sys
 from dataclasses import dataclass
 
+from edge_runtime import kernels
 from edge_runtime.models import ModelArgs
 
 from .calibrate import DEFAULT_CALIBRATION_TOKENS
 from .decoder import Flavor
 from .input_stats import SAMPLE_ROWS
-from .quant import MatMulKernel, QuantConfig
+from .quant import QuantConfig
 from .quant_pipeline import samples_wide_inputs
 from .reference import F64_COPY_MAX_PARAMS
 from .tables import RowTable
@@ -153,11 +154,12 @@ def estimate_export_memory(
     graph = {**held, "layer": int(graph_layers * layer), "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)
     # dequantizes a quantized LM head whole for a prefill of more than one row, beside its arena.
-    # An INT8 --kernel edge graph whose every product is a MatMulQ8 is its own twin (export._twin_session).
+    # An INT8 per-channel graph is its own twin where the edge ops run (export._twin_session).
     own_twin = (
-        quant.kernel is MatMulKernel.EDGE
+        kernels.available()
         and quant.method.linear_bits == 8
         and quant.int8_block is None
+        and quant.table_bits == 8
         and all(k % 64 == 0 for k in widths)
     )
     twin = int(TWIN_HEAD_COPIES * table_f32 / tables) if table_codes and flavor is Flavor.ORT and not own_twin else 0

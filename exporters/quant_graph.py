@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import DOMAIN as EDGE_DOMAIN
@@ -288,17 +289,42 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                 yield from _nodes(sub)
 
 
-def fp32_compute_twin(model: onnx.ModelProto) -> bool:
-    """Make `model` (an ort-flavor graph, weights left external) its own fp32 twin in place: every MatMulQ8
-    with fp32_compute=1, the same nodes over the same weight bytes with float activations. False, with `model`
-    untouched, where another product is quantized: MatMulQ4 has no float mode, and a MatMulNBits at
-    accuracy_level 0 wants the rebuilt twin's LM head in parts of rows (FP32_TABLE_PART_ROWS)."""
+def fp32_compute_twin(model: onnx.ModelProto, data_dir: Path) -> bool:
+    """Make `model` (an ort-flavor graph, weights left external in `data_dir`) its own fp32 twin in place: every
+    MatMulQ8 with fp32_compute=1, and every MatMulNBits of 8-bit per-channel codes (pack_nbits repeats a row's
+    scale over its blocks) a MatMulQ8 with fp32_compute=1 over the same B and that row's scale (a small
+    initializer kept in `model`): the same weight bytes with float activations. False, with `model` untouched,
+    where another product is quantized: MatMulQ4 has no float mode, and other MatMulNBits at accuracy_level 0
+    want the rebuilt twin (its LM head in parts of rows, FP32_TABLE_PART_ROWS)."""
     nodes = list(_nodes(model.graph))
-    if any(n.op_type in (MATMUL_Q4, "MatMulNBits") for n in nodes):
-        return False
+    tensors = {t.name: t for t in model.graph.initializer}
+    channel_scales: dict[str, np.ndarray] = {}
     for node in nodes:
+        if node.op_type == MATMUL_Q4:
+            return False
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("bits") != 8 or attrs["K"] % 64 or len(node.input) != 3 or node.input[2] not in tensors:
+            return False
+        if node.input[2] not in channel_scales:
+            scales = numpy_helper.to_array(tensors[node.input[2]], base_dir=str(data_dir))
+            if not np.array_equal(scales, np.broadcast_to(scales[:, :1], scales.shape)):
+                return False  # INT8 in blocks (--int8-block): MatMulQ8 holds one scale a row
+            channel_scales[node.input[2]] = np.ascontiguousarray(scales[:, 0])
+    for name, scales in channel_scales.items():
+        model.graph.initializer.append(numpy_helper.from_array(scales, f"{name}/fp32_twin_channel"))
+    for node in nodes:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            node.input[2] = f"{node.input[2]}/fp32_twin_channel"
+            node.op_type, node.domain = MATMUL_Q8, EDGE_DOMAIN
+            del node.attribute[:]
+            node.attribute.extend([helper.make_attribute("K", attrs["K"]), helper.make_attribute("N", attrs["N"])])
         if node.op_type == MATMUL_Q8 and node.domain == EDGE_DOMAIN:
             _set_int(node, "fp32_compute", 1)
+    if channel_scales and not any(o.domain == EDGE_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(EDGE_DOMAIN, 1))
     return True
 
 

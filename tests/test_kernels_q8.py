@@ -145,12 +145,12 @@ def test_int8_edge_export_runs_matmul_q8_for_every_product_and_validates(tmp_pat
     for kernel in ("edge", "mlas"):
         quant = QuantConfig(QuantMethod.INT8, kernel=MatMulKernel(kernel))
         manifests[kernel] = export(ExportOptions(checkpoint=ckpt, out=tmp_path / kernel, window=60, quant=quant))
-    # The edge graph is its own fp32 twin (MatMulQ8 fp32_compute=1 over the same data file): built once; the
-    # MLAS graph's twin is rebuilt with MatMulNBits at accuracy_level 0.
-    assert [q.config.kernel.value for q in builds] == ["edge", "mlas", "mlas"]
+    # Each graph is its own fp32 twin (MatMulQ8 fp32_compute=1 over the same data file), built once.
+    assert [q.config.kernel.value for q in builds] == ["edge", "mlas"]
     edge = manifests["edge"]
-    assert edge.validation.max_rel_err <= edge.validation.tolerance
-    assert edge.quantization["exact_parity"]["max_rel_err"] <= edge.quantization["exact_parity"]["tolerance"] <= 5e-3
+    for m in manifests.values():
+        assert m.validation.max_rel_err <= m.validation.tolerance
+        assert m.quantization["exact_parity"]["max_rel_err"] <= m.quantization["exact_parity"]["tolerance"] <= 5e-3
     graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph
     top = [n.op_type for n in graph.node]
     assert top.count("If") == 1 and top.count(kernels.MATMUL_Q8) == 1  # one If around every layer; the LM head
@@ -410,7 +410,9 @@ def test_fp32_compute_is_refused_on_matmul_q4():
 
 
 @needs_kernels
-def test_fp32_compute_twin_flips_every_product_or_refuses_a_graph_with_matmul_q4(tmp_path):
+def test_fp32_compute_twin_turns_int8_products_into_matmul_q8_and_refuses_the_rest(tmp_path):
+    """INT8 per-channel graphs (edge or MLAS) become their own float twin; MatMulQ4 (no float mode) and INT8 in
+    blocks (MatMulQ8 holds one scale a row) leave the graph as it was, for the rebuilt twin."""
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
     from edge_runtime.exporters.quant_graph import fp32_compute_twin
@@ -419,24 +421,38 @@ def test_fp32_compute_twin_flips_every_product_or_refuses_a_graph_with_matmul_q4
 
     ckpt = tmp_path / "ckpt"
     save_tiny_checkpoint("llama-tied", ckpt, intermediate_size=128)
+    configs = {
+        "int8-edge": QuantConfig(QuantMethod.INT8, kernel=MatMulKernel.EDGE),
+        "int8-mlas": QuantConfig(QuantMethod.INT8),
+        "int4-edge": QuantConfig(QuantMethod.INT4, kernel=MatMulKernel.EDGE),
+        "int8-blocks": QuantConfig(QuantMethod.INT8, int8_block=32),
+    }
     models = {}
-    for method in (QuantMethod.INT8, QuantMethod.INT4):
-        quant = QuantConfig(method, kernel=MatMulKernel.EDGE)
-        export(ExportOptions(checkpoint=ckpt, out=tmp_path / method.value, window=60, quant=quant))
-        models[method] = onnx.load(str(tmp_path / method.value / "model.onnx"), load_external_data=False)
+    for name, quant in configs.items():
+        export(ExportOptions(checkpoint=ckpt, out=tmp_path / name, window=60, quant=quant))
+        models[name] = onnx.load(str(tmp_path / name / "model.onnx"), load_external_data=False)
 
     def products(model):
         top = list(model.graph.node)
         inner = [n for node in top for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for n in a.g.node]
-        return [n for n in top + inner if n.op_type in (kernels.MATMUL_Q4, kernels.MATMUL_Q8)]
+        return [n for n in top + inner if n.op_type in (kernels.MATMUL_Q4, kernels.MATMUL_Q8, "MatMulNBits")]
 
-    int4 = models[QuantMethod.INT4]
-    before = int4.SerializeToString()
-    assert not fp32_compute_twin(int4) and int4.SerializeToString() == before  # MatMulQ4 has no float mode
-    int8 = models[QuantMethod.INT8]
-    assert fp32_compute_twin(int8)
-    flipped = products(int8)
-    assert len(flipped) == 1 + 2 * 2 * 4  # the LM head, and both If branches' 2 layers x 4 products
-    assert all(
-        helper.get_attribute_value(next(a for a in n.attribute if a.name == "fp32_compute")) == 1 for n in flipped
-    )
+    for name in ("int4-edge", "int8-blocks"):
+        before = models[name].SerializeToString()
+        assert not fp32_compute_twin(models[name], tmp_path / name) and models[name].SerializeToString() == before
+    for name in ("int8-edge", "int8-mlas"):
+        assert fp32_compute_twin(models[name], tmp_path / name)
+        flipped = products(models[name])
+        assert {n.op_type for n in flipped} == {kernels.MATMUL_Q8}
+        assert all(
+            helper.get_attribute_value(next(a for a in n.attribute if a.name == "fp32_compute")) == 1 for n in flipped
+        )
+    # MLAS's repeated per-block scales became one per row, the same values
+    mlas = models["int8-mlas"]
+    head = next(n for n in mlas.graph.node if n.op_type == kernels.MATMUL_Q8)
+    (row_scales,) = [numpy_helper.to_array(t) for t in mlas.graph.initializer if t.name == head.input[2]]
+    blocks = onnx.load(str(tmp_path / "int8-mlas" / "model.onnx"))  # with its data: the original scales
+    (orig,) = [
+        numpy_helper.to_array(t) for t in blocks.graph.initializer if t.name + "/fp32_twin_channel" == head.input[2]
+    ]
+    np.testing.assert_array_equal(row_scales, orig[:, 0])
