@@ -190,6 +190,10 @@ def quantize_model(
     # AWQ's scaled layers: whole where the sensitivity plan re-reads their floats, else only their small
     # vectors (norms, biases); the Linears are read back from their codes (`layer` below).
     scaled: list[LayerWeights] = []
+    # Every layer's small vectors (norms, biases; AWQ's scaled ones), for the quantized layers built below: built
+    # from the checkpoint's layers instead, each build would read and widen all of a layer's Linears only to
+    # drop them (the 1B int8 export built 240 layers: 31 s of bf16 widening and most of its page faults).
+    small: list[LayerWeights] = []
     forms: dict[tuple[int, str], QuantizedMatrix] = {}
     for i, lw in enumerate(weights.layers):
         x = acts.layer(i) if acts is not None else None
@@ -198,6 +202,7 @@ def quantize_model(
                 args, i, lw, x, block, progress, AWQ_SINK_WEIGHT, config.asymmetric
             )
             scaled.append(lw if kept is not None else copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
+        small.append(copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
         if kept is not None:
             kept.append(x)
         for f in LINEARS:
@@ -247,14 +252,12 @@ def quantize_model(
     if "mixed" in extra:
         progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
 
-    source = weights.layers
-
     def layer(i: int) -> LayerWeights:
         """Layer i's norms and biases with its Linears' integer forms (issue 23: a 1B model's Linears are
         4.9 GB as float32): a reader that needs their values dequantizes them (reference.py)."""
-        return copy_layer(source[i], **{f: QuantizedTable(forms[(i, f)]) for f in LINEARS})
+        return copy_layer(small[i], **{f: QuantizedTable(forms[(i, f)]) for f in LINEARS})
 
-    layers = LazyLayers(len(source), layer)
+    layers = LazyLayers(len(small), layer)
 
     tied = weights.lm_head is weights.embed
     if config.fp_embeddings:
