@@ -131,7 +131,9 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     scratch = _scratch(opts.out) if opts.quant.enabled else None
     imported = opts.source_codes is not None and bool(opts.source_codes.tensors)
     codes_held = imported or (opts.quant.enabled and scratch is None)
-    estimate = estimate_export_memory(ckpt, opts.quant, opts.flavor, pruning, codes_held, spilled=scratch is not None)
+    estimate = estimate_export_memory(
+        ckpt, opts.quant, opts.flavor, pruning, codes_held, spilled=scratch is not None, kv_dtype=opts.kv_dtype
+    )
     progress(f"estimated peak memory {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
     if opts.max_memory is not None and estimate.total > opts.max_memory:
         raise ExportError(
@@ -298,7 +300,9 @@ def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: Pr
     scratch directory beside the bundle (streamed like the bundle, then memory-mapped by ONNX Runtime) rather
     than serialized in memory: a second copy of every weight."""
     assert prepared.quantized is not None
-    if kernels.available():
+    # The bundle's own graph carries its cache's element type; the twin is held to the fp32 tolerance with an fp32
+    # cache (validate.with_kv_dtype), so an fp16 / q8 cache's bundle gets the rebuilt twin.
+    if kernels.available() and built.io["kv"]["dtype"] == np.dtype(np.float32).name:
         model = onnx.load(str(graph), load_external_data=False)
         if fp32_compute_twin(model, graph.parent):
             return _session(model.SerializeToString(), built, data_dir=graph.parent)

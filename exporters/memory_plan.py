@@ -33,7 +33,7 @@ from edge_runtime import kernels
 from edge_runtime.models import ModelArgs
 
 from .calibrate import DEFAULT_CALIBRATION_TOKENS
-from .decoder import Flavor
+from .decoder import Flavor, KvDtype
 from .input_stats import SAMPLE_ROWS
 from .quant import QuantConfig
 from .quant_pipeline import samples_wide_inputs
@@ -106,7 +106,13 @@ def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
 
 
 def estimate_export_memory(
-    ckpt, quant: QuantConfig, flavor: Flavor, pruning: bool = False, codes_held: bool = False, spilled: bool = True
+    ckpt,
+    quant: QuantConfig,
+    flavor: Flavor,
+    pruning: bool = False,
+    codes_held: bool = False,
+    spilled: bool = True,
+    kv_dtype: KvDtype = KvDtype.FP32,
 ) -> MemoryEstimate:
     """`ckpt`: a loaded Checkpoint (its shapes only are read). The largest of the phases' sums: preparing the
     weights (the source's float tables beside the codes), building the graph (a few layers' floats and the
@@ -154,9 +160,14 @@ def estimate_export_memory(
     graph = {**held, "layer": int(graph_layers * layer), "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)
     # dequantizes a quantized LM head whole for a prefill of more than one row, beside its arena.
-    # An INT8 per-channel graph is its own twin where the edge ops run (export._twin_session).
+    # An INT8 per-channel graph with an fp32 cache is its own twin where the edge ops run (export._twin_session);
+    # where that is not certain (pruned widths, a GGUF's codes in blocks) the rebuilt twin's head is counted.
     own_twin = (
         kernels.available()
+        and kv_dtype is KvDtype.FP32
+        and quant.accuracy_level == 4
+        and not pruning
+        and not codes_held
         and quant.method.linear_bits == 8
         and quant.int8_block is None
         and quant.table_bits == 8

@@ -456,3 +456,28 @@ def test_fp32_compute_twin_turns_int8_products_into_matmul_q8_and_refuses_the_re
         numpy_helper.to_array(t) for t in blocks.graph.initializer if t.name + "/fp32_twin_channel" == head.input[2]
     ]
     np.testing.assert_array_equal(row_scales, orig[:, 0])
+
+
+@needs_kernels
+@pytest.mark.parametrize("kv", ["fp16", "q8"])
+def test_an_int8_edge_export_with_a_narrow_cache_gets_the_rebuilt_fp32_twin(kv, tmp_path, monkeypatch):
+    """The bundle's own graph carries its fp16 / q8 cache, which the fp32 twin's tolerance does not allow for:
+    such exports validate with the rebuilt twin (an fp32 cache), and pass."""
+    from edge_runtime.exporters import export as export_module
+    from edge_runtime.exporters.decoder import KvDtype
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    from .tiny_models import save_tiny_checkpoint
+
+    builds = []
+    real_build = export_module.build_decoder
+    monkeypatch.setattr(export_module, "build_decoder", lambda *a, **k: builds.append(k) or real_build(*a, **k))
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint("llama-tied", ckpt, intermediate_size=128)
+    quant = QuantConfig(QuantMethod.INT8, kernel=MatMulKernel.EDGE)
+    m = export(ExportOptions(checkpoint=ckpt, out=tmp_path / "b", window=60, quant=quant, kv_dtype=KvDtype(kv)))
+    assert len(builds) == 2 and builds[1].get("kv_dtype", KvDtype.FP32) is KvDtype.FP32  # bundle, then the twin
+    parity = m.quantization["exact_parity"]
+    assert parity["max_rel_err"] <= parity["tolerance"] <= 5e-3
+    assert m.validation.max_rel_err <= m.validation.tolerance

@@ -41,6 +41,7 @@ CASES = [
     ("logit_bias key not an id", CHAT, _chat(logit_bias={"the": 1}), 400, "invalid_value", "logit_bias"),
     ("logit_bias out of range", CHAT, _chat(logit_bias={"5": 101}), 400, "invalid_value", "logit_bias"),
     ("logit_bias beyond the vocab", CHAT, _chat(logit_bias={"99999999": 1}), 400, "invalid_value", "logit_bias"),
+    ("logit_bias key too long", CHAT, _chat(logit_bias={"9" * 5000: 1}), 400, "invalid_value", "logit_bias"),
     ("top_logprobs without logprobs", CHAT, _chat(top_logprobs=2), 400, "invalid_value", "top_logprobs"),
     ("top_logprobs too many", CHAT, _chat(logprobs=True, top_logprobs=50), 400, "invalid_value", "top_logprobs"),
     ("unknown model", CHAT, _chat(model="gpt-9"), 404, "model_not_found", "model"),

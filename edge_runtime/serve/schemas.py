@@ -114,7 +114,7 @@ def _logit_bias(body: _Body) -> tuple[tuple[int, float], ...]:
         raise invalid_type("logit_bias", "an object mapping token ids to biases", v)
     pairs = []
     for key, value in v.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):
             raise bad_request(
                 f"'logit_bias' keys must be token ids (non-negative integers), got {key!r}", param="logit_bias"
             )
