@@ -188,7 +188,7 @@ def quantize_model(
     # then (issue 23), and only the sensitivity plan, which compares every layer, keeps them all.
     kept = LinearInputs() if config.mixed.needs_calibration and acts is not None else None
     # AWQ's scaled layers: whole where the sensitivity plan re-reads their floats, else only their small
-    # vectors (norms, biases); the Linears are read back from their codes (`layer` below).
+    # vectors (`small`).
     scaled: list[LayerWeights] = []
     # Every layer's small vectors (norms, biases; AWQ's scaled ones), for the quantized layers built below: built
     # from the checkpoint's layers instead, each build would read and widen all of a layer's Linears only to
@@ -201,8 +201,9 @@ def quantize_model(
             lw, x, extra["awq"][f"layer {i}"] = awq_layer(
                 args, i, lw, x, block, progress, AWQ_SINK_WEIGHT, config.asymmetric
             )
-            scaled.append(lw if kept is not None else copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
         small.append(copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
+        if method.awq:
+            scaled.append(lw if kept is not None else small[-1])
         if kept is not None:
             kept.append(x)
         for f in LINEARS:
