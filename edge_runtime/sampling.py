@@ -107,10 +107,11 @@ class LogitBias:
                 raise EdgeRuntimeError(f"logit_bias values must be in [-100, 100], got {value} for token {token}")
         self.ids = np.fromiter(bias.keys(), np.int64, len(bias))
         self.values = np.fromiter(bias.values(), np.float32, len(bias))
+        self._top = int(self.ids.max()) if bias else -1  # checked against each row's size without a pass per token
 
     def __call__(self, reply: Sequence[int], logits: np.ndarray) -> np.ndarray:
-        if self.ids.size and int(self.ids.max()) >= logits.size:
-            raise EdgeRuntimeError(f"logit_bias names token {int(self.ids.max())}; the vocabulary has {logits.size}")
+        if self._top >= logits.size:
+            raise EdgeRuntimeError(f"logit_bias names token {self._top}; the vocabulary has {logits.size}")
         logits[self.ids] += self.values
         return logits
 
