@@ -15,7 +15,7 @@
  * output channel (edge-runtime's INT8 weights); the same attributes and optional argmax output.
  *
  * MatMulQ8 takes fp32_compute (0 or 1): with 1 the activations stay float (q8fp32_avx2.c), the arithmetic of
- * MatMulNBits at accuracy_level 0 over the same bytes; the export validates INT8 edge graphs with it.
+ * MatMulNBits at accuracy_level 0 over the same bytes; the export's fp32 twin of INT8 graphs runs it.
  *
  * Both take an optional attribute silu_mul (0 or 1): with 1, A is [..., 2K] = gate | up and the product
  * is over silu(gate) * up, formed row by row as the rows are quantized (SiluMul folded into the MLP's

@@ -1,8 +1,8 @@
 /* MatMulQ8 with fp32_compute=1 (q8gemm.h): the activations stay float and each weight code is widened to
  * float, so the product is what MatMulNBits computes at accuracy_level 0 (up to float rounding order):
  *   y[n] = scales[n] * sum_k (B[n, k] - 128) * x_k
- * without MatMulNBits' float copy of all of B on every call. The export's fp32 twin of an INT8 --kernel
- * edge graph runs it (exporters/export.py); it is the same graph and weight bytes with exact activations.
+ * without MatMulNBits' float copy of all of B on every call. The export's fp32 twin of an INT8 per-channel
+ * graph runs it (exporters/export.py): the same weight bytes with float activations.
  * "Quantizing" a row copies it into the scratch, after the op's silu_mul / rms_norm prologue. */
 #include <immintrin.h>
 #include <stdint.h>
