@@ -26,6 +26,7 @@ from .logits_check import CHECK_EVERY, check_row, check_token
 from .manifest import LINEAR_UNTIL_FULL, KvUpdate, Manifest
 from .pool import StaticPool
 from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
+from .ring import local_geometry as ring_local_geometry
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
@@ -70,7 +71,9 @@ class Engine:
                 "(the 0.3 graph decodes faster)"
             )
         self.geometry = _geometry(bundle, opts)
-        kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry)
+        local = _local_layers(bundle.path, m)
+        local_geometry = None if local is None else ring_local_geometry(self.geometry, local.window)
+        kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry, local_geometry)
         weight_bytes = sum(stored_bytes(bundle.path / f) for f in (m.graph.file, m.graph.data_file))
         if opts.memory_budget is not None and weight_bytes + kv_bytes > opts.memory_budget:
             raise MemoryBudgetError(
@@ -79,14 +82,15 @@ class Engine:
                 f"{opts.memory_budget / 2**20:.1f} MiB; use a smaller --window or a more quantized bundle"
             )
         self.weight_bytes = weight_bytes
-        self.pool = StaticPool.allocate(m, self.geometry)
         self.ring = RingState(
             self.geometry,
             np.asarray(m.model.rope_inv_freq),
             opts.position_offset,
             gqa_while_linear="ring_full" in m.graph.inputs,
-            local=_local_layers(m),
+            local=local,
         )
+        self.local_geometry = local_geometry  # the local layers' ring (None without local layers)
+        self.pool = StaticPool.allocate(m, self.geometry, local_geometry)
         d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
         d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
         self.backend: Backend
@@ -95,8 +99,9 @@ class Engine:
 
             g = self.geometry
             self.backend = open_trt_backend(
-                bundle.path, m, self.pool, g.capacity, g.slack, opts.tensorrt, cuda_graph=opts.cuda_graph
-            )
+                bundle.path, m, self.pool, g.capacity, g.slack, opts.tensorrt, cuda_graph=opts.cuda_graph,
+                local_capacity=None if local_geometry is None else local_geometry.capacity,
+            )  # fmt: skip
         else:
             self.backend = OrtBackend(
                 bundle.graph_file,
@@ -234,8 +239,14 @@ def load(
     return Engine(bundle, opts)
 
 
-def _local_layers(m: Manifest) -> LocalLayers | None:
-    """The model's local layers from the manifest (Gemma 3), None where every layer is global."""
+def _local_layers(path: Path, m: Manifest) -> LocalLayers | None:
+    """The model's local layers from the manifest (Gemma 3), None where every layer is global. Their
+    graph must give them their own ring (refused otherwise: a bundle exported before it had one)."""
     if m.model.local_window is None or m.model.local_rope_inv_freq is None:
         return None
+    if not m.graph.local_cache_layers:
+        raise BundleError(
+            f"'{path}' holds a model with local layers exported before they had their own ring (every layer's "
+            "cache was the global ring's); re-export it with edge-export"
+        )
     return LocalLayers(window=m.model.local_window, inv_freq=np.asarray(m.model.local_rope_inv_freq, np.float64))

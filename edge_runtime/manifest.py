@@ -42,6 +42,12 @@ KV_DTYPES = {"float32": ("float32", 0), "float16": ("float16", 0), "q8": ("uint8
 NEXT_TOKEN = "next_token"
 
 
+# The symbolic row dimension of a layer's past_key/past_value: the global ring's, or the local ring's for the
+# local layers of a model with a sliding window (Gemma 3, docs/architecture.md §5.2).
+CAPACITY_DIM = "capacity"
+LOCAL_CAPACITY_DIM = "capacity_local"
+
+
 class KvUpdate(str, enum.Enum):
     """graph.kv["update"]: how a call's new K/V rows reach the cache."""
 
@@ -105,6 +111,15 @@ class GraphSpec:
     def kv_storage(self) -> str:
         """The numpy dtype of the K/V buffers (uint8 for q8 rows)."""
         return KV_DTYPES[self.kv_dtype][0]
+
+    @property
+    def local_cache_layers(self) -> frozenset[int]:
+        """Layers whose K/V buffers are the local ring's (their past_key rows are LOCAL_CAPACITY_DIM)."""
+        return frozenset(
+            int(name.rsplit(".", 1)[1])
+            for name, spec in self.inputs.items()
+            if name.startswith("past_key.") and spec["shape"][2] == LOCAL_CAPACITY_DIM
+        )
 
     def kv_shape(self, kv_heads: int, capacity: int, head_dim: int) -> tuple[int, ...]:
         """One layer's K (or V) buffer shape under this graph's layout (a q8 row holds its scale too)."""

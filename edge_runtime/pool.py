@@ -1,7 +1,7 @@
 """The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
 
     K/V per layer      [1, H_kv, capacity, D] of the manifest's kv dtype, bound as past_* (and present_* for
-                       the in-place `ort` flavor)
+                       the in-place `ort` flavor); a local layer's capacity is its own ring's (Gemma 3)
     decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
                        sink_rows [1], ring_full [], seqlens_k [1], total length [],
                        cos/sin cache [capacity, R/2] (filled once at load: RingState.rotary_cache)
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import EdgeRuntimeError
 from .manifest import NEXT_TOKEN, KvUpdate, Manifest
 from .ring import MASKED, MASKED_FP16, DecodeBuffers, RingGeometry
 
@@ -33,40 +34,28 @@ class StaticPool:
     new_keys: list[np.ndarray] = field(default_factory=list)  # host-copy flavor: [1, H_kv, 1, D]
     new_values: list[np.ndarray] = field(default_factory=list)
     next_token: np.ndarray | None = None  # [1, 1, 1] int64, where the graph outputs it
+    # Layers whose buffers are the local ring's (Gemma 3's local layers), and the global ring's rows: row r
+    # of RingState.state()'s combined numbering is a global row below it, local row r - global_rows above.
+    local_layers: frozenset[int] = frozenset()
+    global_rows: int = 0
 
     @classmethod
-    def allocate(cls, manifest: Manifest, geometry: RingGeometry) -> StaticPool:
+    def allocate(cls, manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None = None) -> StaticPool:
+        """`local`: the local layers' ring (RingState.local_ring), for a graph with local layers."""
         m, g = manifest.model, geometry
         dtype = np.dtype(manifest.graph.activation_dtype)
         kv_dtype = np.dtype(manifest.graph.kv_storage)  # fp16 or q8 rows under fp32 activations: --kv-dtype
         host_copy = manifest.graph.kv_update is KvUpdate.HOST_COPY
-        cols = g.capacity + (1 if host_copy else 0)
-        half = m.rotary_dim // 2
-        masked = MASKED_FP16 if dtype == np.float16 else MASKED
-        shapes = [manifest.graph.kv_shape(h, g.capacity, m.head_dim) for h in m.num_kv_heads]
+        local_layers = manifest.graph.local_cache_layers
+        if bool(local_layers) != (local is not None):
+            raise EdgeRuntimeError(f"the graph's local-ring layers {sorted(local_layers)} and the ring given disagree")
+        caps = [local.capacity if local is not None and i in local_layers else g.capacity for i in range(m.num_layers)]
+        shapes = [manifest.graph.kv_shape(h, c, m.head_dim) for h, c in zip(m.num_kv_heads, caps, strict=True)]
         keys = [_committed(shape, kv_dtype) for shape in shapes]
         values = [_committed(shape, kv_dtype) for shape in shapes]
-        decode = DecodeBuffers(
-            cos=np.zeros((1, half), dtype),
-            sin=np.zeros((1, half), dtype),
-            cos_sink=np.zeros((1, half), dtype),
-            sin_sink=np.zeros((1, half), dtype),
-            attn_mask=np.full((1, cols), masked, dtype),
-            sink_mask=np.arange(cols) < g.sinks,
-            write_index=np.zeros(1, np.int64),
-            sink_rows=np.array([g.sink_rows], np.int64),
-            ring_full=np.zeros((), np.bool_),
-            seqlens_k=np.zeros(1, np.int32),
-            total_len=np.zeros((), np.int32),
-            cos_cache=np.zeros((g.capacity, half), dtype),
-            sin_cache=np.zeros((g.capacity, half), dtype),
-            masked=masked,
-            angle=np.zeros(half, np.float64),
-            trig=np.zeros(half, np.float64),
-        )
-        if m.local_window is not None:  # the local layers' own inputs (Gemma 3)
-            decode.cos_local, decode.sin_local = np.zeros((1, half), dtype), np.zeros((1, half), dtype)
-            decode.attn_mask_local = np.full((1, cols), masked, dtype)
+        decode = _decode_buffers(g, m.rotary_dim // 2, dtype, host_copy, rotary_cache=True)
+        if local is not None:  # the local layers' own ring inputs (Gemma 3)
+            decode.local = _decode_buffers(local, m.rotary_dim // 2, dtype, host_copy, rotary_cache=False)
         pool = cls(
             keys=keys,
             values=values,
@@ -75,6 +64,8 @@ class StaticPool:
             keep=np.ones(1, np.int64),
             logits=np.zeros((1, 1, m.vocab_size), np.float32),
             next_token=np.zeros((1, 1, 1), np.int64) if NEXT_TOKEN in manifest.graph.outputs else None,
+            local_layers=local_layers,
+            global_rows=g.capacity,
         )
         if host_copy:
             pool.new_keys = [np.zeros(manifest.graph.kv_shape(h, 1, m.head_dim), kv_dtype) for h in m.num_kv_heads]
@@ -84,42 +75,87 @@ class StaticPool:
     def nbytes(self) -> int:
         arrays = [*self.keys, *self.values, *self.new_keys, *self.new_values, self.input_ids, self.keep, self.logits]
         arrays += [] if self.next_token is None else [self.next_token]
-        d = self.decode
-        arrays += [
-            d.cos,
-            d.sin,
-            d.cos_sink,
-            d.sin_sink,
-            d.attn_mask,
-            d.sink_mask,
-            d.write_index,
-            d.sink_rows,
-            d.ring_full,
-            d.seqlens_k,
-            d.total_len,
-            d.cos_cache,
-            d.sin_cache,
-        ]
-        arrays += [a for a in (d.cos_local, d.sin_local, d.attn_mask_local) if a is not None]
+        for d in (self.decode, self.decode.local):
+            if d is None:
+                continue
+            arrays += [
+                d.cos,
+                d.sin,
+                d.cos_sink,
+                d.sin_sink,
+                d.attn_mask,
+                d.sink_mask,
+                d.write_index,
+                d.sink_rows,
+                d.ring_full,
+                d.seqlens_k,
+                d.total_len,
+                d.cos_cache,
+                d.sin_cache,
+            ]
         return sum(a.nbytes for a in arrays)
 
+    def _layer_rows(self, layer: int, rows: np.ndarray) -> np.ndarray:
+        """The rows of `rows` (RingState.state's numbering) that are this layer's buffer's, in its numbering."""
+        if layer in self.local_layers:
+            return rows[rows >= self.global_rows] - self.global_rows
+        return rows[rows < self.global_rows] if self.local_layers else rows
+
     def gather_rows(self, rows: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Copies of the K and V buffer rows `rows` of every layer ([1, H_kv, len(rows), D] each)."""
-        return [k[:, :, rows] for k in self.keys], [v[:, :, rows] for v in self.values]
+        """Copies of the K and V buffer rows `rows` (RingState.state's numbering) of every layer
+        ([1, H_kv, rows of that layer's ring, D] each)."""
+        at = [self._layer_rows(i, rows) for i in range(len(self.keys))]
+        return [k[:, :, r] for k, r in zip(self.keys, at, strict=True)], [
+            v[:, :, r] for v, r in zip(self.values, at, strict=True)
+        ]
 
     def scatter_rows(self, rows: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
         """Write rows gathered by `gather_rows` back in place (the buffers never move: they are bound)."""
-        for dst, src in zip((*self.keys, *self.values), (*keys, *values), strict=True):
-            dst[:, :, rows] = src
+        for i, (k, v, src_k, src_v) in enumerate(zip(self.keys, self.values, keys, values, strict=True)):
+            r = self._layer_rows(i, rows)
+            k[:, :, r] = src_k
+            v[:, :, r] = src_v
 
     def kv_nbytes(self) -> int:
         return sum(a.nbytes for a in (*self.keys, *self.values))
 
     @staticmethod
-    def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry) -> int:
+    def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None = None) -> int:
         g, itemsize = manifest.graph, np.dtype(manifest.graph.kv_storage).itemsize
-        shapes = [g.kv_shape(h, geometry.capacity, manifest.model.head_dim) for h in manifest.model.num_kv_heads]
+        local_layers = g.local_cache_layers if local is not None else frozenset()
+        shapes = [
+            g.kv_shape(h, local.capacity if local is not None and i in local_layers else geometry.capacity,
+                       manifest.model.head_dim)
+            for i, h in enumerate(manifest.model.num_kv_heads)
+        ]  # fmt: skip
         return 2 * sum(int(np.prod(s)) * itemsize for s in shapes)
+
+
+def _decode_buffers(
+    g: RingGeometry, half: int, dtype: np.dtype, host_copy: bool, *, rotary_cache: bool
+) -> DecodeBuffers:
+    """One ring's single-token inputs; `rotary_cache`: GroupQueryAttention's cos/sin cache (the global ring's)."""
+    cols = g.capacity + (1 if host_copy else 0)
+    masked = MASKED_FP16 if dtype == np.float16 else MASKED
+    cache_rows = g.capacity if rotary_cache else 0
+    return DecodeBuffers(
+        cos=np.zeros((1, half), dtype),
+        sin=np.zeros((1, half), dtype),
+        cos_sink=np.zeros((1, half), dtype),
+        sin_sink=np.zeros((1, half), dtype),
+        attn_mask=np.full((1, cols), masked, dtype),
+        sink_mask=np.arange(cols) < g.sinks,
+        write_index=np.zeros(1, np.int64),
+        sink_rows=np.array([g.sink_rows], np.int64),
+        ring_full=np.zeros((), np.bool_),
+        seqlens_k=np.zeros(1, np.int32),
+        total_len=np.zeros((), np.int32),
+        cos_cache=np.zeros((cache_rows, half), dtype),
+        sin_cache=np.zeros((cache_rows, half), dtype),
+        masked=masked,
+        angle=np.zeros(half, np.float64),
+        trig=np.zeros(half, np.float64),
+    )
 
 
 def _committed(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

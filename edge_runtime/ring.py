@@ -13,6 +13,10 @@ exactly StreamingLLM's "positions within the cache". `slack` extra ring slots le
 `slack + 1` tokens be prefilled past capacity without overwriting keys its own earlier rows still need.
 
 cos/sin are computed here in float64 (fp32 angles at position 1e7 are off by ~1 rad) and cast once.
+
+A model with local sliding-window layers (Gemma 3) keeps a second ring for them (`local_geometry`: no
+sinks, their window, as much slack), which the same RingState plans, rolls back and snapshots in step
+with this one (docs/architecture.md §5.2).
 """
 
 from __future__ import annotations
@@ -102,6 +106,14 @@ class LocalLayers:
     inv_freq: np.ndarray  # [R/2] float64: their RoPE
 
 
+def local_geometry(geometry: RingGeometry, window: int) -> RingGeometry:
+    """The local layers' own ring (docs/architecture.md §5.2): no sinks, their window (at most the global
+    W, the most any layer attends), and as many slack rows as window rows, so that once it has wrapped a
+    prefill chunk or a rollback may still span a whole local window (both are bounded by slack + 1)."""
+    w = min(window, geometry.window)
+    return RingGeometry(sinks=0, window=w, slack=max(geometry.slack, w))
+
+
 @dataclass
 class StepInputs:
     """Host-side graph inputs for one call covering tokens [t0, t0 + n)."""
@@ -117,10 +129,12 @@ class StepInputs:
     ring_full: np.ndarray  # [] bool: some token is past S + W - 1 (`ort` leaves GroupQueryAttention)
     seqlens_k: np.ndarray  # [1] int32: t0 + n - 1, GroupQueryAttention's last row (row r = token r until full)
     total_len: np.ndarray  # [] int32: t0 + n
-    # Local layers (Gemma 3), where the model has them: their RoPE at absolute positions and window mask.
+    # Local layers (Gemma 3), where the model has them: their RoPE at absolute positions, their own ring's
+    # mask and the row of the first new token in it.
     cos_local: np.ndarray | None = None  # [n, R/2]
     sin_local: np.ndarray | None = None
-    attn_mask_local: np.ndarray | None = None  # [n, K]
+    attn_mask_local: np.ndarray | None = None  # [n, K_local]
+    write_index_local: np.ndarray | None = None  # [1] int64
 
     def feeds(self, ids: np.ndarray, keep: int) -> dict[str, np.ndarray]:
         """The graph's per-call inputs by name (the I/O contract of exporters/decoder.py); a graph takes
@@ -142,7 +156,12 @@ class StepInputs:
             "write_index": self.write_index,
         }
         if self.attn_mask_local is not None:
-            feeds |= {"cos_local": self.cos_local, "sin_local": self.sin_local, "attn_mask_local": self.attn_mask_local}
+            feeds |= {
+                "cos_local": self.cos_local,
+                "sin_local": self.sin_local,
+                "attn_mask_local": self.attn_mask_local,
+                "write_index_local": self.write_index_local,
+            }
         return feeds
 
 
@@ -166,9 +185,9 @@ class DecodeBuffers:
     masked: float
     angle: np.ndarray  # [R/2] float64 scratch
     trig: np.ndarray  # [R/2] float64 scratch
-    cos_local: np.ndarray | None = None  # [1, R/2]: local layers' inputs (models with local layers only)
-    sin_local: np.ndarray | None = None
-    attn_mask_local: np.ndarray | None = None  # [1, K]
+    # The local layers' ring's own buffers (models with local layers only): its cos/sin are the local
+    # RoPE's, its attn_mask and write_index the graph's attn_mask_local and write_index_local.
+    local: DecodeBuffers | None = None
 
 
 class RingState:
@@ -185,13 +204,15 @@ class RingState:
     ):
         """`gqa_while_linear`: the graph reads only the rotary cache (GroupQueryAttention) until ring_full,
         so decode steps before then skip the cos/sin and sink-angle inputs: the `ort` graphs of 0.3.
-        `local`: the model's local layers (their window and RoPE), whose inputs every call then also gets."""
+        `local`: the model's local layers (their window and RoPE), which keep their own ring
+        (`local_geometry`) in step with this one: every call then also gets its inputs."""
         self.gqa_while_linear = gqa_while_linear
         self.geometry = geometry
         self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
         self.local = local
-        # A local layer sees the tokens less than its window back that the ring still holds: at most W.
-        self.local_span = None if local is None else min(local.window, geometry.window)
+        self.local_ring = None
+        if local is not None:
+            self.local_ring = RingState(local_geometry(geometry, local.window), local.inv_freq, position_offset)
         self.position_offset = position_offset  # absolute position of token 0 (tests start it at 1e7)
         self.tokens = 0
         # High-water mark of `tokens` since the last reset: a rollback lowers `tokens`, not what the
@@ -203,6 +224,18 @@ class RingState:
         self.tokens = 0
         self.written = 0
         self.row_pos[:] = -1
+        if self.local_ring is not None:
+            self.local_ring.reset()
+
+    @property
+    def rows(self) -> int:
+        """Rows of bookkeeping `state` covers: this ring's, then the local ring's."""
+        return self.geometry.capacity + (0 if self.local_ring is None else self.local_ring.geometry.capacity)
+
+    def max_chunk(self, t0: int) -> int:
+        """Most tokens from token t0 one graph call may take: RingGeometry.max_chunk of every ring."""
+        n = self.geometry.max_chunk(t0)
+        return n if self.local_ring is None else min(n, self.local_ring.geometry.max_chunk(t0))
 
     # -- rollback ----------------------------------------------------------------------------------
 
@@ -217,8 +250,10 @@ class RingState:
         (the row of the oldest of the window's tokens is the one the next token takes)."""
         g = self.geometry
         if self.written <= g.capacity:
-            return self.tokens
-        return max(0, min(self.tokens, g.slack + 1 - (self.written - self.tokens)))
+            limit = self.tokens
+        else:
+            limit = max(0, min(self.tokens, g.slack + 1 - (self.written - self.tokens)))
+        return limit if self.local_ring is None else min(limit, self.local_ring.rollback_limit())
 
     def truncate(self, n: int) -> None:
         """Forget the last n tokens; their rows are masked until rewritten. Refuses more than
@@ -235,27 +270,33 @@ class RingState:
         # Rows of dropped tokens hold keys at positions ahead of the stream: they must not look visible
         # (sync_decode shows every row whose position is within the window, future ones included).
         self.row_pos[self.row_pos >= self.tokens + self.position_offset] = -1
+        if self.local_ring is not None:
+            self.local_ring.truncate(n)
 
     def state(self) -> tuple[int, int, np.ndarray]:
-        """(tokens, written, row_pos copy): everything `set_state` needs besides the rows' K/V."""
-        return self.tokens, self.written, self.row_pos.copy()
+        """(tokens, written, row_pos copy): everything `set_state` needs besides the rows' K/V. With local
+        layers row_pos covers both rings, this one's rows first (`rows` in all)."""
+        if self.local_ring is None:
+            return self.tokens, self.written, self.row_pos.copy()
+        return self.tokens, self.written, np.concatenate([self.row_pos, self.local_ring.row_pos])
 
     def set_state(self, tokens: int, written: int, row_pos: np.ndarray) -> None:
-        if row_pos.shape != self.row_pos.shape or not 0 <= tokens <= written:
+        if row_pos.shape != (self.rows,) or not 0 <= tokens <= written:
             raise EdgeRuntimeError(f"ring state of {row_pos.shape[0]} rows, tokens {tokens}, written {written} "
-                                   f"does not fit this ring of {self.row_pos.shape[0]} rows")  # fmt: skip
+                                   f"does not fit this ring of {self.rows} rows")  # fmt: skip
         self.tokens, self.written = tokens, written
-        self.row_pos[:] = row_pos
+        c = self.geometry.capacity
+        self.row_pos[:] = row_pos[:c]
+        if self.local_ring is not None:
+            self.local_ring.set_state(tokens, written, row_pos[c:])
 
     def rotary_cache(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin [C, R/2] of buffer row r's position while the ring is linear (row r holds token r),
         for GroupQueryAttention, which rotates the rows it writes at their row index."""
         return self._angles(np.arange(self.geometry.capacity, dtype=np.int64) + self.position_offset, dtype)
 
-    def _angles(
-        self, positions: np.ndarray, dtype: np.dtype, inv_freq: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        a = positions.astype(np.float64)[:, None] * (self.inv_freq if inv_freq is None else inv_freq)[None, :]
+    def _angles(self, positions: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        a = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
         return np.cos(a).astype(dtype), np.sin(a).astype(dtype)
 
     def plan(self, n: int, *, new_rows_as_columns: bool, dtype: np.dtype = np.float32) -> StepInputs:
@@ -266,8 +307,8 @@ class RingState:
         """
         g = self.geometry
         t0 = self.tokens
-        if not 1 <= n <= g.max_chunk(t0):
-            raise EdgeRuntimeError(f"chunk of {n} tokens at token {t0} exceeds the ring's limit {g.max_chunk(t0)}")
+        if not 1 <= n <= self.max_chunk(t0):
+            raise EdgeRuntimeError(f"chunk of {n} tokens at token {t0} exceeds the ring's limit {self.max_chunk(t0)}")
         steps = np.arange(t0, t0 + n, dtype=np.int64)
         pos = steps + self.position_offset  # absolute positions
         logical = self._sink_position(steps) + self.position_offset
@@ -288,11 +329,14 @@ class RingState:
         cos, sin = self._angles(pos, dtype)
         cos_s, sin_s = self._angles(logical, dtype)
         local = {}
-        if self.local is not None:
-            near = (col_pos[None, :] >= 0) & (diff >= 0) & (diff < self.local_span)
-            cos_l, sin_l = self._angles(pos, dtype, self.local.inv_freq)
-            mask_l = np.where(near, 0.0, masked).astype(dtype)
-            local = {"cos_local": cos_l, "sin_local": sin_l, "attn_mask_local": mask_l}
+        if self.local_ring is not None:  # its cos/sin are at absolute positions with the local RoPE
+            lp = self.local_ring.plan(n, new_rows_as_columns=new_rows_as_columns, dtype=dtype)
+            local = {
+                "cos_local": lp.cos,
+                "sin_local": lp.sin,
+                "attn_mask_local": lp.attn_mask,
+                "write_index_local": lp.write_index,
+            }
         self.tokens += n
         self.written = max(self.written, self.tokens)
         return StepInputs(
@@ -320,10 +364,9 @@ class RingState:
         sinks = np.arange(g.capacity) < g.sinks
         visible = (self.row_pos >= 0) & (sinks | (pos - self.row_pos < g.window))
         bufs.attn_mask[0, : g.capacity] = np.where(visible, 0.0, bufs.masked)
-        if bufs.attn_mask_local is not None and self.local_span is not None:
-            near = (self.row_pos >= 0) & (pos - self.row_pos < self.local_span)
-            bufs.attn_mask_local[0, : g.capacity] = np.where(near, 0.0, bufs.masked)
         self._sink_angles(bufs, self.tokens)
+        if self.local_ring is not None:
+            self.local_ring.sync_decode(self._local_buffers(bufs))
 
     def _sink_position(self, t: np.ndarray | int) -> np.ndarray | int:
         """Token index at which a query is rotated for the sink columns: its cache-logical position.
@@ -360,8 +403,8 @@ class RingState:
             bufs.sink_mask[g.capacity] = t < g.sinks
         else:
             bufs.attn_mask[0, row] = 0.0
-        if bufs.attn_mask_local is not None:
-            self._local_decode(bufs, t, row, new_rows_as_columns)
+        if self.local_ring is not None:
+            self.local_ring.decode_into(self._local_buffers(bufs), new_rows_as_columns=new_rows_as_columns)
         full = t >= g.logical_capacity
         # Each numpy call here costs microseconds against caches the step just flushed; the GQA branch
         # reads none of these inputs, so they are first written on the step that turns ring_full on.
@@ -383,34 +426,25 @@ class RingState:
             self.written = t + 1
         return row
 
-    def _local_decode(self, bufs: DecodeBuffers, t: int, row: int, new_rows_as_columns: bool) -> None:
-        """The local layers' inputs for token t: the token leaving their span masked (a sink too: a local
-        layer has no sinks), the new row shown, their angles at t."""
-        if self.local is None or self.local_span is None or bufs.cos_local is None or bufs.sin_local is None:
-            raise EdgeRuntimeError("local-layer decode buffers without the model's local layers")  # a wiring bug
-        mask = bufs.attn_mask_local
-        leaving = t - self.local_span
-        if leaving >= 0:
-            mask[0, self.geometry.slot(leaving)] = bufs.masked
-        mask[0, self.geometry.capacity if new_rows_as_columns else row] = 0.0
-        np.multiply(self.local.inv_freq, float(t + self.position_offset), out=bufs.angle)
-        np.cos(bufs.angle, out=bufs.trig)
-        bufs.cos_local[0] = bufs.trig
-        np.sin(bufs.angle, out=bufs.trig)
-        bufs.sin_local[0] = bufs.trig
+    def _local_buffers(self, bufs: DecodeBuffers) -> DecodeBuffers:
+        if bufs.local is None:
+            # a wiring bug
+            raise EdgeRuntimeError("decode buffers without the local ring's, for a model with local layers")
+        return bufs.local
 
     def decode_done(self, bufs: DecodeBuffers, row: int) -> None:
         """Host-copy flavor: the new row now holds its token, so its column becomes visible."""
         bufs.attn_mask[0, row] = 0.0
-        if bufs.attn_mask_local is not None:
-            bufs.attn_mask_local[0, row] = 0.0
+        if self.local_ring is not None:
+            local = self._local_buffers(bufs)
+            self.local_ring.decode_done(local, int(local.write_index[0]))
 
     def chunks(self, n_tokens: int, max_chunk: int | None = None) -> list[int]:
         """Split n_tokens (starting at the current state) into graph calls: at the ring's wrap point and,
         past capacity, every slack + 1 tokens."""
         sizes, t = [], self.tokens
         while n_tokens > 0:
-            n = min(n_tokens, self.geometry.max_chunk(t), max_chunk or n_tokens)
+            n = min(n_tokens, self.max_chunk(t), max_chunk or n_tokens)
             sizes.append(n)
             t += n
             n_tokens -= n

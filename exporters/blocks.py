@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edge_runtime.manifest import CAPACITY_DIM, LOCAL_CAPACITY_DIM
 from edge_runtime.models import LayerWeights
 from edge_runtime.models.base import Activation
 
@@ -200,7 +201,7 @@ def attention(
     v = g.op("Reshape", [v, g.const([0, 0, hkv, d])], f"{prefix}/v_reshape")
     v = g.op("Transpose", [v], f"{prefix}/v_transpose", perm=[0, 2, 1, 3])  # [1, Hkv, T, D]
 
-    cache_shape = [1, hkv, "capacity", d]
+    cache_shape = [1, hkv, LOCAL_CAPACITY_DIM if local else CAPACITY_DIM, d]
     past_k = g.input(f"past_key.{layer}", g.dtype, cache_shape)
     past_v = g.input(f"past_value.{layer}", g.dtype, cache_shape)
     keys = g.op("Concat", [past_k, k], f"{prefix}/k_cache/Concat", axis=2)  # [1, Hkv, C + T, D]

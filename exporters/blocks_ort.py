@@ -30,6 +30,7 @@ import numpy as np
 from onnx import helper
 
 from edge_runtime import kernels
+from edge_runtime.manifest import CAPACITY_DIM, LOCAL_CAPACITY_DIM
 from edge_runtime.models import LayerWeights
 from edge_runtime.models.base import Activation
 
@@ -62,7 +63,7 @@ class OrtStep:
     sin_sink: str
     attn_mask: str  # [T, C] additive
     sink_rows: str  # [1] int64: S, at least 1
-    write_index: str  # [1] int64: buffer row of the first new token
+    write_index: str  # [1] int64: buffer row of the first new token (in the local ring's buffers, for `local`)
     # The general path's sink term, declared only where some layer builds it (None otherwise):
     dcos: str | None = None  # [T, R/2]: (cos_sink - cos) / sqrt(D), the sink query's rotation minus the window one's
     dsin: str | None = None
@@ -73,7 +74,7 @@ class OrtStep:
     total_len: str | None = None  # [] int32: past rows + T
     cos_cache: str | None = None  # [C, R/2] at the rows' positions while the ring is linear (row r = token r)
     sin_cache: str | None = None
-    # A local layer's step (Gemma 3): cos/sin/attn_mask are its own RoPE and window mask, it has no sink
+    # A local layer's step (Gemma 3): cos/sin/attn_mask/write_index are its own RoPE and ring's, it has no sink
     # columns (no sink term) and takes the ring path at every fill (GroupQueryAttention would need its window).
     local: bool = False
 
@@ -298,10 +299,13 @@ def _full_ring(
     return _general_path(g, prefix, qkv, step, **general)
 
 
-def cache_io(g: GraphBuilder, layer: int, hkv: int, head_dim: int) -> tuple[str, str, list[str]]:
+def cache_io(
+    g: GraphBuilder, layer: int, hkv: int, head_dim: int, *, local: bool = False
+) -> tuple[str, str, list[str]]:
     """Declare layer `layer`'s past_key/past_value inputs and present_* outputs: (past_k, past_v, present),
-    all of the cache's dtype (g.kv_dtype)."""
-    cache_shape = [1, hkv, "capacity", head_dim + (Q8_ROW_EXTRA if g.kv_dtype == np.uint8 else 0)]
+    all of the cache's dtype (g.kv_dtype), as many rows as the global ring (the local ring's, `local`)."""
+    rows = LOCAL_CAPACITY_DIM if local else CAPACITY_DIM
+    cache_shape = [1, hkv, rows, head_dim + (Q8_ROW_EXTRA if g.kv_dtype == np.uint8 else 0)]
     past_k = g.input(f"past_key.{layer}", g.kv_dtype, cache_shape)
     past_v = g.input(f"past_value.{layer}", g.kv_dtype, cache_shape)
     present = [f"present_key.{layer}", f"present_value.{layer}"]
@@ -439,7 +443,7 @@ def attention(
             out, keys, values = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
 
-    _, _, present = cache_io(g, layer, hkv, d)
+    _, _, present = cache_io(g, layer, hkv, d, local=step.local)
     if step.local or not gqa_can_run(d, rotary_dim):  # the general path at every fill
         out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general, cache_outs=tuple(present))
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None

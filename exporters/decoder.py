@@ -23,7 +23,7 @@ import onnx
 from edge_runtime import __version__
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
-from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, NEXT_TOKEN, KvUpdate
+from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, LOCAL_CAPACITY_DIM, NEXT_TOKEN, KvUpdate
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
 from edge_runtime.models.layer_plan import Sublayer, run_layers
 
@@ -277,7 +277,8 @@ def _ort_body(
             sin=sin_l,
             cos_sink=cos_l,
             sin_sink=sin_l,
-            attn_mask=g.input("attn_mask_local", g.dtype, ["tokens", "capacity"]),
+            attn_mask=g.input("attn_mask_local", g.dtype, ["tokens", LOCAL_CAPACITY_DIM]),
+            write_index=g.input("write_index_local", np.int64, [1]),
             dcos=None,
             dsin=None,
             sink_pad=None,
@@ -414,7 +415,8 @@ def _stacked_layers(
 ) -> str:
     present = []
     for i, lw in enumerate(weights.layers):
-        present += blocks_ort.cache_io(g, i, lw.num_kv_heads(args.head_dim), args.head_dim)[2]
+        hkv = lw.num_kv_heads(args.head_dim)
+        present += blocks_ort.cache_io(g, i, hkv, args.head_dim, local=args.is_local(i))[2]
     bodies = {}
     for side, linear in (("then", False), ("else", True)):
         b = g.branch(f"/model/ring_full/{side}", scope=f"/ring_full/{side}")
@@ -462,7 +464,7 @@ def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: 
             sin_q_local=bcast("sin_local", q_shape),
             cos_k_local=bcast("cos_local", k_shape),
             sin_k_local=bcast("sin_local", k_shape),
-            attn_mask_local=g.input("attn_mask_local", g.dtype, ["tokens", cols]),
+            attn_mask_local=g.input("attn_mask_local", g.dtype, ["tokens", f"{LOCAL_CAPACITY_DIM}_plus_tokens"]),
         )
     x = run_layers(_PortableLowering(g, args, wf, step), weights.layers, _embed(g, args, wf, table, ids))
     h = rms_norm(g, "/model/norm", _keep_rows(g, x), weights.final_norm, args.rms_norm_eps)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from edge_runtime.manifest import LOCAL_CAPACITY_DIM
 from edge_runtime.models import ModelArgs, ModelWeights
 from edge_runtime.ring import LocalLayers, RingGeometry, RingState
 
@@ -152,8 +153,17 @@ class NumpyGraphRunner:
         kv = next(i for i in session.get_inputs() if i.name == "past_key.0")
         kv_dtype = {"tensor(float16)": np.float16, "tensor(uint8)": np.uint8}.get(kv.type, self.dtype)
         row = kv.shape[3] if isinstance(kv.shape[3], int) else head_dim
-        self.keys = [np.zeros((1, h, c, row), kv_dtype) for h in kv_heads]
-        self.values = [np.zeros((1, h, c, row), kv_dtype) for h in kv_heads]
+        # A local layer's buffer is the local ring's (its rows dimension says so: manifest.LOCAL_CAPACITY_DIM).
+        rows = {i.name: i.shape[2] for i in session.get_inputs() if i.name.startswith("past_key.")}
+        self.local_layers = {i for i in range(len(kv_heads)) if rows[f"past_key.{i}"] == LOCAL_CAPACITY_DIM}
+        if self.local_layers and self.state.local_ring is None:
+            raise ValueError("a graph with local-ring layers validated without the model's local layers")  # a bug
+        caps = [
+            self.state.local_ring.geometry.capacity if i in self.local_layers and self.state.local_ring else c
+            for i in range(len(kv_heads))
+        ]
+        self.keys = [np.zeros((1, h, cap, row), kv_dtype) for h, cap in zip(kv_heads, caps, strict=True)]
+        self.values = [np.zeros((1, h, cap, row), kv_dtype) for h, cap in zip(kv_heads, caps, strict=True)]
         self.inputs = {i.name for i in session.get_inputs()}
         self.rotary_cache = dict(zip(("cos_cache", "sin_cache"), self.state.rotary_cache(self.dtype), strict=True))
 
@@ -175,8 +185,11 @@ class NumpyGraphRunner:
                       for i in range(len(self.keys))}  # fmt: skip
             names = [o.name for o in self.session.get_outputs()]
             result = dict(zip(names, self.session.run(names, feeds), strict=True))
-            row = int(plan.write_index[0])
+            rows = {False: int(plan.write_index[0])}
+            if plan.write_index_local is not None:
+                rows[True] = int(plan.write_index_local[0])
             for i in range(len(self.keys)):  # the host places the new rows: contiguous, by the chunking
+                row = rows[i in self.local_layers]
                 self.keys[i][:, :, row : row + n] = result[f"new_key.{i}"]
                 self.values[i][:, :, row : row + n] = result[f"new_value.{i}"]
             return result["logits"][0]

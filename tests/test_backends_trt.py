@@ -291,16 +291,29 @@ def test_a_parser_failure_is_an_error_naming_the_node_and_op(trt_bundles, monkey
         )
 
 
+@pytest.fixture(scope="module")
+def gemma3_trt(tmp_path_factory):
+    """A tiny Gemma 3 `trt` bundle (fp16): its local layers keep their own, smaller ring."""
+    ckpt = tmp_path_factory.mktemp("gemma3")
+    save_tiny_checkpoint("gemma3", ckpt)
+    path = tmp_path_factory.mktemp("gemma3-trt") / "b"
+    export(ExportOptions(checkpoint=ckpt, out=path, window=40, flavor=Flavor.TRT, precision=Precision.FP16))
+    return path
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["plain", "cuda-graph"])
-def test_the_backends_host_side_matches_onnxruntime_on_a_fake_device(trt_bundles, tmp_path, monkeypatch, cuda_graph):
+def test_the_backends_host_side_matches_onnxruntime_on_a_fake_device(
+    trt_bundles, gemma3_trt, tmp_path, monkeypatch, cuda_graph, model
+):
     """TrtBackend over fake_gpu's host-memory CUDA and an "engine" that runs the graph on ONNX Runtime: its
     staging, per-profile shapes, ring-row copies and decode-graph replay must give ONNX Runtime's own logits,
-    through a chunked prompt and past the ring's capacity."""
+    through a chunked prompt and past the ring's capacity (and Gemma 3's local ring's)."""
     from edge_runtime.backends import cuda_buffers, trt_backend
 
     from .fake_gpu import FakeCudaRuntime, fake_tensorrt
 
-    bundle = trt_bundles["fp16"]
+    bundle = trt_bundles["fp16"] if model == "llama" else gemma3_trt
     cpu = load(bundle)
     cuda = FakeCudaRuntime()
     monkeypatch.setattr(cuda_buffers, "runtime", lambda: cuda)

@@ -153,11 +153,12 @@ class OrtBackend:
             "num_logits_to_keep": _ov(p.keep),
             "write_index": _ov(d.write_index),
         }
-        if d.attn_mask_local is not None and d.cos_local is not None and d.sin_local is not None:
+        if d.local is not None:  # the local layers' ring (Gemma 3)
             self._decode_values |= {
-                "cos_local": _ov(d.cos_local),
-                "sin_local": _ov(d.sin_local),
-                "attn_mask_local": _ov(d.attn_mask_local),
+                "cos_local": _ov(d.local.cos),
+                "sin_local": _ov(d.local.sin),
+                "attn_mask_local": _ov(d.local.attn_mask),
+                "write_index_local": _ov(d.local.write_index),
             }
         for name, value in self._decode_values.items():
             if name in self.inputs:
@@ -183,9 +184,12 @@ class OrtBackend:
         """One token; inputs already written into the pool. Logits land in `pool.logits`."""
         self.session.run_with_iobinding(self._decode_binding)
         if self.host_copy:
+            local = self.pool.decode.local
+            local_row = row if local is None else int(local.write_index[0])
             for i in range(self.layers):
-                self.pool.keys[i][:, :, row] = self.pool.new_keys[i][:, :, 0]
-                self.pool.values[i][:, :, row] = self.pool.new_values[i][:, :, 0]
+                r = local_row if i in self.pool.local_layers else row
+                self.pool.keys[i][:, :, r] = self.pool.new_keys[i][:, :, 0]
+                self.pool.values[i][:, :, r] = self.pool.new_values[i][:, :, 0]
 
     def _chunk_binding(self) -> ort.IOBinding:
         """The binding chunks reuse: the K/V buffers and the rotary caches stay bound (rebinding the 4 x
@@ -220,7 +224,12 @@ class OrtBackend:
                 new.append(pair)
         self.session.run_with_iobinding(io)
         row = int(plan.write_index[0])
+        local_row = row if plan.write_index_local is None else int(plan.write_index_local[0])
         for i, (k, v) in enumerate(new):  # chunks never wrap, so the rows are contiguous
+            if i in self.pool.local_layers:
+                self.pool.keys[i][:, :, local_row : local_row + n] = k
+                self.pool.values[i][:, :, local_row : local_row + n] = v
+                continue
             self.pool.keys[i][:, :, row : row + n] = k
             self.pool.values[i][:, :, row : row + n] = v
         return logits[0]

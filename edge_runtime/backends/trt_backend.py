@@ -41,6 +41,7 @@ def open_trt_backend(
     slack: int,
     options: Any,
     *,
+    local_capacity: int | None = None,
     cuda_graph: bool = False,
 ) -> TrtBackend:
     """The engine for this bundle and ring (built on first use, with progress on stderr) and its backend."""
@@ -49,7 +50,7 @@ def open_trt_backend(
             f"'{bundle_dir}' is an {manifest.graph.flavor}-flavor bundle; TensorRT runs trt-flavor ones: "
             "re-export it with edge-export --target orin-..."
         )
-    profile = EngineProfile.for_ring(capacity, slack, options)
+    profile = EngineProfile.for_ring(capacity, slack, options, local_capacity)
     return TrtBackend(
         ensure_engine(bundle_dir, manifest, profile, stderr_progress), manifest, pool, cuda_graph=cuda_graph
     )
@@ -68,7 +69,9 @@ class TrtBackend:
         self.providers = [f"TensorRT {trt.__version__}"]
         self.stream = Stream()
         self.layers = manifest.model.num_layers
-        self.capacity = pool.keys[0].shape[2]
+        self.capacity = pool.global_rows
+        local = sorted(pool.local_layers)
+        self.local_capacity = pool.keys[local[0]].shape[2] if local else None
         self.max_chunk = int(self.engine.get_tensor_profile_shape("input_ids", PREFILL)[2][1])
         self._check_dtypes()
         self._allocate()
@@ -77,7 +80,7 @@ class TrtBackend:
         decode = self.contexts[DECODE]
         for name in self.step_inputs:
             if name not in SHAPE_INPUTS:
-                shape = resolve_dims(manifest.graph.inputs[name]["shape"], 1, self.capacity)
+                shape = resolve_dims(manifest.graph.inputs[name]["shape"], 1, self.capacity, self.local_capacity)
                 _ok(decode.set_input_shape(name, shape), f"set the shape of '{name}' to {shape}")
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -106,7 +109,7 @@ class TrtBackend:
         self.device: dict[str, DeviceBuffer] = {}
         for name in self.step_inputs:
             spec = m.graph.inputs[name]
-            self.staged[name] = PinnedArray(resolve_dims(spec["shape"], t, cap), spec["dtype"])
+            self.staged[name] = PinnedArray(resolve_dims(spec["shape"], t, cap, self.local_capacity), spec["dtype"])
             if name not in SHAPE_INPUTS:  # shape inputs are read by TensorRT from host memory
                 self.device[name] = DeviceBuffer(self.staged[name].array.nbytes)
         self.outputs: dict[str, DeviceBuffer] = {}
@@ -158,9 +161,13 @@ class TrtBackend:
         for name, host in self.host_out.items():
             self.outputs[name].download(host.array[:, :kept], self.stream)  # [1, kept, ...]: contiguous
 
-    def _write_rows(self, row: int, n: int) -> None:
+    def _write_rows(self, row: int, n: int, local_row: int | None) -> None:
+        """The new rows into slots [row, row + n) of every layer (of the local ring from local_row)."""
         for i, heads in enumerate(self.kv_heads):
-            copy = RowCopy.plan(kv_heads=heads, capacity=self.capacity, row_bytes=self.row_bytes, row=row, n=n)
+            at, cap = (row, self.capacity) if i not in self.pool.local_layers else (local_row, self.local_capacity)
+            if at is None or cap is None:
+                raise EdgeRuntimeError("a local layer's rows without the local ring's write index")  # a wiring bug
+            copy = RowCopy.plan(kv_heads=heads, capacity=cap, row_bytes=self.row_bytes, row=at, n=n)
             copy.run(self.kv[f"past_key.{i}"].ptr, self.outputs[f"new_key.{i}"].ptr, self.stream)
             copy.run(self.kv[f"past_value.{i}"].ptr, self.outputs[f"new_value.{i}"].ptr, self.stream)
 
@@ -176,8 +183,8 @@ class TrtBackend:
             "sink_mask": d.sink_mask,
             "num_logits_to_keep": p.keep,
         }
-        if d.attn_mask_local is not None:
-            feeds |= {"cos_local": d.cos_local, "sin_local": d.sin_local, "attn_mask_local": d.attn_mask_local}
+        if d.local is not None:
+            feeds |= {"cos_local": d.local.cos, "sin_local": d.local.sin, "attn_mask_local": d.local.attn_mask}
         return feeds
 
     def run_decode(self, row: int) -> None:
@@ -192,7 +199,8 @@ class TrtBackend:
         else:
             self._enqueue(ctx, views, 1)
         self._decode_runs += 1
-        self._write_rows(row, 1)
+        local = self.pool.decode.local
+        self._write_rows(row, 1, None if local is None else int(local.write_index[0]))
         self.stream.sync()
         self.pool.logits[...] = self.host_out["logits"].array[:, :1]
         if self.pool.next_token is not None and "next_token" in self.host_out:
@@ -209,7 +217,8 @@ class TrtBackend:
             if name not in SHAPE_INPUTS:
                 _ok(ctx.set_input_shape(name, view.shape), f"set the shape of '{name}' to {view.shape}")
         self._enqueue(ctx, views, keep)
-        self._write_rows(int(plan.write_index[0]), n)  # chunks never wrap: the rows are contiguous
+        local_row = None if plan.write_index_local is None else int(plan.write_index_local[0])
+        self._write_rows(int(plan.write_index[0]), n, local_row)  # chunks never wrap: the rows are contiguous
         self.stream.sync()
         return self.host_out["logits"].array[0, :keep].copy()
 

@@ -60,25 +60,32 @@ class EngineProfile:
     precision: tuple[str, ...]
     workspace_bytes: int
     optimization_level: int
+    local_capacity: int | None = None  # the local layers' ring (Gemma 3), fixed too
 
     @classmethod
-    def for_ring(cls, capacity: int, slack: int, options: Any) -> EngineProfile:
-        """`options`: the target's TensorRTOptions. A first chunk may fill the whole ring; every chunk past
-        capacity is slack + 1 tokens (RingGeometry.max_chunk), the common case tuned for."""
+    def for_ring(cls, capacity: int, slack: int, options: Any, local_capacity: int | None = None) -> EngineProfile:
+        """`options`: the target's TensorRTOptions. A first chunk may fill the whole ring (the smaller ring,
+        with local layers); every chunk past capacity is slack + 1 tokens (RingGeometry.max_chunk), the
+        common case tuned for."""
+        most = capacity if local_capacity is None else min(capacity, local_capacity)
         return cls(
             capacity=capacity,
             chunk_min=1,
-            chunk_opt=max(1, min(slack + 1, capacity)),
-            chunk_max=capacity,
+            chunk_opt=max(1, min(slack + 1, most)),
+            chunk_max=most,
             precision=tuple(options.precision),
             workspace_bytes=int(options.workspace_bytes),
             optimization_level=int(options.optimization_level),
+            local_capacity=local_capacity,
         )
 
 
-def resolve_dims(shape: list[Any], tokens: int, capacity: int) -> tuple[int, ...]:
-    """A manifest shape with its symbolic dims (`tokens`, `capacity`, `capacity_plus_tokens`) filled in."""
+def resolve_dims(shape: list[Any], tokens: int, capacity: int, local_capacity: int | None = None) -> tuple[int, ...]:
+    """A manifest shape with its symbolic dims (`tokens`, `capacity`, `capacity_plus_tokens`, and with
+    local layers `capacity_local`, `capacity_local_plus_tokens`) filled in."""
     names = {"tokens": tokens, "capacity": capacity, "capacity_plus_tokens": capacity + tokens}
+    if local_capacity is not None:
+        names |= {"capacity_local": local_capacity, "capacity_local_plus_tokens": local_capacity + tokens}
     out = []
     for d in shape:
         if isinstance(d, int):
@@ -104,7 +111,7 @@ def optimization_profiles(inputs: dict[str, Any], p: EngineProfile) -> list[dict
             if name in SHAPE_INPUTS:  # rows of logits kept: 1 in decode, up to the whole chunk in prefill
                 shapes[name] = ((1,), (1,), (t[2],))
             else:
-                shapes[name] = tuple(resolve_dims(spec["shape"], n, p.capacity) for n in t)
+                shapes[name] = tuple(resolve_dims(spec["shape"], n, p.capacity, p.local_capacity) for n in t)
         profiles.append(shapes)
     return profiles
 
@@ -159,8 +166,15 @@ def cache_fields(tensorrt_version: str, capability: tuple[int, int], bundle: str
         "tensorrt": tensorrt_version,
         "compute_capability": f"{capability[0]}.{capability[1]}",
         "bundle": bundle,
-        "profile": dataclasses.asdict(profile) | {"precision": list(profile.precision)},
+        "profile": _profile_fields(profile),
     }
+
+
+def _profile_fields(profile: EngineProfile) -> dict:
+    fields = dataclasses.asdict(profile) | {"precision": list(profile.precision)}
+    if profile.local_capacity is None:  # keys of engines without local layers stay those built before it existed
+        del fields["local_capacity"]
+    return fields
 
 
 def cache_key(fields: dict) -> str:
@@ -309,14 +323,16 @@ def engine_for_target(bundle_dir: Path, target: Any, progress: Progress = stderr
     (`edge-export --build-engine`)."""
     from edge_runtime.bundle import open_bundle
     from edge_runtime.engine import LoadOptions, apply_target
-    from edge_runtime.ring import RingGeometry
+    from edge_runtime.ring import RingGeometry, local_geometry
 
     bundle = open_bundle(bundle_dir)
     opts = apply_target(LoadOptions(), target, bundle)
     sinks = bundle.manifest.cache.sinks if opts.sinks is None else opts.sinks
     window = bundle.manifest.cache.window if opts.window is None else opts.window
     ring = RingGeometry(sinks, window, bundle.manifest.cache.slack)
-    profile = EngineProfile.for_ring(ring.capacity, ring.slack, target.backend.tensorrt)
+    local_window = bundle.manifest.model.local_window
+    local = None if local_window is None else local_geometry(ring, local_window).capacity
+    profile = EngineProfile.for_ring(ring.capacity, ring.slack, target.backend.tensorrt, local)
     return ensure_engine(bundle.path, bundle.manifest, profile, progress)
 
 

@@ -45,7 +45,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def memory_needed(engine: Engine, slots: int) -> tuple[int, int]:
     """(bytes for `slots` slots, KV bytes of one ring): weights + the pool + one snapshot per slot (at a switch
     the outgoing ring is copied out before the incoming one's copy is dropped, so all N exist at once)."""
-    kv = StaticPool.estimate_kv_bytes(engine.manifest, engine.geometry)
+    kv = StaticPool.estimate_kv_bytes(engine.manifest, engine.geometry, engine.local_geometry)
     return engine.weight_bytes + kv + slots * kv, kv
 
 
