@@ -209,7 +209,6 @@ class RingState:
         self.gqa_while_linear = gqa_while_linear
         self.geometry = geometry
         self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
-        self.local = local
         self.local_ring = None
         if local is not None:
             self.local_ring = RingState(local_geometry(geometry, local.window), local.inv_freq, position_offset)
