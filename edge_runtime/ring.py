@@ -109,9 +109,10 @@ class LocalLayers:
 def local_geometry(geometry: RingGeometry, window: int) -> RingGeometry:
     """The local layers' own ring (docs/architecture.md §5.2): no sinks, their window (at most the global
     W, the most any layer attends), and as many slack rows as window rows, so that once it has wrapped a
-    prefill chunk or a rollback may still span a whole local window (both are bounded by slack + 1)."""
+    prefill chunk or a rollback may still span a whole local window (both are bounded by slack + 1); but
+    never more rows than the global ring (a window W near the local one), nor less slack than it has."""
     w = min(window, geometry.window)
-    return RingGeometry(sinks=0, window=w, slack=max(geometry.slack, w))
+    return RingGeometry(sinks=0, window=w, slack=max(geometry.slack, min(w, geometry.capacity - w)))
 
 
 @dataclass
@@ -201,17 +202,22 @@ class RingState:
         *,
         gqa_while_linear: bool = False,
         local: LocalLayers | None = None,
+        sink_query: bool = True,
     ):
         """`gqa_while_linear`: the graph reads only the rotary cache (GroupQueryAttention) until ring_full,
         so decode steps before then skip the cos/sin and sink-angle inputs: the `ort` graphs of 0.3.
         `local`: the model's local layers (their window and RoPE), which keep their own ring
-        (`local_geometry`) in step with this one: every call then also gets its inputs."""
+        (`local_geometry`) in step with this one: every call then also gets its inputs. `sink_query`: decode
+        writes the sink columns' query angles (False for the local ring: its layers have no sink columns)."""
         self.gqa_while_linear = gqa_while_linear
+        self.sink_query = sink_query
         self.geometry = geometry
         self.inv_freq = np.asarray(inv_freq, dtype=np.float64)  # [R/2]
         self.local_ring = None
         if local is not None:
-            self.local_ring = RingState(local_geometry(geometry, local.window), local.inv_freq, position_offset)
+            self.local_ring = RingState(
+                local_geometry(geometry, local.window), local.inv_freq, position_offset, sink_query=False
+            )
         self.position_offset = position_offset  # absolute position of token 0 (tests start it at 1e7)
         self.tokens = 0
         # High-water mark of `tokens` since the last reset: a rollback lowers `tokens`, not what the
@@ -259,9 +265,11 @@ class RingState:
         `rollback_limit()`: dropping those would leave the next token's window with evicted keys."""
         limit = self.rollback_limit()
         if not 0 <= n <= limit:
-            g = self.geometry
+            g, which = self.geometry, "the ring"
+            if self.local_ring is not None and self.local_ring.rollback_limit() == limit:
+                g, which = self.local_ring.geometry, "the local layers' ring"  # the one that wrapped first
             raise RollbackError(
-                f"cannot drop {n} tokens: at most {limit} can be dropped exactly here (the ring has reused "
+                f"cannot drop {n} tokens: at most {limit} can be dropped exactly here ({which} has reused "
                 f"rows; {g.slack} slack rows allow rolling back {g.slack + 1} tokens past the window of "
                 f"{g.window}, less what earlier rollbacks not yet re-fed used); reset and re-feed instead"
             )
@@ -363,7 +371,8 @@ class RingState:
         sinks = np.arange(g.capacity) < g.sinks
         visible = (self.row_pos >= 0) & (sinks | (pos - self.row_pos < g.window))
         bufs.attn_mask[0, : g.capacity] = np.where(visible, 0.0, bufs.masked)
-        self._sink_angles(bufs, self.tokens)
+        if self.sink_query:
+            self._sink_angles(bufs, self.tokens)
         if self.local_ring is not None:
             self.local_ring.sync_decode(self._local_buffers(bufs))
 
@@ -414,7 +423,8 @@ class RingState:
             np.sin(bufs.angle, out=bufs.trig)
             bufs.sin[0] = bufs.trig
             # past S + W - 1 the sink query stays at S + W - 1 (sync_decode, or here on the first full step)
-            if not full or g.sinks == 0 or (self.gqa_while_linear and t == g.logical_capacity):
+            first_full = self.gqa_while_linear and t == g.logical_capacity
+            if self.sink_query and (not full or g.sinks == 0 or first_full):
                 self._sink_angles(bufs, t)
         bufs.ring_full[()] = full
         bufs.seqlens_k[0] = t

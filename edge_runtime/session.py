@@ -176,7 +176,8 @@ class Session:
     @property
     def rollback_limit(self) -> int:
         """Most tokens `truncate` drops exactly (all of them while the ring has not reused a row;
-        after, slack + 1 less what earlier rollbacks used; dropping everything is always a reset)."""
+        after, slack + 1 less what earlier rollbacks used; dropping everything is always a reset). With
+        local layers (Gemma 3) the smaller of both rings' limits: their ring wraps first."""
         return (self._pending is not None) + self.engine.ring.rollback_limit()
 
     def recent_ids(self) -> list[int]:
@@ -330,6 +331,7 @@ class Session:
         self._check_engine()
         g, (tokens, written, row_pos) = self.geometry, self.engine.ring.state()
         rows = np.flatnonzero(row_pos >= 0)
+        self.engine.backend.kv_to_host()  # a device backend's ring is not the pool's arrays (TensorRT)
         keys, values = self.engine.pool.gather_rows(rows)
         return Snapshot(
             bundle=bundle_checksum(self.manifest),
@@ -351,7 +353,9 @@ class Session:
         geometry)."""
         g = self.geometry
         snap.check(bundle_checksum(self.manifest), (g.sinks, g.window, g.slack), self.engine.ring.position_offset)
+        self.engine.backend.kv_to_host()  # rows the snapshot lacks keep the cache's bytes, as on the CPU
         self.engine.pool.scatter_rows(snap.rows, snap.keys, snap.values)
+        self.engine.backend.kv_from_host()
         self.engine.restore_state(snap.tokens, snap.written, snap.row_pos)
         self._row_ids[:] = snap.row_ids
         self._pending = snap.pending

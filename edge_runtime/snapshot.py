@@ -41,7 +41,7 @@ class Snapshot:
     tokens: int  # fed to the ring
     written: int  # the ring's high-water mark (what rollbacks can reach)
     pending: int | None  # sampled, not fed
-    row_pos: np.ndarray  # [capacity] int64: position held by each row, -1 empty
+    row_pos: np.ndarray  # [RingState.rows] int64: position held by each row (global ring, then local), -1 empty
     row_ids: np.ndarray  # [capacity] int64: token id held by each row
     evicted: tuple[int, bytes, tuple[int, ...]]  # EvictedDigest: count, chain, partial block
     rows: np.ndarray  # rows whose K/V are kept (those holding a token)

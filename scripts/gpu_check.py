@@ -142,7 +142,8 @@ def tensorrt_checks(tokens: int, keep: Path | None) -> None:
             )
         cpu = load(bundle)
         g = cpu.geometry
-        profile = EngineProfile.for_ring(g.capacity, g.slack, options)
+        local = None if cpu.local_geometry is None else cpu.local_geometry.capacity
+        profile = EngineProfile.for_ring(g.capacity, g.slack, options, local)
 
         def build(bundle=bundle, cpu=cpu, profile=profile) -> str:
             t0 = time.perf_counter()

@@ -291,6 +291,43 @@ def test_a_parser_failure_is_an_error_naming_the_node_and_op(trt_bundles, monkey
         )
 
 
+def _fake_device(bundle, cpu, tmp_path, monkeypatch):
+    """fake_gpu's host-memory CUDA and an "engine" running the graph on ONNX Runtime, patched in; returns the
+    fake runtime and a loader of the bundle on that TensorRT backend."""
+    from edge_runtime.backends import cuda_buffers, trt_backend
+
+    from .fake_gpu import FakeCudaRuntime, fake_tensorrt
+
+    cuda = FakeCudaRuntime()
+    monkeypatch.setattr(cuda_buffers, "runtime", lambda: cuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cpu.manifest, cpu.geometry.capacity, cuda))
+    plan = tmp_path / "fake.engine"
+    plan.write_text(str(bundle / "model.onnx"))
+    monkeypatch.setattr(trt_backend, "ensure_engine", lambda *args: plan)
+    return cuda, lambda cuda_graph=False: load(bundle, LoadOptions(tensorrt=ORIN, cuda_graph=cuda_graph))
+
+
+def test_session_snapshots_copy_the_device_ring_out_and_back_on_a_fake_device(gemma3_trt, tmp_path, monkeypatch):
+    """A snapshot under TensorRT holds the device ring's rows (not the host pool's stale zeros), and restoring
+    it into another session puts them on its device: decoding then continues as on the CPU."""
+    from edge_runtime.session import Session
+
+    cpu = Session(load(gemma3_trt))
+    _, load_gpu = _fake_device(gemma3_trt, cpu.engine, tmp_path, monkeypatch)
+    gpu = Session(load_gpu())
+    prompt = np.random.default_rng(4).integers(0, cpu.manifest.model.vocab_size, 150).tolist()
+    for s in (cpu, gpu):
+        for at in range(0, len(prompt) - 1, 30):  # turns shorter than the window of 40: no overflow warning
+            s.prefill(prompt[at : min(at + 30, len(prompt) - 1)])
+    snaps = cpu.snapshot(), gpu.snapshot()
+    for a, b in zip((*snaps[0].keys, *snaps[0].values), (*snaps[1].keys, *snaps[1].values), strict=True):
+        np.testing.assert_array_equal(b, a)
+    other = Session(load_gpu())
+    other.restore(snaps[1])
+    for token in [prompt[-1], 5, 9, 13]:
+        np.testing.assert_array_equal(other.engine.decode(token), cpu.engine.decode(token))
+
+
 @pytest.fixture(scope="module")
 def gemma3_trt(tmp_path_factory):
     """A tiny Gemma 3 `trt` bundle (fp16): its local layers keep their own, smaller ring."""
@@ -309,19 +346,12 @@ def test_the_backends_host_side_matches_onnxruntime_on_a_fake_device(
     """TrtBackend over fake_gpu's host-memory CUDA and an "engine" that runs the graph on ONNX Runtime: its
     staging, per-profile shapes, ring-row copies and decode-graph replay must give ONNX Runtime's own logits,
     through a chunked prompt and past the ring's capacity (and Gemma 3's local ring's)."""
-    from edge_runtime.backends import cuda_buffers, trt_backend
-
-    from .fake_gpu import FakeCudaRuntime, fake_tensorrt
+    from edge_runtime.backends import trt_backend
 
     bundle = trt_bundles["fp16"] if model == "llama" else gemma3_trt
     cpu = load(bundle)
-    cuda = FakeCudaRuntime()
-    monkeypatch.setattr(cuda_buffers, "runtime", lambda: cuda)
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cpu.manifest, cpu.geometry.capacity, cuda))
-    plan = tmp_path / "fake.engine"
-    plan.write_text(str(bundle / "model.onnx"))
-    monkeypatch.setattr(trt_backend, "ensure_engine", lambda *args: plan)
-    gpu = load(bundle, LoadOptions(tensorrt=ORIN, cuda_graph=cuda_graph))
+    cuda, load_gpu = _fake_device(bundle, cpu, tmp_path, monkeypatch)
+    gpu = load_gpu(cuda_graph)
     assert isinstance(gpu.backend, trt_backend.TrtBackend) and gpu.backend.providers == ["TensorRT 10.3.0-fake"]
 
     cap = cpu.geometry.capacity

@@ -49,11 +49,18 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def test_the_local_geometry_is_the_window_and_as_much_slack():
+def test_the_local_geometry_is_the_window_and_as_much_slack_never_more_rows_than_the_global_ring():
     g = RingGeometry(sinks=4, window=2044, slack=63)
     assert local_geometry(g, 512) == RingGeometry(sinks=0, window=512, slack=512)
-    assert local_geometry(RingGeometry(4, 100, 8), 512) == RingGeometry(0, 100, 100)  # never wider than W
-    assert local_geometry(RingGeometry(4, 100, 200), 50) == RingGeometry(0, 50, 200)  # nor less slack
+    # A window W at or below the local one: W rows, and slack up to the global ring's row count.
+    assert local_geometry(RingGeometry(4, 100, 8), 512) == RingGeometry(0, 100, 12)
+    assert local_geometry(RingGeometry(4, 508, 63), 1024).capacity == 575  # Gemma 3 4B at the rpi4 window
+    assert local_geometry(RingGeometry(4, 100, 200), 50) == RingGeometry(0, 50, 200)  # never less slack
+    for sinks, window, slack, local in [(4, w, s, lw) for w in (16, 500, 1020, 2044, 8188) for s in (0, 8, 63)
+                                        for lw in (12, 512, 1024)]:  # fmt: skip
+        g = RingGeometry(sinks, window, slack)
+        lg = local_geometry(g, local)
+        assert lg.capacity <= g.capacity and lg.slack >= g.slack and lg.window == min(local, window)
 
 
 def test_both_rings_bound_chunks_and_rollback_and_state_covers_both():

@@ -176,6 +176,12 @@ class OrtBackend:
                 io.bind_ortvalue_output(f"new_value.{i}", v)
         return io
 
+    def kv_to_host(self) -> None:
+        """Nothing to copy: the pool's K/V arrays are the bound cache."""
+
+    def kv_from_host(self) -> None:
+        """Nothing to copy: the pool's K/V arrays are the bound cache."""
+
     def end_profiling(self) -> Path | None:
         """Write the per-node profile (LoadOptions.profile) and return its path; None if not profiling."""
         return Path(self.session.end_profiling()) if self.session.get_session_options().enable_profiling else None

@@ -330,8 +330,10 @@ def engine_for_target(bundle_dir: Path, target: Any, progress: Progress = stderr
     sinks = bundle.manifest.cache.sinks if opts.sinks is None else opts.sinks
     window = bundle.manifest.cache.window if opts.window is None else opts.window
     ring = RingGeometry(sinks, window, bundle.manifest.cache.slack)
-    local_window = bundle.manifest.model.local_window
-    local = None if local_window is None else local_geometry(ring, local_window).capacity
+    m = bundle.manifest  # local layers as Engine finds them (engine._local_layers refuses a mismatch)
+    local = None
+    if m.model.local_window is not None and m.graph.local_cache_layers:
+        local = local_geometry(ring, m.model.local_window).capacity
     profile = EngineProfile.for_ring(ring.capacity, ring.slack, target.backend.tensorrt, local)
     return ensure_engine(bundle.path, bundle.manifest, profile, progress)
 
