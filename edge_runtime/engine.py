@@ -26,7 +26,6 @@ from .logits_check import CHECK_EVERY, check_row, check_token
 from .manifest import LINEAR_UNTIL_FULL, KvUpdate, Manifest
 from .pool import StaticPool
 from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
-from .ring import local_geometry as ring_local_geometry
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
@@ -71,8 +70,15 @@ class Engine:
                 "(the 0.3 graph decodes faster)"
             )
         self.geometry = _geometry(bundle, opts)
-        local = _local_layers(bundle.path, m)
-        local_geometry = None if local is None else ring_local_geometry(self.geometry, local.window)
+        self.ring = RingState(
+            self.geometry,
+            np.asarray(m.model.rope_inv_freq),
+            opts.position_offset,
+            gqa_while_linear="ring_full" in m.graph.inputs,
+            local=_local_layers(bundle.path, m),
+        )
+        # the local layers' ring (None without local layers): the one RingState keeps in step
+        local_geometry = self.local_geometry = None if self.ring.local_ring is None else self.ring.local_ring.geometry
         kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry, local_geometry)
         weight_bytes = sum(stored_bytes(bundle.path / f) for f in (m.graph.file, m.graph.data_file))
         if opts.memory_budget is not None and weight_bytes + kv_bytes > opts.memory_budget:
@@ -82,14 +88,6 @@ class Engine:
                 f"{opts.memory_budget / 2**20:.1f} MiB; use a smaller --window or a more quantized bundle"
             )
         self.weight_bytes = weight_bytes
-        self.ring = RingState(
-            self.geometry,
-            np.asarray(m.model.rope_inv_freq),
-            opts.position_offset,
-            gqa_while_linear="ring_full" in m.graph.inputs,
-            local=local,
-        )
-        self.local_geometry = local_geometry  # the local layers' ring (None without local layers)
         self.pool = StaticPool.allocate(m, self.geometry, local_geometry)
         d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
         d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
