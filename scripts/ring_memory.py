@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from edge_runtime.bench.environment import cpu_model
 from edge_runtime.engine import LoadOptions, load
+from edge_runtime.errors import EdgeRuntimeError
 
 
 def resident_bytes() -> int:
@@ -37,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     before = resident_bytes()
-    engine = load(args.bundle, LoadOptions(window=args.window, spin=False))
+    try:
+        engine = load(args.bundle, LoadOptions(window=args.window, spin=False))
+    except EdgeRuntimeError as e:  # a missing or bad bundle, a window past the context: one line, no traceback
+        print(f"ring_memory.py: {e}", file=sys.stderr)
+        return 2
     loaded = resident_bytes()
     vocab = engine.manifest.model.vocab_size
     ids = np.random.default_rng(0).integers(3, vocab, engine.geometry.capacity + 64).tolist()
