@@ -1,7 +1,7 @@
 """Held-out perplexity of INT4 exports with and without --mixed plans, by llama-perplexity's protocol
 (scripts/ppl_vs_llamacpp.py's scoring: 8 chunks of 512 tokens, the second half of each scored, no BOS).
 
-    python scripts/mixed_precision_table.py --checkpoint "$(python scripts/real_model.py)" \\
+    python scripts/mixed_precision_table.py --checkpoint "$(python -m tests.real_model)" \\
         --text models/eval/python_docstrings.txt --bundles /tmp/qt-mixed [--only NAME ...]
 
 Bundles are exported without the float64 validation (as quality_table.py --no-validate) and reused when
@@ -17,15 +17,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+# Sibling scripts, importable because Python puts this script's folder first on the path.
 from ppl_vs_llamacpp import our_ppl
 from quality_table import build
 
-import exporters.quant_model as quant_model
-import exporters.quant_pipeline as pipeline
-from exporters.quant import MixedPlan, QuantConfig, QuantMethod
+import edge_runtime.exporters.quant_model as quant_model
+import edge_runtime.exporters.quant_pipeline as pipeline
+from edge_runtime.exporters.quant import MixedPlan, QuantConfig, QuantMethod
 
 Q, M = QuantMethod, MixedPlan
 # ~105.5 MB (Q4_K_M's size) under --kernel mlas: INT8 per channel costs ~0.44 B a weight more than INT4
@@ -102,7 +100,7 @@ def main() -> int:
             for k, v in saved.items():
                 setattr(quant_model, k, v)
         if params is None:
-            from exporters import load_checkpoint
+            from edge_runtime.exporters import load_checkpoint
 
             ck = load_checkpoint(a.checkpoint)
             params = ck.weights.embed.size + (0 if ck.weights.lm_head is ck.weights.embed else ck.weights.lm_head.size)

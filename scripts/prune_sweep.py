@@ -1,6 +1,6 @@
 """Held-out perplexity of pruned models, with and without reconstruction, from one calibration pass.
 
-    python scripts/prune_sweep.py --checkpoint "$(python scripts/real_model.py)" --ratios 0.1 0.15 0.25 \\
+    python scripts/prune_sweep.py --checkpoint "$(python -m tests.real_model)" --ratios 0.1 0.15 0.25 \\
         [--methods none one-shot sequential sequential-all] [--budget 10] [--budget-method sequential] \\
         [--heldout-budget 10] [--acts /tmp/acts.pkl] [--json OUT]
 
@@ -21,22 +21,19 @@ import argparse
 import json
 import math
 import pickle
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+# A sibling script, importable because Python puts this script's folder first on the path.
 from heldout_eval import DEFAULT_TEXT, log_softmax, machine, read_text, text_ids, windows
 
-from exporters.calibrate import calibration_perplexity, capture_linear_inputs, load_calibration
-from exporters.checkpoint import load_checkpoint
-from exporters.prune import PruneConfig, Reconstruction, prune_model, prune_to_budget
-from exporters.quant_pipeline import PRUNE_EVAL_TOKENS
-from exporters.reference import ReferenceModel
+from edge_runtime.exporters.calibrate import calibration_perplexity, capture_linear_inputs, load_calibration
+from edge_runtime.exporters.checkpoint import load_checkpoint
+from edge_runtime.exporters.prune import PruneConfig, Reconstruction, prune_model, prune_to_budget
+from edge_runtime.exporters.quant_pipeline import PRUNE_EVAL_TOKENS
+from edge_runtime.exporters.reference import ReferenceModel
 
 
 def heldout_ppl(args, weights, wins: list[np.ndarray]) -> float:

@@ -5,7 +5,7 @@
                                     [--rounds 5] [--bundles DIR] [--transformers] [--no-validate] [--json OUT]
 
 Default: the demo model on its own heldout.txt. The real model (issue 17):
-    python scripts/quality_table.py --checkpoint "$(python scripts/real_model.py)" --preset real \\
+    python scripts/quality_table.py --checkpoint "$(python -m tests.real_model)" --preset real \\
         --text models/eval/python_docstrings.txt --tokens 4088 --transformers --bundles /tmp/qt-smollm2
 
 Each configuration is exported (ort flavor, validated against the float64 reference as usual) into
@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,17 +40,15 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root (exporters, models)
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # heldout_eval
-
+# A sibling script, importable because Python puts this script's folder first on the path.
 from heldout_eval import decode_rate, graph_perplexity, machine, read_text, text_ids, transformers_perplexity, windows
 
-import exporters.export as export_module
+import edge_runtime.exporters.export as export_module
 from edge_runtime.engine import LoadOptions, load
+from edge_runtime.exporters.export import ExportOptions, export
+from edge_runtime.exporters.quant import QuantConfig, QuantMethod
 from edge_runtime.manifest import ValidationRecord
-from exporters.export import ExportOptions, export
-from exporters.quant import QuantConfig, QuantMethod
-from models import DEMO_CHECKPOINT
+from edge_runtime.models import DEMO_CHECKPOINT
 
 Q = QuantMethod
 NOT_VALIDATED = "not validated (scripts/quality_table.py --no-validate)"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 import urllib.parse
@@ -25,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_runtime.bench.environment import cpu_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from edge_runtime.serve.process import ServerProcess
 
 TOPICS = [
     "the sea",
@@ -46,7 +44,6 @@ TOPICS = [
     "the desert",
     "a ship",
 ]
-
 
 
 def _median(values: list) -> float | None:
@@ -133,10 +130,8 @@ def main() -> None:
     args = ap.parse_args()
     server = None
     if args.bundle is not None:
-        from tests.serve_util import Server
-
         log = Path("/tmp") / f"serve_load_{int(time.time())}.log"
-        server = Server(
+        server = ServerProcess(
             args.bundle, "--target", args.target, "--slots", str(args.slots), "--queue", str(args.queue), log=log
         )
         base = server.base + "/v1"

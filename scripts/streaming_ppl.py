@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+# A sibling script, importable because Python puts this script's folder first on the path.
 from heldout_eval import DEFAULT_TEXT, log_softmax, machine, read_text, text_ids
 
 from edge_runtime.bundle import open_bundle

@@ -9,10 +9,16 @@ tokenizer_config.json with the chat template), all cached under `$EDGE_TEST_CACH
 
     from tests.real_model import real_model_dir, real_model_gguf
     real_model_dir()   # Path to the HF directory (built on first use)
+
+From the repository root, the same paths for the benchmark scripts (fetched and converted on first use):
+
+    python -m tests.real_model            # the Hugging Face directory (bf16)
+    python -m tests.real_model --gguf     # the original Q4_1 GGUF file
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -112,3 +118,24 @@ def real_model_dir(cache: Path | None = None) -> Path:
     gguf = real_model_gguf(cache)
     key = f"{gguf.parent.name.rsplit('-', 1)[1]}-{_converter_key()}"
     return _atomic_dir(cache / f"smollm2-135m-instruct-hf-{key}", lambda tmp: convert_gguf(gguf, tmp, dtype="bf16"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.real_model",
+        description="Print the path of the real-model checkpoint, fetching it on first use.",
+    )
+    ap.add_argument("--gguf", action="store_true", help="print the GGUF file instead of the converted directory")
+    ap.add_argument("--cache", type=Path, default=None, help="cache directory [default: $EDGE_TEST_CACHE or ~/.cache]")
+    args = ap.parse_args()
+    try:
+        path = real_model_gguf(args.cache) if args.gguf else real_model_dir(args.cache)
+    except RealModelUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,17 +1,12 @@
-"""A real `edge-serve` process on a free loopback port, for the serve tests (and scripts/serve_load.py)."""
+"""A real `edge-serve` process on a free loopback port, with request helpers, for the serve tests."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Any
+
+from edge_runtime.serve.process import ServerProcess
 
 # The demo model's chat template (as tests/test_cli_chat.py's), plus two refusals the error sweep needs: a tool
 # message the template raises on, and messages with no content, which render to nothing at all.
@@ -24,44 +19,8 @@ SERVE_TEMPLATE = (
 )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_command() -> list[str]:
-    script = Path(sys.executable).parent / "edge-serve"  # the console script pyproject.toml installs
-    return [str(script)] if script.exists() else [sys.executable, "-m", "edge_runtime.serve.cli"]
-
-
-class Server:
-    """`edge-serve --bundle B ARGS --port P` until `stop()`; its log is kept for failure messages."""
-
-    def __init__(self, bundle: Path, *args: str, log: Path, startup_s: float = 90.0):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = [*serve_command(), "--bundle", str(bundle), "--port", str(self.port), *args]
-        self._log_file = log.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + startup_s
-        while time.monotonic() < deadline:  # bounded: the server is up, or has died, or the deadline passed
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"edge-serve exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"edge-serve did not answer /health within {startup_s} s:\n{self.output()}")
-
-    def output(self) -> str:
-        self._log_file.flush()
-        return self.log.read_text(errors="replace")[-4000:]
+class Server(ServerProcess):
+    """edge-serve (edge_runtime/serve/process.py) with the request helpers the tests use."""
 
     def request(
         self,
@@ -87,17 +46,6 @@ class Server:
         body = raw if raw is not None else json.dumps(obj).encode()
         status, _, data = self.request("POST", path, body, {"Content-Type": "application/json", **headers})
         return status, json.loads(data)
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log_file.close()
-        return self.proc.returncode
 
 
 def metric_samples(text: str) -> dict[str, list[Any]]:

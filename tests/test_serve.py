@@ -259,8 +259,10 @@ def test_speculative_server_replies_as_plain_greedy_and_counts_its_proposals(ser
     proposals and acceptances in /metrics, the setting in /v1/models; bad options fail at start-up."""
     import subprocess
 
+    from edge_runtime.serve.process import serve_command
+
     from .conftest import SERVE_ARGS
-    from .serve_util import Server, serve_command
+    from .serve_util import Server
 
     engine = load(serve_bundle, LoadOptions(window=100, threads=1), target="x86")
     tok = Tokenizer.for_engine(engine)
