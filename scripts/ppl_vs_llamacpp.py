@@ -10,6 +10,10 @@ alone, and only the second half of each scored (tokens context/2 + 1 .. context 
 no BOS where the GGUF says the model adds none (SmolLM2). Our side scores exactly those tokens, each
 chunk through one prefill of the bundle with every row's logits (the ring holds the whole chunk). The
 F32 GGUF's figure against our fp32 bundle's checks that the two sides tokenize and score alike.
+
+--decode-rounds N adds our bundles' decode speed, measured side by side: every bundle loaded in one
+process, N rounds each timing 128 teacher-forced decode steps after a 16-token prefill of the text, the
+bundles in alternating order; the median tokens/s and its ratio to the first bundle's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+# A sibling script, importable because Python puts this script's folder first on the path.
+from heldout_eval import decode_rate
 
 _FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
 
@@ -66,17 +73,37 @@ def our_ppl(bundle: Path, text: str, context: int, chunks: int, threads: int) ->
     return float(np.exp(nll / count)), count
 
 
+def decode_speeds(bundles: list[tuple[str, Path]], text: str, rounds: int, threads: int) -> dict[str, float]:
+    """Median teacher-forced decode tokens/s of each bundle, all loaded at once, rounds interleaved."""
+    import statistics
+
+    from edge_runtime.engine import LoadOptions, load
+    from edge_runtime.tokenizer import Tokenizer
+
+    engines = {name: load(path, LoadOptions(threads=threads)) for name, path in bundles}
+    first = next(iter(engines.values()))
+    ids = np.asarray(Tokenizer(first.bundle.tokenizer_file, first.manifest.tokenizer).encode(text)[: 16 + 128])
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(rounds):
+        for name in list(engines) if r % 2 == 0 else list(engines)[::-1]:
+            rates[name].append(decode_rate(engines[name], ids[:16], ids[16:]))
+    return {name: statistics.median(v) for name, v in rates.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-cpp-bin", type=Path, required=True)
+    ap.add_argument("--llama-cpp-bin", type=Path, help="a llama.cpp build's bin/ (llama-perplexity), for --gguf")
     ap.add_argument("--text", type=Path, required=True)
     ap.add_argument("--bundle", type=labelled, action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--gguf", type=labelled, action="append", default=[], metavar="NAME=FILE")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-rounds", type=int, default=0, help="also time our bundles' decode, side by side")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    if a.gguf and a.llama_cpp_bin is None:
+        ap.error("--gguf needs --llama-cpp-bin")
     from edge_runtime.bench.environment import cpu_model
 
     text = a.text.read_text(encoding="utf-8")
@@ -90,6 +117,14 @@ def main() -> int:
         ppl = llama_ppl(a.llama_cpp_bin, gguf, a.text, a.context, a.chunks, a.threads)
         rows.append({"side": "llama.cpp", "name": name, "ppl": ppl, "mb": gguf.stat().st_size / 1e6})
         print(f"llama.cpp {name:24s} ppl {ppl:9.3f}  ({gguf.stat().st_size / 1e6:.1f} MB)", flush=True)
+    if a.decode_rounds > 0 and a.bundle:
+        speeds = decode_speeds(a.bundle, text, a.decode_rounds, a.threads)
+        base = next(iter(speeds.values()))
+        for row in rows:
+            if row["side"] == "ours":
+                row["decode_tps"] = speeds[row["name"]]
+        for name, tps in speeds.items():
+            print(f"decode    {name:24s} {tps:8.1f} tok/s  {tps / base:.2f}x  ({a.decode_rounds} rounds)", flush=True)
     if a.json:
         meta = {"cpu": cpu_model(), "text": str(a.text), "context": a.context, "chunks": a.chunks}
         a.json.write_text(json.dumps({"env": meta, "rows": rows}, indent=1))
