@@ -38,6 +38,8 @@ CONFIGS = {
     "int4 GPTQ b32, mixed llama-down": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.LLAMA_DOWN),
     "int4 GPTQ b32, mixed sensitivity": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY),
     "int4 GPTQ b32": QuantConfig(Q.INT4_GPTQ, 32),
+    "int4 GPTQ b32 damp 0.1": QuantConfig(Q.INT4_GPTQ, 32),
+    "int4 GPTQ b32 damp 0.01, mixed sensitivity": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY),
     "int4 AWQ b32, sink-weighted": QuantConfig(Q.INT4_AWQ, 32),
     "int4 AWQ+GPTQ b32, mixed sensitivity": QuantConfig(Q.INT4_AWQ_GPTQ, 32, mixed=M.SENSITIVITY),
     f"int4 GPTQ b32, mixed sensitivity {FILL_BITS}": QuantConfig(
@@ -46,7 +48,6 @@ CONFIGS = {
     f"int4 GPTQ b32, table int4, mixed sensitivity {FILL_BITS_T4}": QuantConfig(
         Q.INT4_GPTQ, 32, table_bits=4, mixed=M.SENSITIVITY, mixed_bits=FILL_BITS_T4
     ),
-    "int4 GPTQ b32 damp 0.1, mixed sensitivity": QuantConfig(Q.INT4_GPTQ, 32, mixed=M.SENSITIVITY),
     "int4 GPTQ b32 asymmetric": QuantConfig(Q.INT4_GPTQ, 32, asymmetric=True),
     f"int4 GPTQ b32 asymmetric, mixed sensitivity {FILL_BITS_ASYM}": QuantConfig(
         Q.INT4_GPTQ, 32, asymmetric=True, mixed=M.SENSITIVITY, mixed_bits=FILL_BITS_ASYM
@@ -56,7 +57,8 @@ CONFIGS = {
 CONSTANTS: dict[str, dict[str, float]] = {
     "int4 AWQ b32, sink-weighted": {"AWQ_SINK_WEIGHT": 1.0},
     "int4 AWQ+GPTQ b32, mixed sensitivity": {"AWQ_SINK_WEIGHT": 1.0},
-    "int4 GPTQ b32 damp 0.1, mixed sensitivity": {"GPTQ_DAMP": 0.1},
+    "int4 GPTQ b32 damp 0.1": {"GPTQ_DAMP": 0.1},
+    "int4 GPTQ b32 damp 0.01, mixed sensitivity": {"GPTQ_DAMP_MIXED": 0.01},
 }
 
 _cache: dict = {}
