@@ -58,12 +58,16 @@ def checkpoint_key(checkpoint: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def first_use_name(checkpoint: Path, flavor: str, quant: str, block: int, kernel: str, table_bits: int) -> str:
+def first_use_name(
+    checkpoint: Path, flavor: str, quant: str, block: int, kernel: str, table_bits: int, mixed: str = "none"
+) -> str:
     from . import __version__
 
     parts = [checkpoint.name, flavor, quant]
     if quant.startswith("int4"):
         parts.append(f"b{block}")
+        if mixed != "none":
+            parts.append(f"mixed-{mixed}")
     if quant != "none" and table_bits == 4:
         parts.append("t4")
     if kernel == "edge":

@@ -1,4 +1,5 @@
-"""What a target profile asks of an export: flavor, quantization, block, kernel, table bits, cache geometry.
+"""What a target profile asks of an export: flavor, quantization, block, kernel, table bits, mixed precision,
+cache geometry.
 
 Shared by `edge-export --target T` and `edge-run`'s first-use export, so a bundle built for a device on a
 build host and the one the device builds for itself are the same. Plain values only: `targets` does not
@@ -20,6 +21,7 @@ class ExportSettings:
     block: int | None = None  # None: 32 for ort, 128 for trt
     kernel: str = "mlas"
     table_bits: int = 8
+    mixed: str = "none"  # MixedPlan value: INT4 bundles only
     sinks: int = 4
     window: int | None = None  # None: the model's trained context (capped by the exporter)
     target: str | None = None  # the profile these came from; recorded in the manifest's provenance
@@ -43,6 +45,7 @@ def settings_for(profile: TargetProfile, *, edge_kernels_here: bool = True) -> E
         block=profile.block_size,
         kernel=kernel,
         table_bits=profile.table_bits if quantized else 8,
+        mixed=profile.mixed_precision,
         sinks=profile.kv_cache.sinks,
         window=profile.kv_cache.window,
         target=profile.name,

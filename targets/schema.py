@@ -19,6 +19,7 @@ BACKENDS = ("onnxruntime", "tensorrt")
 GRAPH_FLAVORS = ("ort", "trt")
 QUANTIZATIONS = ("none", "int8", "int4", "int4-awq", "int4-gptq")
 MATMUL_KERNELS = ("mlas", "edge")  # exporters.quant.MatMulKernel values
+MIXED_PLANS = ("none", "llama-down", "sensitivity")  # exporters.quant.MixedPlan values
 BLOCK_SIZES = (32, 64, 128)
 TRT_BLOCK_SIZES = (64, 128)  # opset-21 blocked DequantizeLinear as TensorRT 10.3 parses it (docs/architecture.md §5)
 TRT_PRECISIONS = ("fp16", "bf16", "tf32", "int8", "int4", "fp8")
@@ -86,6 +87,8 @@ class TargetProfile:
     # Embedding table / LM head bits of quantized bundles exported for the target (`ort` only): 8 (INT8 per
     # row) or 4 (INT4 in block_size blocks, half the LM head's bytes; `edge-export --table-bits`)
     table_bits: int = 8
+    # INT4 bundles: Linear groups kept INT8 per channel (`edge-export --mixed`); "sensitivity" calibrates
+    mixed_precision: str = "none"
     source: str = ""  # the file it was loaded from; not a YAML key
 
 
@@ -238,6 +241,9 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         raise top.fail("table_bits", "must be 8 or 4")
     if table_bits == 4 and flavor != "ort":
         raise top.fail("table_bits", "must be 8 unless graph_flavor is 'ort' (TensorRT 10.3 gathers no INT4 table)")
+    mixed = top.string("mixed_precision", MIXED_PLANS, default="none")
+    if mixed != "none" and not quant.startswith("int4"):
+        raise top.fail("mixed_precision", "must be 'none' unless quantization is int4, int4-awq or int4-gptq")
     backend = _backend(top.section("backend", BackendSpec))
     if backend.name == "tensorrt" and flavor != "trt":
         raise top.fail(
@@ -257,5 +263,6 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         detect=_detect(top.section("detect", DetectHints, optional=True)),
         matmul_kernel=kernel,
         table_bits=table_bits,
+        mixed_precision=mixed,
         source=src,
     )

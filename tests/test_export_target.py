@@ -95,6 +95,23 @@ def test_explicit_flags_win_over_the_profile(captured, tiny, tmp_path):
     assert (o.quant.table_bits, o.quant.block) == (4, 64)
 
 
+def test_a_profile_mixed_precision_plan_applies_to_int4_exports_only(captured, tiny, tmp_path):
+    p = tmp_path / "mixed.yaml"
+    p.write_text("extends: nuc\nmixed_precision: sensitivity\n")
+    o = _options(captured, tiny, tmp_path, "--target", str(p))
+    assert (o.quant.method.value, o.quant.mixed.value) == ("int4-gptq", "sensitivity")
+    o = _options(captured, tiny, tmp_path, "--target", str(p), "--mixed", "llama-down")  # the flag wins
+    assert o.quant.mixed.value == "llama-down"
+    o = _options(captured, tiny, tmp_path, "--target", str(p), "--quant", "int8")  # the plan is for INT4: dropped
+    assert (o.quant.method.value, o.quant.mixed.value) == ("int8", "none")
+    args = [str(tiny), "-o", str(tmp_path / "x"), "--quant", "int8", "--mixed", "sensitivity"]
+    r = CliRunner().invoke(export_cli, args)
+    assert r.exit_code != 0 and "needs --quant int4" in r.output  # typed by the user: refused, not dropped
+    p.write_text("extends: x86\nmixed_precision: sensitivity\n")  # x86 exports int8
+    with pytest.raises(ProfileSchemaError, match=r"mixed_precision.*unless quantization is int4"):
+        load_target(str(p))
+
+
 def test_the_manifest_records_the_target_and_the_window_is_cut_to_the_context(tiny, tmp_path):
     out = tmp_path / "b"
     r = CliRunner().invoke(export_cli, [str(tiny), "-o", str(out), "--target", "rpi5"])

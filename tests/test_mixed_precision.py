@@ -146,6 +146,22 @@ def test_sensitivity_budget_is_the_configured_code_bits(ckpt):
             QuantConfig(QuantMethod.INT4, 32, mixed=MixedPlan.SENSITIVITY, mixed_bits=bad)
 
 
+def test_gptq_damping_follows_the_plan(ckpt):
+    """GPTQ damps 0.01 of the mean diagonal with every Linear INT4 and 0.1 under the sensitivity plan (each
+    measured best on the real model, quant_model.py); the manifest records the one used."""
+    from edge_runtime.exporters import quant_model
+    from edge_runtime.exporters.calibrate import capture_linear_inputs, load_calibration
+
+    ck = load_checkpoint(ckpt)
+    acts = capture_linear_inputs(ck.args, ck.weights, load_calibration(ck))
+    damps = {}
+    for plan in (MixedPlan.NONE, MixedPlan.LLAMA_DOWN, MixedPlan.SENSITIVITY):
+        config = QuantConfig(QuantMethod.INT4_GPTQ, 32, mixed=plan)
+        damps[plan] = quant_model.quantize_model(ck.args, ck.weights, ck.arch.weights, config, acts).record["gptq"]
+    assert [damps[p]["damp"] for p in MixedPlan] == [0.01, 0.01, 0.1]
+    assert quant_model.GPTQ_DAMP == 0.01 and quant_model.GPTQ_DAMP_MIXED == 0.1
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -166,6 +182,9 @@ def test_unknown_plan_is_a_usage_error_and_the_choices_are_the_enum(ckpt, tmp_pa
     help_text = CliRunner().invoke(export_cli, ["build", "--help"]).output
     assert "[none|llama-down|sensitivity]" in help_text.replace("\n", "").replace(" ", "")
     assert [m.value for m in MixedPlan] == ["none", "llama-down", "sensitivity"]
+    from edge_runtime.targets.schema import MIXED_PLANS  # targets import no exporters: the same list, kept equal
+
+    assert MIXED_PLANS == tuple(m.value for m in MixedPlan)
     with pytest.raises(ExportError, match="unknown mixed-precision plan 'q6'; choose one of: none, llama-down"):
         MixedPlan.parse("q6")
     with pytest.raises(ExportError, match="must be a MixedPlan"):

@@ -110,6 +110,8 @@ def test_edge_cache_ls_rm_prune(tiny, tmp_path, monkeypatch):
     key = bundle_cache.checkpoint_key(tiny)
     current = _fake_bundle(tmp_path, bundle_cache.first_use_name(tiny, "ort", "int8", 32, "edge", 8), tiny)
     assert current.name == f"tiny-llama-ort-int8-edge-{key}-v{__version__}"
+    mixed = bundle_cache.first_use_name(tiny, "ort", "int4-gptq", 32, "edge", 8, "sensitivity")
+    assert mixed == f"tiny-llama-ort-int4-gptq-b32-mixed-sensitivity-edge-{key}-v{__version__}"  # its own bundle
     old = _fake_bundle(tmp_path, f"tiny-llama-ort-int8-{key}-v0.0.1", tiny)
     gone = _fake_bundle(tmp_path, f"gone-ort-int4-b32-{key}-v{__version__}", tmp_path / "nowhere")
     other = _fake_bundle(tmp_path, f"tiny-llama-ort-int4-b32-{key}-v{__version__}", tiny)

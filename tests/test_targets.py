@@ -109,6 +109,7 @@ SCHEMA_CASES = [
     ("detect", "jetson", ["'detect' = 'jetson'", "mapping"]),
     ("matmul_kernel", "edge", ["'matmul_kernel' = 'edge'", "graph_flavor is 'ort'"]),
     ("matmul_kernel", "avx512", ["'matmul_kernel' = 'avx512'", "mlas, edge"]),
+    ("mixed_precision", "q6k", ["'mixed_precision' = 'q6k'", "none, llama-down, sensitivity"]),
 ]
 
 

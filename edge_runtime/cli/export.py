@@ -180,11 +180,11 @@ def main() -> None:
 @click.option(
     "--mixed",
     type=click.Choice(["none", "llama-down", "sensitivity"]),
-    default="none",
-    show_default=True,
+    default=None,
     help="INT4 exports: Linear groups (per layer qkv, o, gate_up, down) kept INT8 per channel. llama-down: down_proj "
     "in llama.cpp Q4_K_M's Q6_K layers (first and last eighth, every third between); sensitivity: the groups whose "
-    "INT4 error on calibration text is largest per weight, up to 4.5 code bits a Linear weight (calibrates).",
+    "INT4 error on calibration text is largest per weight, up to 4.5 code bits a Linear weight (calibrates). "
+    "[default: none, or the target's mixed_precision for an INT4 export]",
 )
 @click.option(
     "--gguf-codes",
@@ -240,7 +240,7 @@ def build(
     fp_embeddings: bool,
     table_bits: str | None,
     kernel: str | None,
-    mixed: str,
+    mixed: str | None,
     gguf_codes: str | None,
     kv_dtype: str,
     max_memory: int | None,
@@ -258,7 +258,7 @@ def build(
     if prune is not None and prune_budget is not None:
         raise click.UsageError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
     source = resolve_checkpoint(checkpoint)
-    s = _settings(target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits)
+    s = _settings(target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits, mixed=mixed)
     s = s.with_overrides(sinks=sinks, window=window)
     _check_options(window=window, block=block, quant=s.quant, table_bits=str(s.table_bits))
     _check_output(source, out, overwrite=overwrite)
@@ -279,7 +279,7 @@ def build(
             fp_embeddings=fp_embeddings,
             table_bits=s.table_bits,
             kernel=MatMulKernel(s.kernel),
-            mixed=MixedPlan(mixed),
+            mixed=MixedPlan(s.mixed),
             # the flag only, not a profile's block_size (which sizes INT4): INT8 stays per channel unless asked
             int8_block=block if s.quant == "int8" else None,
         ),
@@ -350,6 +350,7 @@ def _settings(
     block: int | None,
     kernel: str | None,
     table_bits: str | None,
+    mixed: str | None = None,
 ) -> ExportSettings:
     """The portable defaults, or the target profile's, with every explicit flag in its place. A profile value
     the explicit flags make meaningless (its kernel or INT4 table under --flavor trt or --quant none) is
@@ -371,10 +372,17 @@ def _settings(
     if flavor is not None and flavor != base.flavor:
         base = dataclasses.replace(base, block=None, kernel="mlas", table_bits=8)
     s = base.with_overrides(
-        flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=int(table_bits) if table_bits else None
+        flavor=flavor,
+        quant=quant,
+        block=block,
+        kernel=kernel,
+        table_bits=int(table_bits) if table_bits else None,
+        mixed=mixed,
     )
     if s.quant == "none":
         s = dataclasses.replace(s, kernel=kernel or "mlas", table_bits=int(table_bits or 8))
+    if not s.quant.startswith("int4"):  # a profile's plan is for its INT4 default; --mixed itself is checked later
+        s = dataclasses.replace(s, mixed=mixed or "none")
     return s
 
 

@@ -40,19 +40,23 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
     s = settings_for(profile, edge_kernels_here=kernels.available())
     block = s.block or (32 if s.flavor == "ort" else 128)
     out = bundle_cache.bundles_dir() / bundle_cache.first_use_name(
-        checkpoint, s.flavor, s.quant, block, s.kernel, s.table_bits
+        checkpoint, s.flavor, s.quant, block, s.kernel, s.table_bits, s.mixed
     )
     if (out / "manifest.json").is_file():
         return out
     from edge_runtime.exporters.decoder import Flavor
     from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant import MatMulKernel, MixedPlan, QuantConfig, QuantMethod
 
     from .export import summary_line
 
     click.echo(f"exporting {checkpoint.name} for target {profile.name} on first use into {out}", err=True)
     qconfig = QuantConfig(
-        method=QuantMethod.parse(s.quant), block=block, table_bits=s.table_bits, kernel=MatMulKernel(s.kernel)
+        method=QuantMethod.parse(s.quant),
+        block=block,
+        table_bits=s.table_bits,
+        kernel=MatMulKernel(s.kernel),
+        mixed=MixedPlan(s.mixed),
     )
     opts = ExportOptions(
         checkpoint=checkpoint,
