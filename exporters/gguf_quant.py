@@ -38,7 +38,7 @@ from edge_runtime.errors import CorruptCheckpointError, ExportError
 
 from .gguf_convert import ARCHITECTURES, build_config, hf_name, reverse_permute
 from .gguf_reader import GGUFFile
-from .quant import QuantConfig, QuantizedMatrix, QuantMethod
+from .quant import MixedPlan, QuantConfig, QuantizedMatrix, QuantMethod
 
 BLOCK = 32  # Q4_0's and Q8_0's block: input channels per scale
 CODE_BITS = {"Q4_0": 4, "Q8_0": 8}  # GGUF type -> bits its codes need
@@ -91,6 +91,8 @@ def plan_import(mode: GGUFCodes | None, quant: QuantConfig, *, gguf_source: bool
         reason = f"--block {quant.int8_block} is not Q8_0's block of {BLOCK}"
     elif prune:
         reason = "--prune changes the weights before they are quantized"
+    elif quant.mixed is not MixedPlan.NONE:
+        reason = f"--mixed {quant.mixed.value} re-rounds some Linears to INT8 per channel"
     if reason is not None and mode is GGUFCodes.KEEP:
         raise ExportError(f"--gguf-codes keep cannot be honoured: {reason}; use --gguf-codes requantize")
     return reason

@@ -248,6 +248,7 @@ def test_float_export_of_gguf_notes_why(tmp_path, q4_gguf):
         (["--quant", "int4-gptq"], "int4-gptq"),
         (["--quant", "int4", "--block", "64"], "--block 64"),
         (["--quant", "int4", "--prune", "0.25"], "--prune"),
+        (["--quant", "int4", "--mixed", "llama-down"], "--mixed llama-down"),
         ([], "--quant none"),
     ],
 )
@@ -259,6 +260,24 @@ def test_impossible_keep_refused_in_one_line(tmp_path, q4_gguf, args, needle):
     assert len(lines) == 1 and lines[0].startswith("Error: --gguf-codes keep cannot be honoured"), res.stderr
     assert needle in lines[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_profiles_mixed_plan_gives_way_to_kept_codes(tmp_path, q4_gguf):
+    """A target whose profile asks for a --mixed plan: an export that can keep the GGUF's codes keeps them and
+    drops the plan with a note (it was not typed); --gguf-codes requantize applies it."""
+    profile = tmp_path / "mixed.yaml"
+    profile.write_text("extends: nuc\nmixed_precision: llama-down\nmatmul_kernel: mlas\n")
+    args = [str(q4_gguf), "-o", str(tmp_path / "keep"), "--target", str(profile), "--quant", "int4"]
+    res = CliRunner().invoke(export_cli, args)
+    assert res.exit_code == 0, res.output
+    assert "mixed_precision llama-down does not apply" in res.stderr
+    m = json.loads((tmp_path / "keep" / "manifest.json").read_text())
+    assert len(m["quantization"]["gguf_codes"]["imported"]) > 0 and "mixed" not in m["quantization"]
+    args = [str(q4_gguf), "-o", str(tmp_path / "req"), "--target", str(profile), "--quant", "int4"]
+    res = CliRunner().invoke(export_cli, [*args, "--gguf-codes", "requantize"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "req" / "manifest.json").read_text())
+    assert m["quantization"]["gguf_codes"]["imported"] == {} and m["quantization"]["mixed"]["plan"] == "llama-down"
 
 
 def test_gguf_codes_on_hf_directory_refused(tmp_path):

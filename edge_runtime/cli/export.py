@@ -296,12 +296,25 @@ def build(
     from edge_runtime.exporters.gguf_convert import checkpoint_dir, is_gguf
 
     gguf_source = is_gguf(source)
+    pruning = prune is not None or prune_budget is not None
+    if gguf_source and mixed is None and opts.quant.mixed is not MixedPlan.NONE and gguf_codes != "requantize":
+        # The plan is the profile's, not typed: a GGUF whose codes can be kept as they are keeps them (llama.cpp's
+        # exact weights beat any requantization of them), and the plan is dropped with a note.
+        plain = dataclasses.replace(opts.quant, mixed=MixedPlan.NONE)
+        trt = opts.flavor is Flavor.TRT
+        if gguf_quant.plan_import(None, plain, gguf_source=True, trt=trt, prune=pruning) is None:
+            click.echo(
+                f"note: keeping the GGUF's codes; target {s.target}'s mixed_precision {s.mixed} does not apply "
+                "(--gguf-codes requantize applies it)",
+                err=True,
+            )
+            opts = dataclasses.replace(opts, quant=plain)
     declined = gguf_quant.plan_import(  # an impossible explicit --gguf-codes keep fails here, before any work
         gguf_quant.GGUFCodes(gguf_codes) if gguf_codes else None,
         opts.quant,
         gguf_source=gguf_source,
         trt=opts.flavor is Flavor.TRT,
-        prune=prune is not None or prune_budget is not None,
+        prune=pruning,
     )
     t0 = time.perf_counter()
 
