@@ -262,7 +262,8 @@ def test_gptq_record_says_how_it_quantized(ckpts, acts):
     ck = ckpts["llama-untied"]
     qm = quantize_model(ck.args, ck.weights, ck.arch.weights, QuantConfig(QuantMethod.INT4_GPTQ, block=32), acts)
     g = qm.record["gptq"]
-    assert (g["act_order"], g["static_groups"], g["damp"], g["sink_weight"]) == (True, True, 0.1, 1.0)
+    # damping 0.01; 0.1 is the sensitivity plan's (tests/test_mixed_precision.py)
+    assert (g["act_order"], g["static_groups"], g["damp"], g["sink_weight"]) == (True, True, 0.01, 1.0)
     for name, q in qm.tensors.items():  # static groups: the scales are RTN's of the original blocks
         if q.bits == 4:
             w = ck.weights.layers[int(name.split(".")[2])]
