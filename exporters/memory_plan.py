@@ -16,8 +16,9 @@ once per case. What it still holds whole is named here, part by part, so a refus
     reference the float64 reference's tables (models up to reference.F64_COPY_MAX_PARAMS parameters)
     calibration  AWQ/GPTQ: one layer's input statistics (X^T X, or AWQ's row sample of a wide input) and
               the calibration tokens' residual streams (the layers are calibrated one at a time as each
-              is quantized); pruning and --mixed sensitivity compare layers: every layer's statistics
-              and the (pruned) model whole
+              is quantized; --mixed sensitivity scores each layer then); pruning compares layers: every
+              layer's statistics and the pruned model whole; AWQ under --mixed sensitivity keeps its
+              scaled Linears in float32
 
 The constants were fitted to the phases measured on the Llama-3.2-1B shape (README "Export at scale").
 """
@@ -151,11 +152,13 @@ def estimate_export_memory(
     stored = isinstance(ckpt.weights.embed, RowTable)
     prepare = {**held, "tables": table_codes + (0 if stored else table_f32), "layer": PREPARE_LAYERS * layer}
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
-    if pruning or quant.mixed.needs_calibration:  # every layer's statistics at once, the pruned model whole
+    if pruning:  # every layer's statistics at once, the pruned model whole
         prepare["calibration"] = _stats_bytes(widths, False) * args.num_layers + params * ref_bytes
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
         stats = _stats_bytes(widths, samples_wide_inputs(quant))
         prepare["calibration"] = LAYER_GRAM_COPIES * stats + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes
+        if quant.mixed.needs_calibration and quant.method.awq:  # the scaled layers, re-read for the INT8 groups
+            prepare["calibration"] += linear * 4
     graph_layers = GRAPH_LAYERS_QUANTIZED if quant.enabled else GRAPH_LAYERS
     graph = {**held, "layer": int(graph_layers * layer), "runtime": table_codes}
     # ONNX Runtime maps the data file and touches all of it; MatMulNBits at accuracy_level 0 (the twin)

@@ -28,13 +28,14 @@ nonlinear path of q/k through softmax; the held-out measurement (README) is what
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from edge_runtime.models import ModelWeights
+from edge_runtime.models import LayerWeights, ModelWeights
 
-from .calibrate import InputStats, LinearInputs
+from .calibrate import InputStats, LayerInputs
 from .quant import MIXED_CODE_BITS, MixedPlan, QuantizedMatrix
 
 GROUPS: dict[str, tuple[str, ...]] = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
@@ -52,63 +53,75 @@ def _energy(stats: InputStats, w: np.ndarray, gram: np.ndarray | None = None) ->
     return float(((w @ g) * w).sum())
 
 
-def group_scores(
-    weights: ModelWeights, int4: dict[tuple[int, str], QuantizedMatrix], acts: LinearInputs, sink_weight: float
-) -> dict[tuple[int, str], float]:
-    """score(g) of the module docstring for every (layer, group), from the INT4 forms `int4[(layer, linear)]`."""
+def layer_scores(
+    lw: LayerWeights, int4: Mapping[str, QuantizedMatrix], x: LayerInputs, sink_weight: float
+) -> dict[str, float]:
+    """score(g) of the module docstring for each group of one layer, from its INT4 forms `int4[linear]` and its
+    calibration statistics: computed as the layer is quantized, so no layer's statistics outlive it."""
+    block_energy = {
+        "attn": _energy(x.of("o"), lw.o) / max(x.of("o").rows, 1),
+        "mlp": _energy(x.of("down"), lw.down) / max(x.of("down").rows, 1),
+    }
     scores = {}
-    for i, lw in enumerate(weights.layers):
-        block_energy = {
-            "attn": _energy(acts.of(i, "o"), lw.o) / max(acts.of(i, "o").rows, 1),
-            "mlp": _energy(acts.of(i, "down"), lw.down) / max(acts.of(i, "down").rows, 1),
-        }
-        for group, parts in GROUPS.items():
-            x = acts.of(i, parts[0])
-            gram = x.sink_weighted(sink_weight) if group in SINK_WEIGHTED else x.gram
-            err = sum(_energy(x, int4[(i, f)].dequantize() - getattr(lw, f), gram) for f in parts)
-            ref = sum(_energy(x, getattr(lw, f), gram) for f in parts)
-            block = "attn" if group in ("qkv", "o") else "mlp"
-            scores[(i, group)] = (err / ref if ref > 0 else 0.0) * block_energy[block]
+    for group, parts in GROUPS.items():
+        stats = x.of(parts[0])
+        gram = stats.sink_weighted(sink_weight) if group in SINK_WEIGHTED else stats.gram
+        err = sum(_energy(stats, int4[f].dequantize() - getattr(lw, f), gram) for f in parts)
+        ref = sum(_energy(stats, getattr(lw, f), gram) for f in parts)
+        block = "attn" if group in ("qkv", "o") else "mlp"
+        scores[group] = (err / ref if ref > 0 else 0.0) * block_energy[block]
     return scores
 
 
+def group_sizes(lw: LayerWeights) -> dict[str, int]:
+    """Each group's weights in one layer (its widths may be pruned)."""
+    return {g: sum(getattr(lw, f).size for f in parts) for g, parts in GROUPS.items()}
+
+
 def group_params(weights: ModelWeights, i: int, group: str) -> int:
-    return sum(getattr(weights.layers[i], f).size for f in GROUPS[group])
+    return group_sizes(weights.layers[i])[group]
 
 
-def choose_int8_groups(
+def fixed_int8_groups(plan: MixedPlan, n: int) -> set[tuple[int, str]]:
+    """The (layer, group) pairs a plan without calibration keeps INT8."""
+    if plan is MixedPlan.LLAMA_DOWN:
+        return {(i, "down") for i in range(n) if llama_use_more_bits(i, n)}
+    if plan is MixedPlan.NONE:
+        return set()
+    raise ValueError(f"--mixed {plan.value} is chosen from calibration scores (choose_by_scores)")  # a caller bug
+
+
+def choose_by_scores(
+    scores: Mapping[tuple[int, str], float], sizes: Mapping[tuple[int, str], int], budget_bits: float = MIXED_CODE_BITS
+) -> set[tuple[int, str]]:
+    """The sensitivity plan: groups by score per weight, largest first, while they fit the budget."""
+    budget = (budget_bits - 4) / 4 * sum(sizes.values())  # weights that may move from 4 to 8 code bits
+    chosen, spent = set(), 0
+    for key in sorted(scores, key=lambda k: -scores[k] / sizes[k]):
+        if scores[key] > 0 and spent + sizes[key] <= budget:
+            chosen.add(key)
+            spent += sizes[key]
+    return chosen
+
+
+def mixed_record(
     plan: MixedPlan,
-    weights: ModelWeights,
-    int4: dict[tuple[int, str], QuantizedMatrix] | None = None,
-    acts: LinearInputs | None = None,
-    sink_weight: float = 1.0,
+    chosen: set[tuple[int, str]],
+    sizes: Mapping[tuple[int, str], int],
+    scores: Mapping[tuple[int, str], float] | None = None,
     budget_bits: float = MIXED_CODE_BITS,
-) -> tuple[set[tuple[int, str]], dict[str, Any]]:
-    """The (layer, group) pairs kept INT8 and the manifest's `mixed` record."""
-    n = len(weights.layers)
+) -> dict[str, Any]:
+    """The manifest's `mixed` record."""
     record: dict[str, Any] = {"plan": plan.value}
     if plan is MixedPlan.NONE:
-        return set(), record
-    if plan is MixedPlan.LLAMA_DOWN:
-        chosen = {(i, "down") for i in range(n) if llama_use_more_bits(i, n)}
-    else:
-        if int4 is None or acts is None:
-            raise ValueError("the sensitivity plan needs the INT4 forms and calibration inputs")  # a caller bug
-        scores = group_scores(weights, int4, acts, sink_weight)
-        total = sum(group_params(weights, i, g) for i in range(n) for g in GROUPS)
-        budget = (budget_bits - 4) / 4 * total  # weights that may move from 4 to 8 code bits
-        chosen, spent = set(), 0
-        for key in sorted(scores, key=lambda k: -scores[k] / group_params(weights, *k)):
-            size = group_params(weights, *key)
-            if scores[key] > 0 and spent + size <= budget:
-                chosen.add(key)
-                spent += size
+        return record
+    if scores is not None:
         record["budget_code_bits"] = budget_bits
         record["proxy"] = "INT4 relative output error energy x the block's output energy (quant_mixed.py)"
         record["scores"] = {f"{i}.{g}": float(f"{s:.4g}") for (i, g), s in sorted(scores.items())}
-    total = sum(group_params(weights, i, g) for i in range(n) for g in GROUPS)
-    int8 = sum(group_params(weights, i, g) for i, g in chosen)
+    total = sum(sizes.values())
+    int8 = sum(sizes[k] for k in chosen)
     record["int8_groups"] = [f"{i}.{g}" for i, g in sorted(chosen, key=lambda k: (k[0], list(GROUPS).index(k[1])))]
     record["int8_weight_share"] = round(int8 / total, 5)
     record["linear_code_bits"] = round(4 + 4 * int8 / total, 4)
-    return chosen, record
+    return record

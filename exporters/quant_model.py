@@ -39,7 +39,7 @@ from .quant import (
     table_error,
 )
 from .quant_awq import awq_layer
-from .quant_mixed import GROUPS, choose_int8_groups
+from .quant_mixed import GROUPS, choose_by_scores, fixed_int8_groups, group_sizes, layer_scores, mixed_record
 from .scratch import Scratch
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -186,15 +186,18 @@ def quantize_model(
         return QuantizedTable(qm)
 
     # --mixed: a fixed plan is known before quantizing (its INT8 groups skip INT4 work); the sensitivity
-    # plan is chosen from every group's INT4 form, so all are quantized to INT4 first (quant_mixed.py).
-    int8_groups: set[tuple[int, str]] = set()
-    if config.mixed is not MixedPlan.NONE and not config.mixed.needs_calibration:
-        int8_groups, extra["mixed"] = choose_int8_groups(config.mixed, weights)
+    # plan is chosen from every group's INT4 form, so all are quantized to INT4 first and scored as each
+    # layer is, while its statistics are at hand (quant_mixed.py); the chosen groups are requantized after.
+    sensitivity = config.mixed.needs_calibration
+    if sensitivity and acts is None:
+        raise ValueError(f"--mixed {config.mixed.value} needs calibration inputs")
+    int8_groups = set() if sensitivity else fixed_int8_groups(config.mixed, len(weights.layers))
+    scores: dict[tuple[int, str], float] = {}
+    sizes: dict[tuple[int, str], int] = {}
     group_of = {f: g for g, parts in GROUPS.items() for f in parts}
 
     # Each layer's inputs are asked for as the layer is reached: from a LayerInputStream they are computed
-    # then (issue 23), and only the sensitivity plan, which compares every layer, keeps them all.
-    kept = LinearInputs() if config.mixed.needs_calibration and acts is not None else None
+    # then (issue 23), and dropped once the layer is quantized.
     # AWQ's scaled layers: whole where the sensitivity plan re-reads their floats, else only their small
     # vectors (`small`).
     scaled: list[LayerWeights] = []
@@ -211,9 +214,8 @@ def quantize_model(
             )
         small.append(copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
         if method.awq:
-            scaled.append(lw if kept is not None else small[-1])
-        if kept is not None:
-            kept.append(x)
+            scaled.append(lw if sensitivity else small[-1])
+        sizes.update({(i, g): n for g, n in group_sizes(lw).items()})
         for f in LINEARS:
             w, name = getattr(lw, f), names.layer[f].format(i=i)
             if (i, group_of[f]) in int8_groups:
@@ -237,6 +239,9 @@ def quantize_model(
             for f in LINEARS
         ]
         worst = max(errors)
+        if sensitivity:
+            layer_forms = {f: forms[(i, f)] for f in LINEARS}
+            scores.update({(i, g): s for g, s in layer_scores(lw, layer_forms, x, GPTQ_SINK_WEIGHT).items()})
         if scratch is not None:
             for f in LINEARS:
                 forms[(i, f)].spill(scratch)
@@ -245,19 +250,21 @@ def quantize_model(
     if method.awq:
         extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
         weights = replace(weights, layers=scaled)
-    if config.mixed.needs_calibration:
-        if acts is None:
-            raise ValueError(f"--mixed {config.mixed.value} needs calibration inputs")
-        int8_groups, extra["mixed"] = choose_int8_groups(
-            config.mixed, weights, forms, kept, GPTQ_SINK_WEIGHT, config.mixed_bits
-        )
-        for i, f in forms:
-            if (i, group_of[f]) in int8_groups:
-                w = getattr(weights.layers[i], f)
-                forms[(i, f)] = quantize_rtn(w, 8)
-                note(names.layer[f].format(i=i), w, forms[(i, f)], kept.of(i, f))
-                if scratch is not None:
-                    forms[(i, f)].spill(scratch)
+    if sensitivity:
+        int8_groups = choose_by_scores(scores, sizes, config.mixed_bits)
+        for i in sorted({i for i, _ in int8_groups}):
+            lw = weights.layers[i]  # read once more (AWQ's: the scaled layer kept above)
+            for f in LINEARS:
+                if (i, group_of[f]) in int8_groups:
+                    w = getattr(lw, f)
+                    forms[(i, f)] = quantize_rtn(w, 8)
+                    # no output error: the layer's statistics are gone (the plan's scores stand for it)
+                    note(names.layer[f].format(i=i), w, forms[(i, f)], None)
+                    if scratch is not None:
+                        forms[(i, f)].spill(scratch)
+    if config.mixed is not MixedPlan.NONE:
+        plan_scores = scores if sensitivity else None
+        extra["mixed"] = mixed_record(config.mixed, int8_groups, sizes, plan_scores, config.mixed_bits)
     if "mixed" in extra:
         progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
 
