@@ -2,7 +2,7 @@
 
 A bundle's directory name says what it is and what it was built from:
 
-    {checkpoint}-{flavor}-{quant}[-b{block}][-t4][-edge]-{content key}-v{edge-runtime version}
+    {checkpoint}-{flavor}-{quant}[-b{block}[-mixed-{plan}]][-t4][-edge]-{content key}-v{edge-runtime version}
 
 The content key hashes the checkpoint's content, not where it lies or when it was copied (a reinstall
 copies the demo checkpoint with new mtimes into a new site-packages: it must find the same bundle).

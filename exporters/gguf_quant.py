@@ -153,6 +153,11 @@ def read_codes(path: Path, quant: QuantConfig) -> SourceCodes:
     return SourceCodes(tensors, record)
 
 
+def linears_kept(codes: SourceCodes) -> bool:
+    """Whether any decoder-layer Linear's codes are imported (not only the embedding table's)."""
+    return any(".layers." in name for name in codes.record["imported"])
+
+
 def declined(reason: str) -> SourceCodes:
     """The manifest's note for a GGUF export that requantizes every tensor."""
     return SourceCodes({}, {"imported": {}, "note": f"GGUF codes not imported: {reason}"})

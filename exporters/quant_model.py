@@ -125,7 +125,7 @@ def quantize_model(
         raise ValueError(f"{method.value} re-rounds every weight; it takes no imported codes")
     if imported and config.asymmetric:
         raise ExportError("asymmetric blocks re-round the GGUF's codes; add --gguf-codes requantize")
-    if imported and config.mixed is not MixedPlan.NONE:
+    if config.mixed is not MixedPlan.NONE and any(".layers." in name for name in imported):
         raise ExportError(f"--mixed {config.mixed.value} re-rounds the GGUF's codes; add --gguf-codes requantize")
     check_blocks(weights, names, config)
     # Fused q/k/v and gate/up share one MatMulNBits, so an INT8 export holding imported blocks of 32

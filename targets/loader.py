@@ -62,6 +62,11 @@ def _load_file(path: Path) -> TargetProfile:
                 f"{path}: 'extends' = {base!r} must name a built-in target: {', '.join(known_targets())}"
             )
         data.setdefault("name", path.stem)
+        quant = data.get("quantization")
+        if isinstance(quant, str) and not quant.startswith("int4") and "mixed_precision" not in data:
+            # the base's mixed-precision plan is for its INT4 default: a file that changes to int8 or none
+            # drops it, as `edge-export --quant int8` does, rather than inherit a plan it cannot have
+            data["mixed_precision"] = "none"
         data = _merge(_read_yaml(BUILTIN_DIR / f"{base}.yaml"), data)
     return parse_profile(data, str(path))
 

@@ -104,9 +104,18 @@ def test_a_profile_mixed_precision_plan_applies_to_int4_exports_only(captured, t
     assert o.quant.mixed.value == "llama-down"
     o = _options(captured, tiny, tmp_path, "--target", str(p), "--quant", "int8")  # the plan is for INT4: dropped
     assert (o.quant.method.value, o.quant.mixed.value) == ("int8", "none")
+    # chosen for the profile's own method and flavor: another INT4 method or flavor drops it too
+    o = _options(captured, tiny, tmp_path, "--target", str(p), "--quant", "int4")
+    assert (o.quant.method.value, o.quant.mixed.value) == ("int4", "none")
+    o = _options(captured, tiny, tmp_path, "--target", str(p), "--flavor", "trt")
+    assert (o.flavor, o.quant.method.value, o.quant.mixed.value) == (Flavor.TRT, "int4-gptq", "none")
+    o = _options(captured, tiny, tmp_path, "--target", str(p), "--quant", "int4-gptq")  # the profile's own
+    assert o.quant.mixed.value == "sensitivity"
     args = [str(tiny), "-o", str(tmp_path / "x"), "--quant", "int8", "--mixed", "sensitivity"]
     r = CliRunner().invoke(export_cli, args)
     assert r.exit_code != 0 and "needs --quant int4" in r.output  # typed by the user: refused, not dropped
+    p.write_text("extends: nuc\nquantization: int8\n")  # the base's plan is not inherited by an int8 file
+    assert load_target(str(p)).mixed_precision == "none"
     p.write_text("extends: x86\nmixed_precision: sensitivity\n")  # x86 exports int8
     with pytest.raises(ProfileSchemaError, match=r"mixed_precision.*unless quantization is int4"):
         load_target(str(p))

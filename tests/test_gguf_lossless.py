@@ -266,14 +266,23 @@ def test_a_profiles_mixed_plan_gives_way_to_kept_codes(tmp_path, q4_gguf):
     """A target whose profile asks for a --mixed plan: an export that can keep the GGUF's codes keeps them and
     drops the plan with a note (it was not typed); --gguf-codes requantize applies it."""
     profile = tmp_path / "mixed.yaml"
-    profile.write_text("extends: nuc\nmixed_precision: llama-down\nmatmul_kernel: mlas\n")
-    args = [str(q4_gguf), "-o", str(tmp_path / "keep"), "--target", str(profile), "--quant", "int4"]
+    profile.write_text("extends: nuc\nquantization: int4\nmixed_precision: llama-down\nmatmul_kernel: mlas\n")
+    args = [str(q4_gguf), "-o", str(tmp_path / "keep"), "--target", str(profile)]
     res = CliRunner().invoke(export_cli, args)
     assert res.exit_code == 0, res.output
     assert "mixed_precision llama-down does not apply" in res.stderr
     m = json.loads((tmp_path / "keep" / "manifest.json").read_text())
     assert len(m["quantization"]["gguf_codes"]["imported"]) > 0 and "mixed" not in m["quantization"]
-    args = [str(q4_gguf), "-o", str(tmp_path / "req"), "--target", str(profile), "--quant", "int4"]
+    # a file with no Linear codes to keep (Q4_1, as the real-model fixture): the plan applies, silently
+    save_tiny_checkpoint("llama-tied", tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "q41.gguf", linear_type=Q.Q4_1)
+    args = [str(tmp_path / "q41.gguf"), "-o", str(tmp_path / "q41"), "--target", str(profile)]
+    res = CliRunner().invoke(export_cli, args)
+    assert res.exit_code == 0 and "does not apply" not in res.stderr, res.output
+    m = json.loads((tmp_path / "q41" / "manifest.json").read_text())
+    assert m["quantization"]["mixed"]["plan"] == "llama-down"
+    assert not any(".layers." in name for name in m["quantization"]["gguf_codes"]["imported"])
+    args = [str(q4_gguf), "-o", str(tmp_path / "req"), "--target", str(profile)]
     res = CliRunner().invoke(export_cli, [*args, "--gguf-codes", "requantize"])
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "req" / "manifest.json").read_text())

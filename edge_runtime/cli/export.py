@@ -106,8 +106,8 @@ def main() -> None:
     "--target",
     default=None,
     help="Export for this device profile (a name such as nuc or rpi5, a YAML path, or auto): its flavor, "
-    "quantization, block, kernel, table bits and cache geometry; explicit flags win. Without it every default is "
-    "portable.",
+    "quantization, block, kernel, table bits, mixed-precision plan and cache geometry; explicit flags win. Without it "
+    "every default is portable.",
 )
 @click.option(
     "--flavor",
@@ -297,18 +297,12 @@ def build(
 
     gguf_source = is_gguf(source)
     pruning = prune is not None or prune_budget is not None
-    if gguf_source and mixed is None and opts.quant.mixed is not MixedPlan.NONE and gguf_codes != "requantize":
-        # The plan is the profile's, not typed: a GGUF whose codes can be kept as they are keeps them (llama.cpp's
-        # exact weights beat any requantization of them), and the plan is dropped with a note.
-        plain = dataclasses.replace(opts.quant, mixed=MixedPlan.NONE)
-        trt = opts.flavor is Flavor.TRT
-        if gguf_quant.plan_import(None, plain, gguf_source=True, trt=trt, prune=pruning) is None:
-            click.echo(
-                f"note: keeping the GGUF's codes; target {s.target}'s mixed_precision {s.mixed} does not apply "
-                "(--gguf-codes requantize applies it)",
-                err=True,
-            )
-            opts = dataclasses.replace(opts, quant=plain)
+    # A plan from the profile (not typed) gives way to a GGUF's codes where the file has codes to keep:
+    # llama.cpp's exact weights beat any requantization of them. Known once the file's types are read.
+    profile_plan = gguf_source and mixed is None and opts.quant.mixed is not MixedPlan.NONE
+    with_plan = opts.quant
+    if profile_plan and gguf_codes != "requantize":
+        opts = dataclasses.replace(opts, quant=dataclasses.replace(opts.quant, mixed=MixedPlan.NONE))
     declined = gguf_quant.plan_import(  # an impossible explicit --gguf-codes keep fails here, before any work
         gguf_quant.GGUFCodes(gguf_codes) if gguf_codes else None,
         opts.quant,
@@ -325,6 +319,12 @@ def build(
     with checkpoint_dir(source, out=out, progress=progress) as hf_dir:
         if gguf_source:
             codes = gguf_quant.declined(declined) if declined else gguf_quant.read_codes(source, opts.quant)
+            if profile_plan and opts.quant is not with_plan:
+                if gguf_quant.linears_kept(codes):
+                    progress(f"target {s.target}'s mixed_precision {s.mixed} does not apply to kept GGUF codes "
+                             "(--gguf-codes requantize applies it)")  # fmt: skip
+                else:  # no Linear codes to keep (F16, Q4_1, K-quants): requantized, with the plan
+                    opts = dataclasses.replace(opts, quant=with_plan)
             progress(gguf_quant.summary(codes))
             opts = dataclasses.replace(opts, source_codes=codes)
         manifest = export(dataclasses.replace(opts, checkpoint=hf_dir), progress=progress)
@@ -366,8 +366,9 @@ def _settings(
     mixed: str | None = None,
 ) -> ExportSettings:
     """The portable defaults, or the target profile's, with every explicit flag in its place. A profile value
-    the explicit flags make meaningless (its kernel or INT4 table under --flavor trt or --quant none) is
-    dropped rather than refused: only what the user typed can be wrong."""
+    the explicit flags make meaningless (its kernel or INT4 table under --flavor trt or --quant none; its
+    mixed-precision plan, chosen for its own flavor and method, under another) is dropped rather than
+    refused: only what the user typed can be wrong."""
     from edge_runtime import kernels
     from edge_runtime.targets import resolve_target
     from edge_runtime.targets.export_settings import PORTABLE, settings_for
@@ -383,7 +384,9 @@ def _settings(
                 err=True,
             )
     if flavor is not None and flavor != base.flavor:
-        base = dataclasses.replace(base, block=None, kernel="mlas", table_bits=8)
+        base = dataclasses.replace(base, block=None, kernel="mlas", table_bits=8, mixed="none")
+    if quant is not None and quant != base.quant:  # the profile's plan was chosen for its own method
+        base = dataclasses.replace(base, mixed="none")
     s = base.with_overrides(
         flavor=flavor,
         quant=quant,
@@ -394,7 +397,7 @@ def _settings(
     )
     if s.quant == "none":
         s = dataclasses.replace(s, kernel=kernel or "mlas", table_bits=int(table_bits or 8))
-    if not s.quant.startswith("int4"):  # a profile's plan is for its INT4 default; --mixed itself is checked later
+    if not s.quant.startswith("int4"):  # --mixed itself is checked later, against the quantization
         s = dataclasses.replace(s, mixed=mixed or "none")
     return s
 

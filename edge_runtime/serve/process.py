@@ -9,13 +9,13 @@ Standard library only (no Starlette): the parent may be a process that does not 
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 
@@ -45,6 +45,7 @@ class ServerProcess:
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:  # bounded: the server is up, or has died, or the deadline passed
             if self.proc.poll() is not None:
+                self._log_file.close()
                 raise RuntimeError(f"edge-serve exited with {self.proc.returncode}:\n{self.output()}")
             if self._healthy():
                 return
@@ -53,15 +54,20 @@ class ServerProcess:
         raise RuntimeError(f"edge-serve did not answer /health within {startup_s} s:\n{self.output()}")
 
     def _healthy(self) -> bool:
+        # http.client, not urllib: urllib would send 127.0.0.1 through $http_proxy where one is set
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            with urllib.request.urlopen(self.base + "/health", timeout=10) as r:
-                return r.status == 200
-        except OSError:  # not listening yet, or a 503 while it loads
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except OSError:  # not listening yet
             return False
+        finally:
+            conn.close()
 
     def output(self) -> str:
         """The last 4,000 characters the server printed."""
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         return self.log.read_text(errors="replace")[-4000:]
 
     def stop(self, timeout: float = 30.0) -> int:
