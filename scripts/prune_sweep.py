@@ -82,8 +82,14 @@ def main() -> None:
     ck = load_checkpoint(a.checkpoint)
     ids, prefix = text_ids(a.checkpoint, read_text(a.text))
     wins = windows(ids, prefix, a.context, a.tokens)
+    cached = None
     if a.acts is not None and a.acts.is_file():
-        calib, acts = pickle.loads(a.acts.read_bytes())
+        try:
+            cached = pickle.loads(a.acts.read_bytes())
+        except (ModuleNotFoundError, AttributeError) as e:  # written by an older layout of the modules
+            print(f"{a.acts}: stale cache ({e}); computing the statistics again", flush=True)
+    if cached is not None:
+        calib, acts = cached
     else:
         calib = load_calibration(ck)
         t0 = time.perf_counter()
