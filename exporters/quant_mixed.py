@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_runtime.models import LayerWeights, ModelWeights
+from edge_runtime.models import LayerWeights
 
 from .calibrate import InputStats, LayerInputs
 from .quant import MIXED_CODE_BITS, MixedPlan, QuantizedMatrix
@@ -76,10 +76,6 @@ def layer_scores(
 def group_sizes(lw: LayerWeights) -> dict[str, int]:
     """Each group's weights in one layer (its widths may be pruned)."""
     return {g: sum(getattr(lw, f).size for f in parts) for g, parts in GROUPS.items()}
-
-
-def group_params(weights: ModelWeights, i: int, group: str) -> int:
-    return group_sizes(weights.layers[i])[group]
 
 
 def fixed_int8_groups(plan: MixedPlan, n: int) -> set[tuple[int, str]]:

@@ -15,7 +15,7 @@ from edge_runtime.cli.export import main as export_cli
 from edge_runtime.errors import ExportError
 from edge_runtime.exporters import load_checkpoint
 from edge_runtime.exporters.quant import MixedPlan, QuantConfig, QuantMethod
-from edge_runtime.exporters.quant_mixed import GROUPS, group_params, llama_use_more_bits
+from edge_runtime.exporters.quant_mixed import group_sizes, llama_use_more_bits
 
 from .tiny_models import _TEXT, save_tiny_checkpoint
 
@@ -49,7 +49,7 @@ def _export(ckpt, out, *args):
 def _sizes(ckpt):
     """Weights per group of one layer, and of every Linear of the model."""
     w = load_checkpoint(ckpt).weights
-    sizes = {g: group_params(w, 0, g) for g in GROUPS}
+    sizes = group_sizes(w.layers[0])
     return sizes, len(w.layers) * sum(sizes.values())
 
 

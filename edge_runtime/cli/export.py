@@ -397,9 +397,7 @@ def _settings(
     )
     if s.quant == "none":
         s = dataclasses.replace(s, kernel=kernel or "mlas", table_bits=int(table_bits or 8))
-    if not s.quant.startswith("int4"):  # --mixed itself is checked later, against the quantization
-        s = dataclasses.replace(s, mixed=mixed or "none")
-    return s
+    return s  # a typed --mixed is checked against the quantization by QuantConfig
 
 
 def summary_line(out: Path, manifest: Manifest) -> str:
