@@ -217,6 +217,23 @@ def test_an_export_spills_its_codes_and_counts_them_only_where_held(monkeypatch,
     assert "codes" not in spilled.parts and held.parts["codes"] > 0 and held.total > spilled.total
 
 
+def test_the_sensitivity_plan_is_estimated_a_layer_at_a_time():
+    """--mixed sensitivity scores each layer as it is quantized: its estimate is GPTQ's own (it once counted every
+    layer's statistics and the model whole); AWQ under the plan adds its scaled Linears in float32."""
+    from edge_runtime.exporters.quant import MixedPlan
+
+    ckpt = load_checkpoint(DEMO_CHECKPOINT)
+
+    def calib(method, mixed=MixedPlan.NONE):
+        return estimate_export_memory(ckpt, QuantConfig(method, mixed=mixed), Flavor.ORT).parts.get("calibration")
+
+    assert calib(QuantMethod.INT4_GPTQ, MixedPlan.SENSITIVITY) == calib(QuantMethod.INT4_GPTQ) > 0
+    a = ckpt.args
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    linear = a.num_layers * (a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * a.intermediate_size)
+    assert calib(QuantMethod.INT4_AWQ, MixedPlan.SENSITIVITY) == calib(QuantMethod.INT4_AWQ) + 4 * linear
+
+
 def test_max_memory_refuses_up_front_with_the_estimate(tmp_path):
     out = tmp_path / "b"
     estimate = estimate_export_memory(load_checkpoint(DEMO_CHECKPOINT), _INT4, Flavor.ORT)
