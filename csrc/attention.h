@@ -20,7 +20,13 @@ typedef struct {
 /* Rotate token i's key and write it and its value into row past + i. */
 void attn_write_kv(const AttnArgs *a, int64_t i);
 
-/* Output of query head `h` of token `i` (rows 0..past + i), using `scores` [past + i + 1] as scratch. */
-void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores);
+/* Most tokens one attn_rows call takes: a verification chunk's (the pending token and up to 7 proposals). */
+#define ATTN_MAX_ROWS 8
+
+/* Output of query head `h` for tokens [i0, i0 + n) (n <= ATTN_MAX_ROWS; token i reads cache rows
+ * 0..past + i), using `scratch` [n * (d + capacity)] floats. The tokens share each block of keys and
+ * values as it is read (a chunk's rows used to read the whole cache once each); each token's result is
+ * bit for bit what it is alone (n = 1). */
+void attn_rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h, float *scratch);
 
 #endif

@@ -35,19 +35,18 @@ void attn_write_kv(const AttnArgs *a, int64_t i) {
     }
 }
 
-/* attn_head's body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
- * loops (simd.h). */
-static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_t i, int64_t h, float *scores,
-                                                       const int kt) {
-    int64_t d = a->d, pos = a->past + i, kvh = h / (a->hq / a->hkv);
-    float q[512]; /* d <= 512, checked when the kernel is created */
-    rope(a, a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, pos, q);
-    const void *keys = kv_row(a->keys, kvh * a->capacity, d, kt);
-    const void *values = kv_row(a->values, kvh * a->capacity, d, kt);
-    /* Scores four keys at a time, their four sums reduced together (one hsum a key cost as much as its dot). */
-    float best = -INFINITY;
-    int64_t r = 0;
-    for (; r + 4 <= pos + 1; r += 4) {
+/* Keys (and value rows) read per block: 64 fp32 rows of d = 64 are 16 KB, within L1 with the rows' queries. */
+#define ATTN_KEY_BLOCK 64
+
+/* Row `i`'s scores of keys [r, end) (r a multiple of 4): four keys at a time, their four sums reduced
+ * together (one hsum a key cost as much as its dot), the last end - r < 4 one at a time where end is the
+ * row's own last key + 1. Returns the largest. Each score is a function of its key alone, so a row's
+ * scores are the same whichever blocks they are computed in. */
+static inline __attribute__((always_inline)) float score_keys(const AttnArgs *a, const float *q, const void *keys,
+                                                              int64_t r, int64_t end, float *scores, float best,
+                                                              const int kt) {
+    int64_t d = a->d;
+    for (; r + 4 <= end; r += 4) {
         const void *k0 = kv_row(keys, r, d, kt), *k1 = kv_row(keys, r + 1, d, kt);
         const void *k2 = kv_row(keys, r + 2, d, kt), *k3 = kv_row(keys, r + 3, d, kt);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -63,7 +62,7 @@ static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_
         _mm_storeu_ps(scores + r, sc);
         for (int j = 0; j < 4; j++) best = scores[r + j] > best ? scores[r + j] : best;
     }
-    for (; r <= pos; r++) {
+    for (; r < end; r++) {
         const void *k = kv_row(keys, r, d, kt);
         __m256 acc = _mm256_setzero_ps();
         for (int64_t e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), kv_load8(k, e, kt), acc);
@@ -71,55 +70,107 @@ static inline __attribute__((always_inline)) void head(const AttnArgs *a, int64_
         scores[r] = sc;
         best = sc > best ? sc : best;
     }
+    return best;
+}
+
+/* scores[0..n) <- exp(scores - best), in place; their sum. */
+static inline float softmax_numerators(float *scores, int64_t n, float best) {
     /* libm's scalar expf here was most of a prefill's attention (884 us a 135M layer against
      * GroupQueryAttention's 543); the vector exp is ~1 ulp on the scores minus their max. */
     __m256 sum = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
-    for (r = 0; r + 8 <= pos + 1; r += 8) {
+    int64_t r = 0;
+    for (; r + 8 <= n; r += 8) {
         __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + r), top));
         _mm256_storeu_ps(scores + r, p);
         sum = _mm256_add_ps(sum, p);
     }
     float total = hsum8(sum);
-    if (r <= pos) { /* the last < 8 scores, through a padded copy */
+    if (r < n) { /* the last < 8 scores, through a padded copy */
         float tail[8];
-        int64_t n = pos + 1 - r;
-        for (int64_t j = 0; j < 8; j++) tail[j] = j < n ? scores[r + j] - best : -INFINITY;
+        int64_t m = n - r;
+        for (int64_t j = 0; j < 8; j++) tail[j] = j < m ? scores[r + j] - best : -INFINITY;
         _mm256_storeu_ps(tail, exp256(_mm256_loadu_ps(tail)));
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = 0; j < m; j++) {
             scores[r + j] = tail[j];
             total += tail[j];
         }
     }
-    /* The weighted sum of value rows, 64 dims at a time in eight registers: keeping the output in memory
-     * made every row a load-FMA-store chain through it (the decode step's attention, 26 us a 135M layer). */
-    float *o = a->out + i * a->hq * d + h * d;
-    __m256 inv = _mm256_set1_ps(1.0f / total);
+    return total;
+}
+
+/* o[e0 .. e0 + 8 nv) += the weighted value rows [r0, r1), in order, in nv (<= 8) registers: keeping the
+ * output in memory made every row a load-FMA-store chain through it (the decode step's attention, 26 us
+ * a 135M layer). `first`: o holds nothing yet (start from 0). */
+static inline __attribute__((always_inline)) void add_values(const void *values, const float *scores, int64_t r0,
+                                                             int64_t r1, int64_t d, int64_t e0, int nv, int first,
+                                                             float *o, const int kt) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = j < nv && !first ? _mm256_loadu_ps(o + e0 + 8 * j) : _mm256_setzero_ps();
+    if (nv == 8) {
+        for (int64_t row = r0; row < r1; row++) { /* in order: each value row read contiguously */
+            const void *v = kv_row(values, row, d, kt);
+            __m256 p = _mm256_set1_ps(scores[row]);
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, e0 + 8 * j, kt), acc[j]);
+        }
+    } else {
+        for (int64_t row = r0; row < r1; row++) {
+            const void *v = kv_row(values, row, d, kt);
+            __m256 p = _mm256_set1_ps(scores[row]);
+            for (int j = 0; j < nv; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, e0 + 8 * j, kt), acc[j]);
+        }
+    }
+    for (int j = 0; j < nv; j++) _mm256_storeu_ps(o + e0 + 8 * j, acc[j]);
+}
+
+/* attn_rows' body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
+ * loops (simd.h). Every row's arithmetic is the same whatever n is (its scores key by key, its exp sum,
+ * its value sum row by row in order), so a token's output is bit for bit the same at decode (n = 1) and
+ * in a chunk: only the order in which the rows take turns over a block of keys changes. */
+static inline __attribute__((always_inline)) void rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h,
+                                                       float *scratch, const int kt) {
+    int64_t d = a->d, kvh = h / (a->hq / a->hkv), width = (a->hq + 2 * a->hkv) * d;
+    float *q = scratch, *scores = scratch + n * d, best[ATTN_MAX_ROWS], inv[ATTN_MAX_ROWS];
+    for (int64_t j = 0; j < n; j++) {
+        rope(a, a->qkv + (i0 + j) * width + h * d, a->past + i0 + j, q + j * d);
+        best[j] = -INFINITY;
+    }
+    const void *keys = kv_row(a->keys, kvh * a->capacity, d, kt);
+    const void *values = kv_row(a->values, kvh * a->capacity, d, kt);
+    int64_t last = a->past + i0 + n; /* keys [0, last) are read by some row; row j reads past + i0 + j + 1 */
+    for (int64_t kb = 0; kb < last; kb += ATTN_KEY_BLOCK) {
+        for (int64_t j = 0; j < n; j++) {
+            int64_t end = a->past + i0 + j + 1;
+            if (kb >= end) continue;
+            end = end < kb + ATTN_KEY_BLOCK ? end : kb + ATTN_KEY_BLOCK;
+            best[j] = score_keys(a, q + j * d, keys, kb, end, scores + j * a->capacity, best[j], kt);
+        }
+    }
+    for (int64_t j = 0; j < n; j++)
+        inv[j] = 1.0f / softmax_numerators(scores + j * a->capacity, a->past + i0 + j + 1, best[j]);
     for (int64_t e0 = 0; e0 < d; e0 += 64) {
-        int n = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        if (n == 8) {
-            for (int64_t row = 0; row <= pos; row++) { /* in order: each value row read contiguously */
-                const void *v = kv_row(values, row, d, kt);
-                __m256 p = _mm256_set1_ps(scores[row]);
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, e0 + 8 * j, kt), acc[j]);
-            }
-        } else {
-            for (int64_t row = 0; row <= pos; row++) {
-                const void *v = kv_row(values, row, d, kt);
-                __m256 p = _mm256_set1_ps(scores[row]);
-                for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(p, kv_load8(v, e0 + 8 * j, kt), acc[j]);
+        int nv = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
+        for (int64_t vb = 0; vb < last; vb += ATTN_KEY_BLOCK) {
+            for (int64_t j = 0; j < n; j++) {
+                int64_t end = a->past + i0 + j + 1;
+                if (vb >= end) continue;
+                end = end < vb + ATTN_KEY_BLOCK ? end : vb + ATTN_KEY_BLOCK;
+                float *o = a->out + (i0 + j) * a->hq * d + h * d;
+                add_values(values, scores + j * a->capacity, vb, end, d, e0, nv, vb == 0, o, kt);
             }
         }
-        for (int j = 0; j < n; j++) _mm256_storeu_ps(o + e0 + 8 * j, _mm256_mul_ps(acc[j], inv));
+        for (int64_t j = 0; j < n; j++) {
+            float *o = a->out + (i0 + j) * a->hq * d + h * d;
+            __m256 s = _mm256_set1_ps(inv[j]);
+            for (int k = 0; k < nv; k++) _mm256_storeu_ps(o + e0 + 8 * k, _mm256_mul_ps(_mm256_loadu_ps(o + e0 + 8 * k), s));
+        }
     }
 }
 
-void attn_head(const AttnArgs *a, int64_t i, int64_t h, float *scores) {
+void attn_rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h, float *scratch) {
     if (a->kv_type == KV_F16)
-        head(a, i, h, scores, KV_F16);
+        rows(a, i0, n, h, scratch, KV_F16);
     else if (a->kv_type == KV_Q8)
-        head(a, i, h, scores, KV_Q8);
+        rows(a, i0, n, h, scratch, KV_Q8);
     else
-        head(a, i, h, scores, KV_F32);
+        rows(a, i0, n, h, scratch, KV_F32);
 }

@@ -154,18 +154,19 @@ static _Thread_local size_t t_scores_len;
 
 static void attn_task(void *data, size_t index) {
     AttnArgs *a = data;
-    int64_t i = (int64_t)index / a->hq, h = (int64_t)index % a->hq;
-    size_t need = (size_t)(a->past + i + 1);
+    int64_t b = (int64_t)index / a->hq, h = (int64_t)index % a->hq, i0 = b * ATTN_MAX_ROWS;
+    int64_t n = a->T - i0 < ATTN_MAX_ROWS ? a->T - i0 : ATTN_MAX_ROWS;
+    size_t need = (size_t)ATTN_MAX_ROWS * (size_t)(a->d + a->capacity);
     if (need > t_scores_len) { /* grows to the cache capacity once per thread, then never again */
         free(t_scores);
-        t_scores = malloc((size_t)a->capacity * sizeof(float));
-        t_scores_len = t_scores ? (size_t)a->capacity : 0;
+        t_scores = malloc(need * sizeof(float));
+        t_scores_len = t_scores ? need : 0;
         if (!t_scores) {
             __atomic_store_n(&a->out_of_memory, 1, __ATOMIC_RELAXED);
             return;
         }
     }
-    attn_head(a, i, h, t_scores);
+    attn_rows(a, i0, n, h, t_scores);
 }
 
 static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
@@ -218,7 +219,7 @@ static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
      * cache is copied first (correct, but a full copy per call). */
     attn_cache_in_place(a.keys, past_k, a.values, past_v, kn, attn_cache_elem(a.kv_type), &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) attn_write_kv(&a, i);
-    size_t tasks = (size_t)(a.T * a.hq);
+    size_t tasks = (size_t)(((a.T + ATTN_MAX_ROWS - 1) / ATTN_MAX_ROWS) * a.hq); /* a block of tokens per head */
     if (a.T == 1 && a.past < 64) { /* a few microseconds of work: less than waking the pool */
         for (size_t t = 0; t < tasks; t++) attn_task(&a, t);
     } else {

@@ -40,7 +40,8 @@ ISAS = ("avx2", "avx512vnni")
 # implementation; tests/test_kernels_q8.py holds each entry to it. Both close a column's float sums at the
 # same K chunks at every row count; MatMulQ8 keeps decode's sum tree up to 16 rows (csrc/q8kernel.h); the
 # AVX2 MatMulQ4 sums up to four rows in decode's two-accumulator order, and more rows (prompt tiles of
-# eight, K in chunks past four rows) in their own. SiluMul, LinearAttention and RingAttention work row by row.
+# eight, K in chunks past four rows) in their own. SiluMul, LinearAttention and RingAttention
+# compute each row alike at any row count.
 _EXACT_ROWS: dict[tuple[str, str], int | None] = {
     (MATMUL_Q4, "avx512vnni"): None,
     (MATMUL_Q4, "avx2"): 4,

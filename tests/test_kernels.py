@@ -297,6 +297,41 @@ def test_linear_attention_is_group_query_attention(hq, hkv, d, capacity, past, t
 
 
 @needs_kernels
+@pytest.mark.parametrize("q8", [False, True])
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "capacity", "past", "t"),
+    [(9, 3, 64, 300, 150, 11), (4, 2, 80, 200, 60, 9), (4, 4, 16, 40, 0, 17)],
+)
+def test_linear_attention_chunk_is_its_rows_as_decode_steps_bit_for_bit(hq, hkv, d, capacity, past, t, q8):
+    """A chunk's rows share each block of keys (csrc/attention_avx2.c) but compute what one-row calls do,
+    bit for bit: speculative verification's greedy exactness rests on it. Contexts past one 64-key block,
+    more rows than one call takes (8), a head size with a partial 64-wide value pass, fp32 and q8 caches."""
+    from .test_kv_q8 import _q8_cache, quantize
+
+    rng = np.random.default_rng(capacity + t)
+    half = d // 4  # partial rotary
+    qkv = rng.standard_normal((1, t, (hq + 2 * hkv) * d)).astype(np.float32)
+    pk, pv = (rng.standard_normal((1, hkv, capacity, d)).astype(np.float32) for _ in range(2))
+    if q8:
+        pk, pv = quantize(pk), quantize(pv)
+    angles = np.arange(capacity)[:, None] * (10000.0 ** (-np.arange(half) / half))[None]
+    trig = {"cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    graph = _attention_graph(kernels.LINEAR_ATTENTION, hq, hkv, d)
+    session = _session(_q8_cache(graph, d) if q8 else graph)
+    out, keys, values = session.run(
+        None, {"qkv": qkv, "pk": pk, "pv": pv, "seq": np.array([past + t - 1], np.int32)} | trig
+    )
+    rows, k, v = [], pk, pv
+    for i in range(t):
+        o, k, v = session.run(
+            None, {"qkv": qkv[:, i : i + 1], "pk": k, "pv": v, "seq": np.array([past + i], np.int32)} | trig
+        )
+        rows.append(o)
+    assert np.array_equal(np.concatenate(rows, axis=1), out)
+    assert np.array_equal(k, keys) and np.array_equal(v, values)
+
+
+@needs_kernels
 def test_linear_attention_refuses_rows_outside_the_cache():
     feeds = {"qkv": np.zeros((1, 2, 4 * 16), np.float32), "pk": np.zeros((1, 1, 8, 16), np.float32)}
     feeds |= {"pv": np.zeros((1, 1, 8, 16), np.float32), "seq": np.array([8], np.int32)}
