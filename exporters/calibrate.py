@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -26,6 +27,9 @@ from .checkpoint import Checkpoint
 from .input_stats import InputStats
 from .reference import DenseKVCache, ReferenceModel, perplexity
 from .tables import RowTable
+
+if TYPE_CHECKING:
+    from .prune_layers import BlockStats
 
 CALIBRATION_FILE = "calibration.txt"
 HELDOUT_FILE = "heldout.txt"
@@ -200,10 +204,13 @@ class LayerInputStream:
         progress: Progress,
         *,
         sample_wide: bool = False,
+        blocks: BlockStats | None = None,
     ):
         """`sample_wide`: inputs wider than input_stats.SAMPLE_ROWS keep a row sample instead of X^T X
-        (for consumers that only measure output errors: AWQ, the manifest's record)."""
+        (for consumers that only measure output errors: AWQ, the manifest's record). `blocks`: also gather
+        what whole-layer pruning needs (prune_layers.BlockStats) from the same forward."""
         self._ref = ReferenceModel(args, weights)
+        self._blocks = blocks
         self._calib, self._progress = calib, progress
         self._sample_rows = calib.tokens - len(calib.sequences) if sample_wide else None
         self._streams = None  # per sequence: [residual stream, positions, angles, cache], made on first use
@@ -226,10 +233,16 @@ class LayerInputStream:
                 self._streams.append([ref.embed_rows(seq), positions, ref.angles(positions), cache])
         lw = ref.layers[i]
         stats = {group: InputStats.empty(getattr(lw, f).shape[1], self._sample_rows) for f, group in TAPPED.items()}
-        tapped = replace(lw, **{f: _Tap(getattr(lw, f), stats[group].add) for f, group in TAPPED.items()})
+        sinks = {group: stats[group].add for group in stats}
+        before, down_rows = [s[0] for s in self._streams], []
+        if self._blocks is not None:
+            sinks["down"] = lambda x: (stats["down"].add(x), down_rows.append(x))
+        tapped = replace(lw, **{f: _Tap(getattr(lw, f), sinks[group]) for f, group in TAPPED.items()})
         for stream in self._streams:
             stream[0] = ref.layer(i, tapped, *stream)
             stream[3].forget(i)  # no later layer reads layer i's keys
+        if self._blocks is not None:
+            self._blocks.add_layer(i, before, [s[0] for s in self._streams], down_rows)
         self._next += 1
         if self._next == len(ref.layers):  # the last layer: the residual streams are not read again
             self._streams = []
@@ -239,10 +252,15 @@ class LayerInputStream:
 
 
 def capture_linear_inputs(
-    args: ModelArgs, weights: ModelWeights, calib: CalibrationSet, progress: Progress = lambda _m: None
+    args: ModelArgs,
+    weights: ModelWeights,
+    calib: CalibrationSet,
+    progress: Progress = lambda _m: None,
+    blocks: BlockStats | None = None,
 ) -> LinearInputs:
-    """Every layer's input statistics, held together (pruning and --mixed sensitivity compare layers)."""
-    stream = LayerInputStream(args, weights, calib, progress)
+    """Every layer's input statistics, held together (pruning and --mixed sensitivity compare layers);
+    `blocks` also gathers whole-layer pruning's statistics."""
+    stream = LayerInputStream(args, weights, calib, progress, blocks=blocks)
     out = LinearInputs()
     for i in range(len(stream)):
         out.append(stream.layer(i))

@@ -43,6 +43,7 @@ from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_quant import SourceCodes
 from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
+from .prune import pruned_args
 from .quant import QuantConfig
 from .quant_graph import fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
@@ -79,6 +80,7 @@ class ExportOptions:
     prune: float | None = None  # fraction of attention + MLP parameters to remove, in (0, 1)
     # Instead of `prune`: the largest pruning whose calibration perplexity rises at most this many percent
     prune_budget: float | None = None
+    prune_layers: int = 0  # whole decoder layers to remove besides (prune_layers.py); the budget picks its own
     calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else models.GENERAL_CALIBRATION
     # A device profile's window is a memory budget, not a model property: cut it to the trained context
     # (`edge-export --target`, first-use exports) instead of refusing the export.
@@ -127,7 +129,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing
     if kv_problem:
         raise ExportError(kv_problem)
-    pruning = opts.prune is not None or opts.prune_budget is not None
+    pruning = opts.prune is not None or opts.prune_budget is not None or opts.prune_layers > 0
     scratch = _scratch(opts.out) if opts.quant.enabled else None
     imported = opts.source_codes is not None and bool(opts.source_codes.tensors)
     codes_held = imported or (opts.quant.enabled and scratch is None)
@@ -147,6 +149,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
         opts.prune,
         opts.calibration,
         prune_budget=opts.prune_budget,
+        prune_layers=opts.prune_layers,
         trt=opts.flavor is Flavor.TRT,
         weights_label=opts.precision.value,
         progress=progress,
@@ -158,6 +161,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     # From here the export needs only what the bundle holds: letting the source's float tables go saves
     # the embedding table's float32 copy (1 GB on a 1B model with a 128k vocabulary, twice where untied).
     ckpt.weights = prepared.weights
+    ckpt.args = pruned_args(ckpt.args, prepared.weights)  # whole-layer pruning leaves fewer layers
 
     with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
         progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
@@ -438,6 +442,7 @@ def _provenance(
             "table_bits": opts.quant.table_bits,
             "prune": opts.prune,
             "prune_budget": opts.prune_budget,
+            "prune_layers": opts.prune_layers,
             "kv_dtype": opts.kv_dtype.value,
         },
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},

@@ -26,7 +26,8 @@ from .calibrate import (
     load_calibration,
 )
 from .checkpoint import Checkpoint
-from .prune import PruneConfig, calibration_record, prune_model, prune_to_budget
+from .prune import RECON_SINK_WEIGHT, PruneConfig, calibration_record, prune_model, prune_to_budget
+from .prune_layers import BlockStats, check_layer_pruning
 from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
 from .scratch import Scratch
@@ -99,6 +100,7 @@ def prepare_weights(
     calibration: Path | None,
     *,
     prune_budget: float | None = None,
+    prune_layers: int = 0,
     trt: bool,
     weights_label: str,
     progress: Progress,
@@ -112,7 +114,12 @@ def prepare_weights(
         raise ExportError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
     if prune_budget is not None and not (isinstance(prune_budget, (int, float)) and 0 < prune_budget < 1e6):
         raise ExportError(f"prune budget {prune_budget!r} must be a positive percentage (e.g. --prune-budget 10)")
-    prune = None if prune_ratio is None else PruneConfig(prune_ratio, unit=pruning_unit(quant))
+    check_layer_pruning(ckpt.args, prune_layers)
+    if prune_layers and prune_budget is not None:
+        raise ExportError("--prune-layers and --prune-budget are mutually exclusive: the budget picks layers itself")
+    prune = None
+    if prune_ratio is not None or prune_layers:
+        prune = PruneConfig(prune_ratio or 0.0, unit=pruning_unit(quant), layers=prune_layers)
     pruning = prune is not None or prune_budget is not None
     check_options(quant, trt)
     args, weights = ckpt.args, ckpt.weights
@@ -135,11 +142,15 @@ def prepare_weights(
     if pruning:  # pruning ranks and refits across layers: every layer's statistics at once
         t0 = time.perf_counter()
         progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
-        acts = capture_linear_inputs(args, weights, calib, progress)
+        # Whole layers are candidates where asked for, and for a budget (not where layer indices mean more)
+        wants_layers = (prune is not None and prune.layers > 0) or (prune_budget is not None and not args.local_layers)
+        blocks = BlockStats(RECON_SINK_WEIGHT) if wants_layers else None
+        acts = capture_linear_inputs(args, weights, calib, progress, blocks=blocks)
         record["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
         weights, record["pruning"] = _prune(
-            args, weights, acts, calib, prune, prune_budget, pruning_unit(quant), progress
+            args, weights, acts, calib, prune, prune_budget, pruning_unit(quant), progress, blocks
         )
+        blocks = None
         acts = None  # they were the unpruned model's
         if quant.needs_calibration:
             progress("re-calibrating the pruned model, a layer at a time as it is quantized")
@@ -188,8 +199,9 @@ def _prune(
     budget: float | None,
     unit: int,
     progress: Progress,
+    blocks: BlockStats | None = None,
 ) -> tuple[ModelWeights, dict[str, Any]]:
-    """--prune R or --prune-budget PCT, with the calibration perplexity before and after either way."""
+    """--prune R [--prune-layers N] or --prune-budget PCT, with the calibration perplexity before and after."""
     seqs, n = [], 0
     for s in calib.sequences:  # the first PRUNE_EVAL_TOKENS tokens' sequences, at least one
         if seqs and n + len(s) > PRUNE_EVAL_TOKENS:
@@ -202,17 +214,21 @@ def _prune(
 
     if budget is not None:
         progress(f"pruning within +{budget:g}% calibration perplexity on {n} calibration tokens (bisection)")
-        pruned, rec = prune_to_budget(args, weights, acts, budget, evaluate, unit, progress=progress)
+        pruned, rec = prune_to_budget(args, weights, acts, budget, evaluate, unit, progress=progress, blocks=blocks)
     else:
-        progress(f"pruning {prune.ratio:.0%} of attention+MLP parameters (widths in multiples of {prune.unit})")
-        pruned, rec = prune_model(args, weights, acts, prune, progress)
+        layers = f" and {prune.layers} whole layer{'s' if prune.layers > 1 else ''}" if prune.layers else ""
+        progress(f"pruning {prune.ratio:.0%} of attention+MLP parameters (widths in multiples of {prune.unit}){layers}")
+        pruned, rec = prune_model(args, weights, acts, prune, progress, blocks=blocks)
         before, after = evaluate(weights), evaluate(pruned)
         rec["calibration_ppl"] = calibration_record(before, after)
         change = rec["calibration_ppl"]["change_pct"]
         progress(f"calibration perplexity {before:.3f} -> {after:.3f} ({change:+.2f}%) on {n} calibration tokens")
         if change > DESTRUCTIVE_PRUNE_PCT:
+            flags = ([f"--prune {prune.ratio:g}"] if prune.ratio else []) + (
+                [f"--prune-layers {prune.layers}"] if prune.layers else []
+            )
             msg = (
-                f"--prune {prune.ratio:g} raises calibration perplexity by {change:+.0f}% ({before:.3f} -> "
+                f"{' '.join(flags)} raises calibration perplexity by {change:+.0f}% ({before:.3f} -> "
                 f"{after:.3f}): the pruned model is likely destroyed; try --prune-budget 10"
             )
             warnings.warn(msg, PruneQualityWarning, stacklevel=3)  # edge-export prints it as one line

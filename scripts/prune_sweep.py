@@ -1,8 +1,8 @@
 """Held-out perplexity of pruned models, with and without reconstruction, from one calibration pass.
 
     python scripts/prune_sweep.py --checkpoint "$(python -m tests.real_model)" --ratios 0.1 0.15 0.25 \\
-        [--methods none one-shot sequential sequential-all] [--budget 10] [--budget-method sequential] \\
-        [--heldout-budget 10] [--acts /tmp/acts.pkl] [--json OUT]
+        [--methods none one-shot sequential sequential-all] [--layers 1 2 3] [--budget 10] \\
+        [--budget-method sequential] [--heldout-budget 10] [--acts /tmp/acts.pkl] [--json OUT]
 
 Each export with --prune re-runs the float64 calibration forward (minutes on SmolLM2-135M); this script
 runs it once (cached in --acts) and prunes in memory with exporters/prune.py, so the rows differ only
@@ -11,6 +11,7 @@ in the pruning. Perplexity is the float64 reference's over the same windows as s
 no BOS for SmolLM2); an fp32 bundle's ORT graph matches that reference to ~1e-5 relative, so these are the
 fp32 bundles' perplexities without building them.
   --methods             the reconstructions compared at each ratio (prune.Reconstruction)
+  --layers N ...        also N whole layers removed (prune_layers.py), alone and with each ratio (one-shot)
   --budget PCT          also run prune_to_budget on calibration perplexity (what `--prune-budget PCT` exports)
   --heldout-budget PCT  also the largest ratio within +PCT held-out perplexity (the same bisection on this text)
 """
@@ -31,7 +32,15 @@ from heldout_eval import DEFAULT_TEXT, log_softmax, machine, read_text, text_ids
 
 from edge_runtime.exporters.calibrate import calibration_perplexity, capture_linear_inputs, load_calibration
 from edge_runtime.exporters.checkpoint import load_checkpoint
-from edge_runtime.exporters.prune import PruneConfig, Reconstruction, prune_model, prune_to_budget
+from edge_runtime.exporters.prune import (
+    RECON_SINK_WEIGHT,
+    PruneConfig,
+    Reconstruction,
+    prune_model,
+    prune_to_budget,
+    pruned_args,
+)
+from edge_runtime.exporters.prune_layers import BlockStats
 from edge_runtime.exporters.quant_pipeline import PRUNE_EVAL_TOKENS
 from edge_runtime.exporters.reference import ReferenceModel
 
@@ -72,6 +81,7 @@ def main() -> None:
         "--seq-tokens", type=int, default=None,
         help="calibration tokens the sequential reconstructions run through (default: all of them)",
     )  # fmt: skip
+    ap.add_argument("--layers", type=int, nargs="*", default=[], help="whole layers to remove (prune_layers.py)")
     ap.add_argument("--budget-method", default="one-shot", choices=[r.value for r in Reconstruction])
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--heldout-budget", type=float, default=None)
@@ -88,15 +98,19 @@ def main() -> None:
             cached = pickle.loads(a.acts.read_bytes())
         except (ModuleNotFoundError, AttributeError) as e:  # written by an older layout of the modules
             print(f"{a.acts}: stale cache ({e}); computing the statistics again", flush=True)
+        if cached is not None and len(cached) != 3:  # from before whole-layer pruning: no BlockStats
+            print(f"{a.acts}: cache without whole-layer statistics; computing the statistics again", flush=True)
+            cached = None
     if cached is not None:
-        calib, acts = cached
+        calib, acts, blocks = cached
     else:
         calib = load_calibration(ck)
         t0 = time.perf_counter()
-        acts = capture_linear_inputs(ck.args, ck.weights, calib)
+        blocks = BlockStats(RECON_SINK_WEIGHT)
+        acts = capture_linear_inputs(ck.args, ck.weights, calib, blocks=blocks)
         print(f"calibration forward: {calib.tokens} tokens in {time.perf_counter() - t0:.0f}s", flush=True)
         if a.acts is not None:
-            a.acts.write_bytes(pickle.dumps((calib, acts), protocol=5))
+            a.acts.write_bytes(pickle.dumps((calib, acts, blocks), protocol=5))
     seqs = _first_tokens(calib.sequences, PRUNE_EVAL_TOKENS)  # as quant_pipeline._prune judges pruning
 
     seq_calib = calib.sequences
@@ -106,8 +120,8 @@ def main() -> None:
 
     def row(name: str, weights, record: dict | None, seconds: float = 0.0) -> None:
         t0 = time.perf_counter()
-        ppl = heldout_ppl(ck.args, weights, wins)
-        cal = calibration_perplexity(ck.args, weights, seqs)
+        ppl = heldout_ppl(pruned_args(ck.args, weights), weights, wins)
+        cal = calibration_perplexity(pruned_args(ck.args, weights), weights, seqs)
         base = rows[0]["heldout_ppl"] if rows else ppl
         r = {
             "name": name,
@@ -132,6 +146,13 @@ def main() -> None:
             config = PruneConfig(ratio, 32, method)
             pruned, record = prune_model(ck.args, ck.weights, acts, config, sequences=seq_calib)
             row(f"prune {ratio:g}, {method.value}", pruned, record, time.perf_counter() - t0)
+    for layers in a.layers:
+        for ratio in [0.0, *a.ratios]:
+            t0 = time.perf_counter()
+            config = PruneConfig(ratio, 32, Reconstruction.ONE_SHOT, layers=layers)
+            pruned, record = prune_model(ck.args, ck.weights, acts, config, blocks=blocks)
+            name = f"{layers} layer{'s' if layers > 1 else ''} {record['layers_removed']}"
+            row(name + (f" + prune {ratio:g}" if ratio else ""), pruned, record, time.perf_counter() - t0)
     for pct, evaluate, label in (
         (a.budget, lambda w: calibration_perplexity(ck.args, w, seqs), "calibration"),
         (a.heldout_budget, lambda w: heldout_ppl(ck.args, w, wins), "held-out"),
@@ -141,7 +162,7 @@ def main() -> None:
         t0 = time.perf_counter()
         method = Reconstruction(a.budget_method)
         pruned, record = prune_to_budget(
-            ck.args, ck.weights, acts, pct, evaluate, 32, method, progress=print, sequences=seq_calib
+            ck.args, ck.weights, acts, pct, evaluate, 32, method, progress=print, sequences=seq_calib, blocks=blocks
         )
         row(f"budget +{pct:g}% on {label} perplexity, {method.value}", pruned, record, time.perf_counter() - t0)
     caption = f"{a.checkpoint.name} on {a.text.name}, {len(wins)} windows of {a.context}; {machine()}"

@@ -137,6 +137,7 @@ def test_the_manifest_records_the_target_and_the_window_is_cut_to_the_context(ti
         "table_bits": 8,
         "prune": None,
         "prune_budget": None,
+        "prune_layers": 0,
         "kv_dtype": "fp32",
     }
     context = m["model"]["max_position_embeddings"]

@@ -2,7 +2,8 @@
 
 edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort|trt] [--dtype fp32|fp16]
             [--sinks N] [--window N] [--quant none|int8|int4|int4-awq|int4-gptq] [--block N]
-            [--prune RATIO | --prune-budget PCT] [--calib FILE] [--fp-embeddings | --table-bits 4|8]
+            [--prune RATIO] [--prune-layers N] | [--prune-budget PCT] [--calib FILE]
+            [--fp-embeddings | --table-bits 4|8]
             [--kernel mlas|edge] [--mixed none|llama-down|sensitivity] [--gguf-codes keep|requantize]
             [--kv-dtype fp32|fp16|q8] [--max-memory SIZE]
 edge-export inspect BUNDLE_DIR
@@ -146,6 +147,14 @@ def main() -> None:
 )
 @click.option("--prune", type=float, default=None, help="Remove this fraction (0..1) of attention+MLP parameters.")
 @click.option(
+    "--prune-layers",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Also remove N whole decoder layers, those the previous layer's refitted down_proj takes over best "
+    "(never the first, never two adjacent). --prune-budget considers whole layers itself.",
+)
+@click.option(
     "--prune-budget",
     type=float,
     default=None,
@@ -236,6 +245,7 @@ def build(
     block: int | None,
     prune: float | None,
     prune_budget: float | None,
+    prune_layers: int,
     calib: Path | None,
     fp_embeddings: bool,
     table_bits: str | None,
@@ -257,6 +267,10 @@ def build(
 
     if prune is not None and prune_budget is not None:
         raise click.UsageError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
+    if prune_layers and prune_budget is not None:
+        raise click.UsageError(
+            "--prune-layers and --prune-budget are mutually exclusive: the budget picks layers itself"
+        )
     source = resolve_checkpoint(checkpoint)
     s = _settings(target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits, mixed=mixed)
     s = s.with_overrides(sinks=sinks, window=window)
@@ -285,6 +299,7 @@ def build(
         ),
         prune=prune,
         prune_budget=prune_budget,
+        prune_layers=prune_layers,
         calibration=calib,
         kv_dtype=KvDtype(kv_dtype),
         max_memory=max_memory,
@@ -296,7 +311,7 @@ def build(
     from edge_runtime.exporters.gguf_convert import checkpoint_dir, is_gguf
 
     gguf_source = is_gguf(source)
-    pruning = prune is not None or prune_budget is not None
+    pruning = prune is not None or prune_budget is not None or prune_layers > 0
     # A plan from the profile (not typed) gives way to a GGUF's codes where the file has codes to keep:
     # llama.cpp's exact weights beat any requantization of them. Known once the file's types are read.
     profile_plan = gguf_source and mixed is None and opts.quant.mixed is not MixedPlan.NONE
@@ -528,8 +543,9 @@ def _quantization_lines(q: dict) -> list[str]:
         p = q["pruning"]
         kept = p["prunable_parameters_after"] / p["prunable_parameters_before"]
         budget = f"budget +{p['budget']['budget_pct']:g}% -> " if "budget" in p else f"ratio {p['ratio']:g} -> "
+        gone = f"layers {p['layers_removed']} removed; " if p.get("layers_removed") else ""
         lines.append(
-            f"pruned      {budget}kept {kept:.1%} of attention+MLP parameters; "
+            f"pruned      {budget}kept {kept:.1%} of attention+MLP parameters; {gone}"
             f"MLP widths {p['intermediate_size']}, KV heads {p['num_kv_heads']}"
         )
         if "calibration_ppl" in p:
