@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from edge_runtime.errors import ExportError
 from edge_runtime.models import ModelArgs, ModelWeights
 
@@ -145,11 +147,13 @@ def prepare_weights(
         # Whole layers are candidates where asked for, and for a budget (not where layer indices mean more)
         wants_layers = (prune is not None and prune.layers > 0) or (prune_budget is not None and not args.local_layers)
         blocks = BlockStats(RECON_SINK_WEIGHT) if wants_layers else None
-        acts = capture_linear_inputs(args, weights, calib, progress, blocks=blocks)
+        judge, fit = pruning_split(calib)
+        acts = capture_linear_inputs(args, weights, fit, progress, blocks=blocks)
         record["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
         weights, record["pruning"] = _prune(
-            args, weights, acts, calib, prune, prune_budget, pruning_unit(quant), progress, blocks
+            args, weights, acts, judge, prune, prune_budget, pruning_unit(quant), progress, blocks
         )
+        record["pruning"]["calibration_ppl"]["judged_on_unfitted_text"] = fit is not calib
         blocks = None
         acts = None  # they were the unpruned model's
         if quant.needs_calibration:
@@ -194,20 +198,16 @@ def _prune(
     args: ModelArgs,
     weights: ModelWeights,
     acts: LinearInputs,
-    calib: CalibrationSet,
+    seqs: list[np.ndarray],
     prune: PruneConfig | None,
     budget: float | None,
     unit: int,
     progress: Progress,
     blocks: BlockStats | None = None,
 ) -> tuple[ModelWeights, dict[str, Any]]:
-    """--prune R [--prune-layers N] or --prune-budget PCT, with the calibration perplexity before and after."""
-    seqs, n = [], 0
-    for s in calib.sequences:  # the first PRUNE_EVAL_TOKENS tokens' sequences, at least one
-        if seqs and n + len(s) > PRUNE_EVAL_TOKENS:
-            break
-        seqs.append(s)
-        n += len(s)
+    """--prune R [--prune-layers N] or --prune-budget PCT, with the calibration perplexity (on `seqs`) before
+    and after."""
+    n = sum(len(s) for s in seqs)
 
     def evaluate(w: ModelWeights) -> float:
         return calibration_perplexity(args, w, seqs)
@@ -234,6 +234,23 @@ def _prune(
             warnings.warn(msg, PruneQualityWarning, stacklevel=3)  # edge-export prints it as one line
     rec["calibration_ppl"]["tokens"] = n
     return pruned, rec
+
+
+def pruning_split(calib: CalibrationSet) -> tuple[list[np.ndarray], CalibrationSet]:
+    """The sequences pruning is judged on (the first PRUNE_EVAL_TOKENS tokens' worth, at least one) and the
+    calibration set its statistics come from: the rest, where the rest is at least as long. A refit judged
+    on text it was fitted to looked better than it was: on SmolLM2-135M `--prune-budget 10` chose 7.3%
+    at +9.9% calibration perplexity, +19.8% held-out. On a short text both are the whole set."""
+    judge, n = [], 0
+    for s in calib.sequences:
+        if judge and n + len(s) > PRUNE_EVAL_TOKENS:
+            break
+        judge.append(s)
+        n += len(s)
+    rest = calib.sequences[len(judge) :]
+    if sum(len(s) for s in rest) < n:
+        return judge, calib
+    return judge, replace(calib, sequences=rest)
 
 
 def exact_twin(quantized: QuantizedModel) -> QuantizedModel:

@@ -41,7 +41,7 @@ from edge_runtime.exporters.prune import (
     pruned_args,
 )
 from edge_runtime.exporters.prune_layers import BlockStats
-from edge_runtime.exporters.quant_pipeline import PRUNE_EVAL_TOKENS
+from edge_runtime.exporters.quant_pipeline import pruning_split
 from edge_runtime.exporters.reference import ReferenceModel
 
 
@@ -98,24 +98,25 @@ def main() -> None:
             cached = pickle.loads(a.acts.read_bytes())
         except (ModuleNotFoundError, AttributeError) as e:  # written by an older layout of the modules
             print(f"{a.acts}: stale cache ({e}); computing the statistics again", flush=True)
-        if cached is not None and len(cached) != 3:  # from before whole-layer pruning: no BlockStats
-            print(f"{a.acts}: cache without whole-layer statistics; computing the statistics again", flush=True)
+        if cached is not None and len(cached) != 4:  # older: no BlockStats, or fitted on the judged text too
+            print(f"{a.acts}: cache of an older layout; computing the statistics again", flush=True)
             cached = None
     if cached is not None:
-        calib, acts, blocks = cached
+        calib, acts, blocks, fit = cached
     else:
         calib = load_calibration(ck)
         t0 = time.perf_counter()
         blocks = BlockStats(RECON_SINK_WEIGHT)
-        acts = capture_linear_inputs(ck.args, ck.weights, calib, blocks=blocks)
-        print(f"calibration forward: {calib.tokens} tokens in {time.perf_counter() - t0:.0f}s", flush=True)
+        fit = pruning_split(calib)[1]  # as the exporter: statistics from the text pruning is not judged on
+        acts = capture_linear_inputs(ck.args, ck.weights, fit, blocks=blocks)
+        print(f"calibration forward: {fit.tokens} tokens in {time.perf_counter() - t0:.0f}s", flush=True)
         if a.acts is not None:
-            a.acts.write_bytes(pickle.dumps((calib, acts, blocks), protocol=5))
-    seqs = _first_tokens(calib.sequences, PRUNE_EVAL_TOKENS)  # as quant_pipeline._prune judges pruning
+            a.acts.write_bytes(pickle.dumps((calib, acts, blocks, fit), protocol=5))
+    seqs = pruning_split(calib)[0]  # as quant_pipeline._prune judges pruning
 
-    seq_calib = calib.sequences
+    seq_calib = fit.sequences
     if a.seq_tokens is not None:
-        seq_calib = _first_tokens(calib.sequences, a.seq_tokens)
+        seq_calib = _first_tokens(fit.sequences, a.seq_tokens)
     rows = []
 
     def row(name: str, weights, record: dict | None, seconds: float = 0.0) -> None:

@@ -316,6 +316,31 @@ def test_a_destructive_prune_warns_with_the_measured_increase(tmp_path, monkeypa
     monkeypatch.setattr(quant_pipeline, "PRUNE_EVAL_TOKENS", 1024)
     with pytest.warns(PruneQualityWarning, match=r"raises calibration perplexity by \+\d+%"):
         _, rec = quant_pipeline._prune(
-            ck.args, ck.weights, a, calib, PruneConfig(0.85, 32, Reconstruction.NONE), None, 32, print
+            ck.args,
+            ck.weights,
+            a,
+            quant_pipeline.pruning_split(calib)[0],
+            PruneConfig(0.85, 32, Reconstruction.NONE),
+            None,
+            32,
+            print,
         )
     assert rec["calibration_ppl"]["change_pct"] > quant_pipeline.DESTRUCTIVE_PRUNE_PCT
+
+
+def test_pruning_is_judged_on_calibration_text_its_statistics_did_not_see():
+    """The first PRUNE_EVAL_TOKENS tokens judge a pruning and the rest feed its refits; a text too short to
+    split is used for both (and the manifest says which)."""
+    ck = load_checkpoint(DEMO_CHECKPOINT)
+    calib = load_calibration(ck, max_tokens=3 * quant_pipeline.PRUNE_EVAL_TOKENS)
+    judge, fit = quant_pipeline.pruning_split(calib)
+    assert sum(len(s) for s in judge) <= quant_pipeline.PRUNE_EVAL_TOKENS < fit.tokens
+    assert len(judge) + len(fit.sequences) == len(calib.sequences) and fit.sha256 == calib.sha256
+    assert all(s is t for s, t in zip(judge + fit.sequences, calib.sequences, strict=True))
+    short = load_calibration(ck, max_tokens=quant_pipeline.PRUNE_EVAL_TOKENS)
+    assert quant_pipeline.pruning_split(short)[1] is short
+
+
+def test_an_export_records_whether_pruning_was_judged_on_unfitted_text(ckpt, tmp_path):
+    m = export(ExportOptions(ckpt.path, tmp_path / "b", window=64, prune=0.25))
+    assert m.quantization["pruning"]["calibration_ppl"]["judged_on_unfitted_text"] is False  # a short text
