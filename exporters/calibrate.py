@@ -264,6 +264,8 @@ def capture_linear_inputs(
     out = LinearInputs()
     for i in range(len(stream)):
         out.append(stream.layer(i))
+    if blocks is not None:
+        blocks.finish()  # the last layer's down_proj inputs: nothing after it to absorb
     return out
 
 

@@ -154,10 +154,10 @@ def estimate_export_memory(
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
     if pruning:  # every layer's statistics at once, the pruned model whole
         prepare["calibration"] = _stats_bytes(widths, False) * args.num_layers + params * ref_bytes
-        # whole-layer candidates (prune_layers.BlockStats): X^T D per layer, and one layer's down inputs
-        # held for the next (a plain --prune gathers neither: an over-estimate there)
+        # whole-layer candidates (prune_layers.BlockStats): X^T D per layer, and two layers' down inputs (the
+        # previous one's, held for this one's block output) (a plain --prune gathers neither: an over-estimate)
         inter = args.intermediate_size
-        prepare["calibration"] += args.num_layers * inter * h * 8 + DEFAULT_CALIBRATION_TOKENS * inter * ref_bytes
+        prepare["calibration"] += args.num_layers * inter * h * 8 + 2 * DEFAULT_CALIBRATION_TOKENS * inter * ref_bytes
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
         stats = _stats_bytes(widths, samples_wide_inputs(quant))
         prepare["calibration"] = LAYER_GRAM_COPIES * stats + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes

@@ -20,9 +20,9 @@ times the typical norm into it: by energy those blocks looked cheapest (the refi
 almost exactly), yet removing them destroys the model (+2,654% to +186,018% held-out perplexity).
 What the refit cannot carry, in energy, ranked worse than this score too (layer 1 came first).
 
-Layer 0 always stays: nothing before it can absorb it. A removed layer's successor is absorbed by the
-nearest kept layer before it only through the one-shot statistics (each C_l is against the unpruned
-model), so removing adjacent layers is allowed but judged, like everything here, by measured perplexity.
+Layer 0 always stays: nothing before it can absorb it. No two adjacent layers go: C_l is measured against
+the unpruned previous block's inputs, so that block must stay. Models whose MLP output is normed before
+the residual add (Gemma's sandwich norms) are refused: a refitted down_proj cannot add D_l there.
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def layer_scores(blocks: BlockStats) -> dict[int, float]:
 
 
 def choose_layers(scores: dict[int, float], count: int) -> list[int]:
-    """The `count` lowest-scored layers, no two adjacent (a removed block is taken up by the down_proj of the
-    block before it, whose inputs C_l is measured against), in the order chosen."""
+    """The `count` lowest-scored layers taken greedily, skipping a neighbour of one taken (a removed block is
+    taken up by the down_proj of the block before it, whose inputs C_l is measured against), in the order
+    chosen: the choice for k layers is a prefix of the one for k + 1, which the budget search relies on."""
     chosen: list[int] = []
     for layer in sorted(scores, key=lambda i: (scores[i], i)):
         if len(chosen) == count:
@@ -84,8 +85,8 @@ def choose_layers(scores: dict[int, float], count: int) -> list[int]:
             chosen.append(layer)
     if len(chosen) < count:
         raise ExportError(
-            f"cannot remove {count} layers: at most {len(chosen)} of {len(scores) + 1} can go (never the first, "
-            "never two adjacent ones)"
+            f"cannot remove {count} layers: taken by score, at most {len(chosen)} of {len(scores) + 1} can go "
+            "(never the first, never two adjacent ones)"
         )
     return chosen
 
@@ -99,5 +100,19 @@ def check_layer_pruning(args: ModelArgs, count: int) -> None:
             f"--prune-layers: {args.model_type} interleaves local and global layers by index, which removing a "
             "layer would shift; prune its channels (--prune) instead"
         )
-    if count >= args.num_layers:
-        raise ExportError(f"--prune-layers {count}: the model has {args.num_layers} layers; at least one must stay")
+    if count and args.sandwich_norms:
+        raise ExportError(
+            f"--prune-layers: {args.model_type} norms each block's MLP output before adding it to the residual "
+            "stream, so the previous block cannot take a removed one over; prune its channels (--prune) instead"
+        )
+    most = args.num_layers // 2  # layers 1..L-1, no two adjacent
+    if count > most:
+        raise ExportError(
+            f"--prune-layers {count}: the model has {args.num_layers} layers, of which at most {most} can go "
+            "(never the first, never two adjacent ones)"
+        )
+
+
+def supports_layer_pruning(args: ModelArgs) -> bool:
+    """Whether whole layers are candidates at all (what --prune-budget considers)."""
+    return args.num_layers > 1 and not args.local_layers and not args.sandwich_norms

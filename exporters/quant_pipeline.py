@@ -29,7 +29,7 @@ from .calibrate import (
 )
 from .checkpoint import Checkpoint
 from .prune import RECON_SINK_WEIGHT, PruneConfig, calibration_record, prune_model, prune_to_budget
-from .prune_layers import BlockStats, check_layer_pruning
+from .prune_layers import BlockStats, check_layer_pruning, supports_layer_pruning
 from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
 from .scratch import Scratch
@@ -145,7 +145,9 @@ def prepare_weights(
         t0 = time.perf_counter()
         progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
         # Whole layers are candidates where asked for, and for a budget (not where layer indices mean more)
-        wants_layers = (prune is not None and prune.layers > 0) or (prune_budget is not None and not args.local_layers)
+        wants_layers = (prune is not None and prune.layers > 0) or (
+            prune_budget is not None and supports_layer_pruning(args)
+        )
         blocks = BlockStats(RECON_SINK_WEIGHT) if wants_layers else None
         judge, fit = pruning_split(calib)
         acts = capture_linear_inputs(args, weights, fit, progress, blocks=blocks)

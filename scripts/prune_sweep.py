@@ -147,7 +147,7 @@ def main() -> None:
             config = PruneConfig(ratio, 32, method)
             pruned, record = prune_model(ck.args, ck.weights, acts, config, sequences=seq_calib)
             row(f"prune {ratio:g}, {method.value}", pruned, record, time.perf_counter() - t0)
-    for layers in a.layers:
+    for layers in (n for n in a.layers if n > 0):
         for ratio in [0.0, *a.ratios]:
             t0 = time.perf_counter()
             config = PruneConfig(ratio, 32, Reconstruction.ONE_SHOT, layers=layers)

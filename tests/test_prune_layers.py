@@ -3,6 +3,8 @@ over, the pruned model end to end, and refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -93,6 +95,7 @@ def test_layers_chosen_never_include_the_first_nor_two_adjacent_ones():
     assert choose_layers(scores, 2) == [2, 4]
     with pytest.raises(ExportError, match="at most 2 of 6 can go"):
         choose_layers(scores, 3)
+    assert choose_layers(scores, 1) == choose_layers(scores, 2)[:1]  # the budget search adds one at a time
 
 
 def test_a_removed_layer_is_taken_over_by_the_previous_down_proj(ckpt, stats):
@@ -133,13 +136,16 @@ def test_layer_pruned_export_validates_end_to_end(ckpt, tmp_path, quant):
 
 
 def test_layer_pruning_is_refused_where_it_cannot_apply(ckpt, tmp_path):
-    with pytest.raises(ExportError, match="at least one must stay"):
-        check_layer_pruning(ckpt.args, 4)
+    with pytest.raises(ExportError, match="at most 2 can go"):  # before minutes of calibration
+        check_layer_pruning(ckpt.args, 3)
     g = tmp_path / "gemma"
     save_tiny_checkpoint("gemma3", g)
     with pytest.raises(ExportError, match="interleaves local and global layers"):
         export(ExportOptions(g, tmp_path / "out", window=64, prune_layers=1))
     assert not (tmp_path / "out").exists()
+    all_global = dataclasses.replace(load_checkpoint(g).args, local_layers=())  # still normed before the add
+    with pytest.raises(ExportError, match="cannot take a removed one over"):
+        check_layer_pruning(all_global, 1)
     r = CliRunner().invoke(
         export_cli, [str(ckpt.path), "-o", str(tmp_path / "c"), "--prune-layers", "1", "--prune-budget", "5"]
     )
