@@ -137,11 +137,14 @@ static inline __attribute__((always_inline)) void rows(const AttnArgs *a, int64_
     const void *keys = kv_row(a->keys, kvh * a->capacity, d, kt);
     const void *values = kv_row(a->values, kvh * a->capacity, d, kt);
     int64_t last = a->past + i0 + n; /* keys [0, last) are read by some row; row j reads past + i0 + j + 1 */
-    for (int64_t kb = 0; kb < last; kb += ATTN_KEY_BLOCK) {
+    /* One row (decode) has nothing to share: one block, the loops of a single row (and no per-block reload of
+     * its value sums). The block size changes no row's arithmetic. */
+    int64_t block = n == 1 ? last : ATTN_KEY_BLOCK;
+    for (int64_t kb = 0; kb < last; kb += block) {
         for (int64_t j = 0; j < n; j++) {
             int64_t end = a->past + i0 + j + 1;
             if (kb >= end) continue;
-            end = end < kb + ATTN_KEY_BLOCK ? end : kb + ATTN_KEY_BLOCK;
+            end = end < kb + block ? end : kb + block;
             best[j] = score_keys(a, q + j * d, keys, kb, end, scores + j * a->capacity, best[j], kt);
         }
     }
@@ -149,11 +152,11 @@ static inline __attribute__((always_inline)) void rows(const AttnArgs *a, int64_
         inv[j] = 1.0f / softmax_numerators(scores + j * a->capacity, a->past + i0 + j + 1, best[j]);
     for (int64_t e0 = 0; e0 < d; e0 += 64) {
         int nv = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
-        for (int64_t vb = 0; vb < last; vb += ATTN_KEY_BLOCK) {
+        for (int64_t vb = 0; vb < last; vb += block) {
             for (int64_t j = 0; j < n; j++) {
                 int64_t end = a->past + i0 + j + 1;
                 if (vb >= end) continue;
-                end = end < vb + ATTN_KEY_BLOCK ? end : vb + ATTN_KEY_BLOCK;
+                end = end < vb + block ? end : vb + block;
                 float *o = a->out + (i0 + j) * a->hq * d + h * d;
                 add_values(values, scores + j * a->capacity, vb, end, d, e0, nv, vb == 0, o, kt);
             }
