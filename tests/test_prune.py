@@ -36,26 +36,14 @@ from edge_runtime.exporters.quant_pipeline import PruneQualityWarning, pruning_u
 from edge_runtime.exporters.validate import rel_err
 from edge_runtime.models import DEMO_CHECKPOINT, GENERAL_CALIBRATION, ModelWeights
 
-from .tiny_models import _TEXT, save_tiny_checkpoint
+from .tiny_models import _TEXT, save_prune_checkpoint, save_tiny_checkpoint
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """4 layers, 4 KV heads of 2 query heads (head_dim 16), MLP 128: room for per-layer differences."""
-    d = tmp_path_factory.mktemp("ckpt")
-    save_tiny_checkpoint(
-        "llama-untied",
-        d,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=16,
-        intermediate_size=128,
-    )
-    (d / "calibration.txt").write_text(_TEXT * 2)
-    return load_checkpoint(d)
+    return load_checkpoint(save_prune_checkpoint(tmp_path_factory.mktemp("ckpt")))
 
 
 @pytest.fixture(scope="module")

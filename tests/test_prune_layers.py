@@ -21,18 +21,12 @@ from edge_runtime.exporters.quant import QuantConfig, QuantMethod
 from edge_runtime.exporters.reference import DenseKVCache
 from edge_runtime.exporters.validate import rel_err
 
-from .tiny_models import _TEXT, save_tiny_checkpoint
+from .tiny_models import save_prune_checkpoint, save_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
-    save_tiny_checkpoint(
-        "llama-untied", d, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
-        intermediate_size=128,
-    )  # fmt: skip
-    (d / "calibration.txt").write_text(_TEXT * 2)
-    return load_checkpoint(d)
+    return load_checkpoint(save_prune_checkpoint(tmp_path_factory.mktemp("ckpt")))
 
 
 @pytest.fixture(scope="module")

@@ -18,21 +18,14 @@ from edge_runtime.exporters.prune import (
 from edge_runtime.exporters.validate import rel_err
 from edge_runtime.models import ModelWeights
 
-from .tiny_models import _TEXT, save_tiny_checkpoint
+from .tiny_models import save_prune_checkpoint
 
 SEQUENTIAL = [r for r in Reconstruction if r.value.startswith("sequential")]
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """4 layers, 4 KV heads of 2 query heads (head_dim 16), MLP 128, as tests/test_prune.py's."""
-    d = tmp_path_factory.mktemp("ckpt")
-    save_tiny_checkpoint(
-        "llama-untied", d, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
-        intermediate_size=128,
-    )  # fmt: skip
-    (d / "calibration.txt").write_text(_TEXT * 2)
-    return load_checkpoint(d)
+    return load_checkpoint(save_prune_checkpoint(tmp_path_factory.mktemp("ckpt")))
 
 
 @pytest.fixture(scope="module")

@@ -149,6 +149,17 @@ def save_tiny_checkpoint(
     return saved.to(torch.float32)
 
 
+def save_prune_checkpoint(directory: Path) -> Path:
+    """The pruning tests' model: 4 layers, 4 KV heads of 2 query heads (head_dim 16), MLP 128 (room for
+    per-layer differences), with a calibration text beside it."""
+    save_tiny_checkpoint(
+        "llama-untied", directory, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+        intermediate_size=128,
+    )  # fmt: skip
+    (Path(directory) / "calibration.txt").write_text(_TEXT * 2)
+    return Path(directory)
+
+
 def demo_with_template(directory: str | Path, template: str) -> Path:
     """A copy of the demo checkpoint with `template` as its chat template (it ships none: not an instruct model)."""
     import json
