@@ -156,6 +156,7 @@ def prepare_weights(
             args, weights, acts, judge, prune, prune_budget, pruning_unit(quant), progress, blocks
         )
         record["pruning"]["calibration_ppl"]["judged_on_unfitted_text"] = fit is not calib
+        record["pruning"]["fitted_tokens"] = fit.tokens  # the statistics' share of `calibration`'s tokens
         blocks = None
         acts = None  # they were the unpruned model's
         if quant.needs_calibration:

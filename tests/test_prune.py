@@ -331,4 +331,6 @@ def test_pruning_is_judged_on_calibration_text_its_statistics_did_not_see():
 
 def test_an_export_records_whether_pruning_was_judged_on_unfitted_text(ckpt, tmp_path):
     m = export(ExportOptions(ckpt.path, tmp_path / "b", window=64, prune=0.25))
-    assert m.quantization["pruning"]["calibration_ppl"]["judged_on_unfitted_text"] is False  # a short text
+    p = m.quantization["pruning"]
+    assert p["calibration_ppl"]["judged_on_unfitted_text"] is False  # a short text: fitted and judged on all of it
+    assert p["fitted_tokens"] == m.quantization["calibration"]["tokens"]
