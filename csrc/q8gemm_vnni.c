@@ -13,25 +13,57 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/* One block of weights: decode: B's bytes (c); prompt: signed codes (c) and -128 * their sums (corr). */
+#include "quad.h" /* q8_pair_halves */
+
+/* One pair of blocks of weights (q8kernel.h's halves): decode: B's bytes (lo, hi); prompt: signed codes
+ * (lo, hi) and -128 * their 4-byte group sums (corr). */
 typedef struct {
-    __m256i c, corr;
-} Q8Blk;
+    __m256i lo, hi, corr;
+} Q8Pair;
 
 #define Q8_X_BIAS_d 0
 #define Q8_ZP_d 1
 #define Q8_X_BIAS_p 128
 #define Q8_ZP_p 0
 
+static inline Q8Pair q8_pair_zero(void) {
+    return (Q8Pair){_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+}
+
+static inline Q8Pair q8_pair_load_d(const uint8_t *bq, int j) {
+    Q8Pair w = {.corr = _mm256_setzero_si256()};
+    q8_pair_halves(bq + j * 64, &w.lo, &w.hi);
+    return w;
+}
+
+static inline __m256i q8_pair_dot_d(const char *row, Q8Pair w, int j) {
+    const __m256i *x = (const __m256i *)(row + j * 64);
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w.lo, _mm256_loadu_si256(x)), w.hi,
+                               _mm256_loadu_si256(x + 1));
+}
+
+static inline Q8Pair q8_pair_load_p(const uint8_t *bq, int j) {
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    Q8Pair w;
+    q8_pair_halves(bq + j * 64, &w.lo, &w.hi);
+    w.lo = _mm256_xor_si256(w.lo, k80), w.hi = _mm256_xor_si256(w.hi, k80);
+    __m256i sums = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k80, w.lo), k80, w.hi);
+    w.corr = _mm256_sub_epi32(_mm256_setzero_si256(), sums);
+    return w;
+}
+
+static inline __m256i q8_pair_dot_p(const char *row, Q8Pair w, int j) {
+    const __m256i *x = (const __m256i *)(row + j * 64);
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(w.corr, _mm256_loadu_si256(x), w.lo), _mm256_loadu_si256(x + 1),
+                               w.hi);
+}
+
+/* One block of weights, prompt mode only (q8kernel.h's lanes): signed codes and -128 * their sums. */
+typedef struct {
+    __m256i c, corr;
+} Q8Blk;
+
 static inline Q8Blk q8_blk_zero(void) { return (Q8Blk){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-
-static inline Q8Blk q8_blk_load_d(const uint8_t *bq, int j) {
-    return (Q8Blk){_mm256_loadu_si256((const __m256i *)(bq + j * 32)), _mm256_setzero_si256()};
-}
-
-static inline __m256i q8_blk_dot_d(const char *row, Q8Blk w, int j) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.c, _mm256_loadu_si256((const __m256i *)(row + j * 32)));
-}
 
 static inline Q8Blk q8_blk_load_p(const uint8_t *bq, int j) {
     const __m256i k80 = _mm256_set1_epi8((char)0x80);
@@ -43,6 +75,7 @@ static inline __m256i q8_blk_dot_p(const char *row, Q8Blk w, int j) {
     return _mm256_dpbusd_epi32(w.corr, _mm256_loadu_si256((const __m256i *)(row + j * 32)), w.c);
 }
 
+#define Q8_DECODE_PAIRS 1
 #include "q8kernel.h"
 
 const QImpl q8_avx512vnni = {"avx512vnni", 8, scratch_bytes, quantize_row, tile};

@@ -48,4 +48,11 @@ static inline float quantize_block(const float *xb, int32_t q[32]) {
     return amax / 127.0f;
 }
 
+/* MatMulQ8's pairs of blocks (q8kernel.h): the two blocks at w and w + 32 as [w 0-15 | w+32 0-15] and [w 16-31 | w+32 16-31]. */
+static inline void q8_pair_halves(const uint8_t *w, __m256i *lo, __m256i *hi) {
+    __m256i b0 = _mm256_loadu_si256((const __m256i *)w), b1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+    *lo = _mm256_permute2x128_si256(b0, b1, 0x20);
+    *hi = _mm256_permute2x128_si256(b0, b1, 0x31);
+}
+
 #endif

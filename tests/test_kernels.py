@@ -78,7 +78,8 @@ def _int8_act_reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarr
 
 # (M, K, N, rank of A) for the matmul ops' parity tests (MatMulQ4 here, MatMulQ8 in test_kernels_q8.py):
 # M = 6, 7 and 9: tiles and a part; 128: eight-row pairs of tiles; K = 1088: K in chunks of 16 pairs with a
-# 1-pair chunk; K = 576, 192: a partial last quad; M = 16, N = 37: a task of 5 columns (pairs and a single)
+# 1-pair chunk; K = 576, 192: a partial last quad; M = 16, N = 37: a task of 5 columns (pairs and a single);
+# M = 19: above MatMulQ8's tree rows, full tiles (lanes) and a part (tree) in one call
 MATMUL_CASES = [
     (1, 576, 960, 3),
     (1, 64, 5, 2),
@@ -89,6 +90,7 @@ MATMUL_CASES = [
     (7, 1088, 40, 2),
     (128, 576, 300, 3),
     (16, 256, 37, 2),
+    (19, 576, 45, 2),
 ]
 
 
