@@ -91,17 +91,61 @@ static inline __attribute__((always_inline)) __m256 quad_fma(const char *row, co
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_dot(row, lo, hi)), s, acc);
 }
 
-/* One quad (q of its 4 pairs inside K) of one column against ROWS rows: the weights are unpacked once. */
+/* The last quad of a K that is not a multiple of 256 (K = 576: 2 quads and 1 pair; 960: 7 and 2) holds
+ * 1 or 2 pairs: their block sums reduced alone and placed in their u slots (first blocks at 0..q-1, second
+ * at 4..3+q), the other slots 0, as the full quad's tree would give them from zero padding. The same int32
+ * sums, so the same floats, at a third to a half of the work (the partial quad was a third of the vector
+ * work of a K = 576 row). */
+static inline __m256i part_dot1(const char *row, __m256i lo, __m256i hi) {
+    const __m256i *x = (const __m256i *)row;
+    __m256i d = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256(x)), hi,
+                                    _mm256_loadu_si256(x + 1));
+    d = _mm256_add_epi32(d, _mm256_shuffle_epi32(d, 0x4E)); /* each 128-bit lane's 4 sums to its every lane */
+    d = _mm256_add_epi32(d, _mm256_shuffle_epi32(d, 0xB1));
+    return _mm256_maskz_add_epi32(0x11, d, _mm256_loadu_si256((const __m256i *)(row + 256)));
+}
+
+static inline __m256i part_dot2(const char *row, const __m256i lo[2], const __m256i hi[2]) {
+    __m256i d[2];
+    for (int j = 0; j < 2; j++) {
+        const __m256i *x = (const __m256i *)(row + j * 64);
+        d[j] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[j], _mm256_loadu_si256(x)), hi[j],
+                                   _mm256_loadu_si256(x + 1));
+    }
+    __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
+    t = _mm256_add_epi32(t, _mm256_shuffle_epi32(t, 0x4E)); /* [S0 S1 S0 S1] per 128-bit lane */
+    return _mm256_maskz_add_epi32(0x33, t, _mm256_loadu_si256((const __m256i *)(row + 256)));
+}
+
+static inline __attribute__((always_inline)) __m256 part_fma(const char *row, int q, const __m256i lo[4],
+                                                             const __m256i hi[4], __m256 sw, __m256 acc) {
+    __m256 s = _mm256_mul_ps(sw, _mm256_loadu_ps((const float *)(row + 288)));
+    __m256i u = q == 1 ? part_dot1(row, lo[0], hi[0]) : part_dot2(row, lo, hi);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), s, acc);
+}
+
+/* ROWS rows' share of one quad (q of its 4 pairs inside K), row r at ROW_AT(r): the weights unpacked once. */
+#define QUAD_ROWS(ROWS, ROW_AT)                                                                              \
+    do {                                                                                                     \
+        __m256i lo[4], hi[4];                                                                                \
+        quad_unpack(bq, q, lo, hi);                                                                          \
+        if (q <= 2) {                                                                                        \
+            _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; r++)                                         \
+                acc[r] = part_fma(ROW_AT(r), q, lo, hi, sw, acc[r]);                                         \
+        } else {                                                                                             \
+            _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; r++)                                         \
+                acc[r] = quad_fma(ROW_AT(r), lo, hi, sw, acc[r]);                                            \
+        }                                                                                                    \
+    } while (0)
+
+/* One quad (q of its 4 pairs inside K) of one column against ROWS rows. */
 #define QUAD_STEP(ROWS, FMT)                                                                                  \
     static inline __attribute__((always_inline)) void step_##ROWS##_##FMT(                                   \
         const char *tq, size_t stride, const uint8_t *bq, const void *sn, int64_t p, int q, __m256 *acc) {    \
-        __m256i lo[4], hi[4];                                                                                \
-        quad_unpack(bq, q, lo, hi);                                                                          \
         __m256 sw = quad_scales_##FMT(sn, p, q);                                                             \
-        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; r++) {                                           \
-            acc[r] = quad_fma(tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW, lo, hi, sw, acc[r]);       \
-        }                                                                                                    \
+        QUAD_ROWS(ROWS, STEP_ROW);                                                                           \
     }
+#define STEP_ROW(r) (tq + (size_t)((r) / 4) * stride + ((r) % 4) * QUAD_ROW)
 
 /* Columns [n0, n1) against the ROWS rows of ROWS / 4 full tiles `stride` bytes apart, or (ROWS < 4) against
  * one partial tile of ROWS rows, over the pairs [0, pairs) of the quads t0 starts at; b and s point at
@@ -143,17 +187,15 @@ static inline __attribute__((always_inline)) __m256 quad_fma(const char *row, co
 /* 4 + REST rows (5..7) with the weights unpacked once: the full tile's rows `stride` bytes from the partial
  * tile's (which packs REST rows a quad), as a speculative verification chunk of 5-7 rows has them (two
  * calls, a 4-row and a REST-row one, unpacked the weights twice: 5 rows cost 1.26x 4 rows). */
+#define SPLIT_ROW(r)                                                                                         \
+    ((r) < 4 ? t0 + (size_t)(p / 4) * 4 * QUAD_ROW + (r) * QUAD_ROW                                         \
+             : t1 + (size_t)(p / 4) * REST_ROWS * QUAD_ROW + ((r) - 4) * QUAD_ROW)
 #define QUAD_SPLIT(REST, FMT)                                                                                \
     static inline __attribute__((always_inline)) void step_4p##REST##_##FMT(                                 \
         const char *t0, const char *t1, const uint8_t *bq, const void *sn, int64_t p, int q, __m256 *acc) {  \
-        __m256i lo[4], hi[4];                                                                                \
-        quad_unpack(bq, q, lo, hi);                                                                          \
+        enum { REST_ROWS = REST };                                                                           \
         __m256 sw = quad_scales_##FMT(sn, p, q);                                                             \
-        _Pragma("GCC unroll 8") for (int r = 0; r < 4 + REST; r++) {                                        \
-            const char *row = r < 4 ? t0 + (size_t)(p / 4) * 4 * QUAD_ROW + r * QUAD_ROW                     \
-                                    : t1 + (size_t)(p / 4) * REST * QUAD_ROW + (r - 4) * QUAD_ROW;           \
-            acc[r] = quad_fma(row, lo, hi, sw, acc[r]);                                                      \
-        }                                                                                                    \
+        QUAD_ROWS(4 + REST, SPLIT_ROW);                                                                      \
     }                                                                                                        \
     static void column_4p##REST##_##FMT(const char *t0, const char *t1, const uint8_t *b, const char *s,     \
                                         size_t scale_bytes, int64_t nb, int64_t n0, int64_t n1, int64_t pairs, \

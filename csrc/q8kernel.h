@@ -61,6 +61,19 @@ static inline __m256i q8_sum_pairs(const __m256i d[4]) {
     return _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
 }
 
+/* q8_sum_pairs for the last quad of a K that is not a multiple of 256 (K = 576: 2 quads and 1 pair; 960: 7 and
+ * 2), holding 1 or 2 pairs: their sums alone, in their u slots (first blocks 0..pairs-1, second blocks
+ * 4..3+pairs), the others 0, as the full tree gives them from zero padding (the partial quad was a third
+ * of a K = 576 row's vector work, for an eighth of its weights). */
+static inline __m256i q8_sum_part(const __m256i d[2], int pairs) {
+    __m256i t = d[0];
+    if (pairs == 2) t = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
+    t = _mm256_add_epi32(t, _mm256_shuffle_epi32(t, 0x4E)); /* 1 pair: each lane's 4 sums to its every slot; */
+    if (pairs == 1) t = _mm256_add_epi32(t, _mm256_shuffle_epi32(t, 0xB1)); /* 2: [S0 S1 S0 S1] a lane */
+    const __m256i zero = _mm256_setzero_si256();
+    return pairs == 1 ? _mm256_blend_epi32(zero, t, 0x11) : _mm256_blend_epi32(zero, t, 0x33);
+}
+
 static size_t scratch_bytes(int64_t K, int64_t M) { return quad_scratch_bytes(K, M); }
 
 /* Calls of at most this many rows use decode's arithmetic (the sum tree) for every row, so a verification
@@ -117,10 +130,16 @@ typedef Q8B Q8W_d;
     static inline __attribute__((always_inline)) void q8_load_##MODE(const uint8_t *bq, int pairs, Q8W *w) {   \
         for (int j = 0; j < 4; j++) w->pair[j] = j < pairs ? q8_pair_load_##MODE(bq, j) : q8_pair_zero();     \
     }                                                                                                          \
-    static inline __attribute__((always_inline)) __m256 q8_tree_##MODE(const char *row, const Q8W *w, __m256 acc) { \
-        __m256i d[4];                                                                                          \
-        for (int j = 0; j < 4; j++) d[j] = q8_pair_dot_##MODE(row, w->pair[j], j); /* zero beyond K: no sum */ \
-        __m256i u = q8_sum_pairs(d);                                                                           \
+    static inline __attribute__((always_inline)) __m256 q8_tree_##MODE(const char *row, const Q8W *w, int pairs,   \
+                                                                       __m256 acc) {                           \
+        __m256i d[4], u;                                                                                       \
+        if (pairs <= 2) {                                                                                      \
+            for (int j = 0; j < pairs; j++) d[j] = q8_pair_dot_##MODE(row, w->pair[j], j);                     \
+            u = q8_sum_part(d, pairs);                                                                         \
+        } else {                                                                                               \
+            for (int j = 0; j < 4; j++) d[j] = q8_pair_dot_##MODE(row, w->pair[j], j); /* zero beyond K */     \
+            u = q8_sum_pairs(d);                                                                               \
+        }                                                                                                      \
         if (Q8_ZP_##MODE) u = _mm256_add_epi32(u, _mm256_loadu_si256((const __m256i *)(row + 256)));         \
         return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_loadu_ps((const float *)(row + 288)), acc);       \
     }
@@ -133,7 +152,8 @@ static inline __attribute__((always_inline)) void q8_load_d(const uint8_t *bq, i
     for (int j = 0; j < 8; j++) w->blk[j] = j < 2 * pairs ? q8_blk_load_d(bq, j) : q8_blk_zero();
 }
 
-static inline __attribute__((always_inline)) __m256 q8_tree_d(const char *row, const Q8B *w, __m256 acc) {
+static inline __attribute__((always_inline)) __m256 q8_tree_d(const char *row, const Q8B *w, int pairs, __m256 acc) {
+    (void)pairs; /* blocks beyond K are zero */
     static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     __m256i d[8];
     for (int j = 0; j < 8; j++) d[j] = q8_blk_dot_d(row, w->blk[order[j]], order[j]); /* zero beyond K: no sum */
@@ -165,7 +185,7 @@ static inline __attribute__((always_inline)) __m256 q8_lanes(const char *row, co
             Q8W_##MODE w;                                                                                    \
             q8_load_##MODE(bq, pairs, &w);                                                                   \
             _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++)                                          \
-                acc[r] = q8_tree_##MODE(tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW, &w, acc[r]);     \
+                acc[r] = q8_tree_##MODE(tq + (size_t)(r / 4) * stride + (r % 4) * QUAD_ROW, &w, pairs, acc[r]); \
         }                                                                                                    \
     }
 

@@ -66,7 +66,10 @@ def build(fmt: str, hidden: int, inter: int, layers: int, out: Path) -> Path:
     if fmt == "fp32":
         onnx.save(model, path)
     elif fmt.startswith("nbits") or fmt == "q4edge":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        try:
+            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        except ModuleNotFoundError as e:  # ONNX Runtime >= 1.22's quantization tool imports onnx_ir
+            raise SystemExit(f"kernel_bench.py: {e} (ONNX Runtime's quantizer needs it: pip install onnx-ir)") from e
 
         bits = 4 if fmt == "q4edge" else int(fmt[5:])
         q = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)

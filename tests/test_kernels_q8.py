@@ -344,7 +344,8 @@ def test_fold_norms_leaves_norms_it_cannot_fold():
 @pytest.mark.parametrize("isa", ISAS)
 def test_rows_up_to_exact_rows_are_bit_for_bit_decode_steps(op, isa, monkeypatch):
     """kernels.exact_rows, which caps speculative verification chunks, is true: a chunk of up to that many
-    rows (24 where it says any) equals one-row calls bit for bit, K chunked (2048, 1536) or not (576)."""
+    rows (24 where it says any) equals one-row calls bit for bit, K chunked (2048, 1536) or not (576, 640:
+    a last quad of 1 and of 2 pairs, which the kernels sum on their own)."""
     from .test_kernels import _graph as q4_graph
     from .test_kernels import _weights as q4_weights
 
@@ -352,7 +353,7 @@ def test_rows_up_to_exact_rows_are_bit_for_bit_decode_steps(op, isa, monkeypatch
     cap = kernels.exact_rows({op})
     rng = np.random.default_rng(5)
     tight = []
-    for k in (576, 1536, 2048):
+    for k in (576, 640, 1536, 2048):
         n = 80
         if op == kernels.MATMUL_Q4:
             b, s = q4_weights(rng, k, n)
