@@ -13,21 +13,12 @@ and its load.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def main() -> int:
@@ -67,7 +58,11 @@ def _measure(a: argparse.Namespace, engine) -> int:
             times[n].append(time.perf_counter() - t0)
             engine.truncate(n)
     step = statistics.median(times[1])
-    print(f"{a.bundle}: {cpu_name()}, {a.threads} threads, medians of {a.rounds}")
+    from edge_runtime import kernels
+    from edge_runtime.bench.environment import cpu_features, cpu_model
+
+    print(f"{a.bundle}: {cpu_model(default='unknown CPU')} ({', '.join(cpu_features()) or 'unknown'}; edge "
+          f"kernels {kernels.isa() or 'not available'}), {a.threads} threads, medians of {a.rounds}")  # fmt: skip
     print("| rows | ms | decode steps |\n| ---: | ---: | ---: |")
     for n in rows:
         med = statistics.median(times[n])
