@@ -68,10 +68,11 @@ def main() -> int:
             steps[str(a.genai)].append((time.perf_counter() - t) / a.gen)
             del generator
     ref = names[-1]
-    from edge_runtime import kernels
+    from edge_runtime.bench.environment import cpu_line
 
+    print(f"cpu: {cpu_line()}")
     print(f"{a.rounds} rounds, prompt {a.prompt}, {a.gen} decode steps, window {a.window or 'bundle default'}, "
-          f"{a.threads} threads, edge kernels {kernels.isa()}")  # fmt: skip
+          f"{a.threads} threads")  # fmt: skip
     for name in names:
         ratios = [x / y for x, y in zip(steps[name], steps[ref], strict=True)]
         e = engines.get(name)

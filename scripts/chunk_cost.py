@@ -58,11 +58,9 @@ def _measure(a: argparse.Namespace, engine) -> int:
             times[n].append(time.perf_counter() - t0)
             engine.truncate(n)
     step = statistics.median(times[1])
-    from edge_runtime import kernels
-    from edge_runtime.bench.environment import cpu_features, cpu_model
+    from edge_runtime.bench.environment import cpu_line
 
-    print(f"{a.bundle}: {cpu_model(default='unknown CPU')} ({', '.join(cpu_features()) or 'unknown'}; edge "
-          f"kernels {kernels.isa() or 'not available'}), {a.threads} threads, medians of {a.rounds}")  # fmt: skip
+    print(f"{a.bundle}: {cpu_line()}, {a.threads} threads, medians of {a.rounds}")
     print("| rows | ms | decode steps |\n| ---: | ---: | ---: |")
     for n in rows:
         med = statistics.median(times[n])

@@ -191,11 +191,9 @@ def main() -> int:
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
                     times.setdefault((label, m), []).append(json.loads(out) / n_matmul)
         weight_bytes = {f: sum(p.stat().st_size for p in Path(tmp).glob(f"{f}.onnx*")) for f in formats}
-    from edge_runtime import kernels
-    from edge_runtime.bench.environment import cpu_features, cpu_model
+    from edge_runtime.bench.environment import cpu_line
 
-    print(f"cpu: {cpu_model(default='unknown CPU')} ({', '.join(cpu_features()) or 'unknown'}; "
-          f"edge kernels {kernels.isa() or 'not available'})")  # fmt: skip
+    print(f"cpu: {cpu_line()}")
     print(f"{n_matmul} MatMuls of [{a.hidden}, {a.intermediate}] / [{a.intermediate}, {a.hidden}], "
           f"{a.threads} threads unless noted, {a.rounds} rounds (medians per matmul)\n")  # fmt: skip
     print(f"| case | M=1 us | M=1 GB/s of weights | M={a.prompt} us | M={a.prompt} GFLOP/s |")

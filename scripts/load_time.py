@@ -30,9 +30,12 @@ CASES = ("hash", "memo", "session", "session-opt")
 def _session(graph: str, threads: int, optimize: bool, save: str | None = None) -> float:
     import onnxruntime as ort
 
+    from edge_runtime import kernels
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    kernels.register(so)  # as the engine does: `--kernel edge` graphs need the edge ops to load
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if save:
@@ -79,7 +82,9 @@ def main() -> int:
             for case in CASES if r % 2 == 0 else reversed(CASES):
                 cmd = [sys.executable, __file__, str(a.bundle), "--threads", str(a.threads), "--child", case, str(opt)]
                 times[case].append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
-    print(f"{a.bundle}: medians of {a.rounds} fresh processes\n")
+    from edge_runtime.bench.environment import cpu_line
+
+    print(f"{a.bundle}: {cpu_line()}, medians of {a.rounds} fresh processes\n")
     print("| step | seconds | runs |")
     print("| --- | ---: | --- |")
     for case, v in times.items():

@@ -98,6 +98,9 @@ def main() -> None:
                 s.run(None, feeds)
             times[m].append((time.perf_counter() - t0) / args.runs)
     ref = args.models[-1]
+    from edge_runtime.bench.environment import cpu_line
+
+    print(f"cpu: {cpu_line()}")
     for m, (_, _, n) in sessions.items():
         ratio = statistics.median(a / b for a, b in zip(times[m], times[ref], strict=True))
         floor = statistics.median(times[m]) * 1e3

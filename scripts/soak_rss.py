@@ -54,6 +54,9 @@ def main() -> int:
         t_end, end = time.perf_counter(), rss_bytes()
         moved = ptrs != [a.ctypes.data for a in (*engine.pool.keys, *engine.pool.values)]
     growth = (end - warm) / 1e6
+    from edge_runtime.bench.environment import cpu_line
+
+    print(f"cpu: {cpu_line()}")
     print(
         f"tokens {args.tokens} (cache {args.sinks}+{args.window}, {engine.tokens // (args.sinks + args.window)} "
         f"capacities), RSS at token 1000: {warm / 1e6:.1f} MB, at end: {end / 1e6:.1f} MB, growth {growth:+.2f} MB"

@@ -42,6 +42,9 @@ def main() -> int:
             times[name].append(time.perf_counter() - t)
     size = sum(f.stat().st_size for f in files)
     big = sum(f.stat().st_size for f in files if f.stat().st_size > verified.FULL_HASH_BYTES)
+    from edge_runtime.bench.environment import cpu_line
+
+    print(f"cpu: {cpu_line()}")
     print(
         f"{a.bundle}: {size / 1e6:.1f} MB in {len(files)} files ({big / 1e6:.1f} MB sampled: "
         f"{verified.SAMPLE_CHUNKS} x {verified.CHUNK_BYTES >> 10} KiB per big file); medians of {a.rounds}\n"

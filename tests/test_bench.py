@@ -14,8 +14,9 @@ import onnxruntime
 import pytest
 from click.testing import CliRunner
 
+from edge_runtime import kernels
 from edge_runtime.bench import fieldlog
-from edge_runtime.bench.environment import bundle_sha256, cpu_features, environment
+from edge_runtime.bench.environment import bundle_sha256, cpu_features, cpu_line, environment
 from edge_runtime.bench.figures import MAIN_FIGURES, get
 from edge_runtime.bench.plot import power_html
 from edge_runtime.bench.report import REPORT_VERSION, build_report, compare, format_report, read_report, write_json
@@ -135,6 +136,12 @@ def test_reports_name_the_cpu_its_kernel_features_and_the_kernels_that_ran(tmp_p
     (arm / "proc/cpuinfo").write_text("processor\t: 0\nFeatures\t: fp asimd aes crc32 asimddp\nCPU part\t: 0xd0b\n")
     assert cpu_features(x86) == ["AVX2", "FMA", "F16C", "AVX-512F", "AVX-512 VNNI", "AMX-INT8"]
     assert cpu_features(arm) == ["NEON", "NEON dot product"] and cpu_features(tmp_path) == []
+    isa = kernels.isa() or "not available"
+    assert (
+        cpu_line(x86)
+        == f"Intel(R) Xeon(R) Processor (AVX2, FMA, F16C, AVX-512F, AVX-512 VNNI, AMX-INT8; edge kernels {isa})"
+    )
+    assert cpu_line(tmp_path) == f"unknown CPU (flags unknown; edge kernels {isa})"  # the scripts' table headers
     env = environment(x86)
     assert env["cpu"] == "Intel(R) Xeon(R) Processor" and "AMX-INT8" in env["cpu_features"]
     _, report, _ = estimate_run

@@ -57,6 +57,14 @@ def cpu_features(root: Path | str = "/") -> list[str]:
     return []
 
 
+def cpu_line(root: Path | str = "/") -> str:
+    """One line for a timing table's header: the CPU, its kernel-relevant flags and the edge kernels that run."""
+    from edge_runtime import kernels
+
+    flags = ", ".join(cpu_features(root)) or "flags unknown"
+    return f"{cpu_model(root, default='unknown CPU')} ({flags}; edge kernels {kernels.isa() or 'not available'})"
+
+
 def device_name(root: Path | str = "/") -> str:
     """The board's device-tree model (Jetson, Pi), else DMI product and CPU model (x86), else the machine type."""
     root = Path(root)
