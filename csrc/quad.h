@@ -11,6 +11,7 @@
 #define EDGE_QUAD_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,12 +37,24 @@ static inline char *quad_row(const void *scratch, int64_t K, int64_t M, int64_t 
 }
 
 /* One block of 32 activations to int8 codes `q` (round to nearest even, as MLAS does); returns its scale
- * (block max / 127). */
+ * (block max / 127). A NaN or infinite activation gives codes 0 and a NaN scale, so every product with the
+ * block is NaN, as float arithmetic would make it: max_ps drops a NaN in its first operand, and a NaN
+ * swallowed here would reach the logits as finite garbage that the runtime's check (logits_check.py)
+ * cannot tell from an answer. */
 static inline float quantize_block(const float *xb, int32_t q[32]) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
-    for (int i = 8; i < 32; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+    __m256 bad = _mm256_cmp_ps(m, m, _CMP_UNORD_Q);
+    for (int i = 8; i < 32; i += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, a);
+    }
     float amax = hmax8(m);
+    if (_mm256_movemask_ps(bad) || amax == INFINITY) {
+        memset(q, 0, 32 * sizeof *q);
+        return NAN;
+    }
     __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     for (int i = 0; i < 32; i += 8)
         _mm256_storeu_si256((__m256i *)(q + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv)));

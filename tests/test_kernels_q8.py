@@ -482,3 +482,34 @@ def test_an_int8_edge_export_with_a_narrow_cache_gets_the_rebuilt_fp32_twin(kv, 
     parity = m.quantization["exact_parity"]
     assert parity["max_rel_err"] <= parity["tolerance"] <= 5e-3
     assert m.validation.max_rel_err <= m.validation.tolerance
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [1, 3, 9, 20])  # decode, the tree rows of a chunk, a prompt's lanes rows
+def test_a_nan_or_inf_activation_makes_its_row_non_finite(op, isa, m, monkeypatch):
+    """The activation quantizer must not swallow a NaN (max_ps drops one): a NaN that became finite
+    garbage would pass logits_check.py, which is how the runtime refuses a corrupted model's output."""
+    from .test_kernels import _graph as q4_graph
+    from .test_kernels import _weights as q4_weights
+
+    _pin_isa(monkeypatch, isa)
+    rng = np.random.default_rng(m)
+    k, n = 640, 24
+    if op == kernels.MATMUL_Q4:
+        b, s = q4_weights(rng, k, n)
+        sess = _session(q4_graph(op, k, n, b, s.astype(np.float16), 2))
+    else:
+        sess = _session(_graph(op, k, n, *_weights(rng, k, n), 2))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    clean = sess.run(None, {"x": x})[0]
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, 5, 33, 600):  # first and later lanes of a block, a later block, the last quad
+            row = pos % m
+            y = x.copy()
+            y[row, pos] = bad
+            out = sess.run(None, {"x": y})[0]
+            assert not np.isfinite(out[row]).any(), (bad, pos)
+            others = [r for r in range(m) if r != row]
+            assert np.array_equal(out[others], clean[others]), (bad, pos)
