@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edge_runtime import verified
+from edge_runtime import kernels, verified
 from edge_runtime.cli.run import main as run_cli
-from edge_runtime.engine import load
+from edge_runtime.engine import LoadOptions, load
 from edge_runtime.errors import CorruptOutputError
 from edge_runtime.logits_check import CHECK_EVERY, check_token
 from edge_runtime.manifest import MANIFEST_FILE, with_digest
@@ -108,6 +108,37 @@ def test_a_graph_producing_nan_while_streaming_is_one_error_line(nan_bundle):
     assert r.exit_code == 1 and "Traceback" not in r.output
     target, error = r.stderr.strip().splitlines()
     assert target.startswith("target 'x86'") and error.startswith("Error: the model produced non-finite logits")
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
+def test_one_nan_weight_scale_in_an_int4_edge_bundle_is_refused_not_answered(tmp_path):
+    """One NaN block scale of a value projection (corruption the load's sample missed) puts one NaN into
+    the next matmul's input among finite values; the edge kernels' activation quantizer once dropped it
+    there, so the model answered, degraded and undetected, instead of failing logits_check."""
+    import onnx
+
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    from .tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama-tied", tmp_path / "ckpt")
+    quant = QuantConfig(QuantMethod.INT4, kernel=MatMulKernel.EDGE)
+    out = tmp_path / "b"
+    export(ExportOptions(checkpoint=tmp_path / "ckpt", out=out, window=200, quant=quant))
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    t = next(t for t in graph.graph.initializer if t.name.endswith("layers.0/attn/qkv_proj/scales_f16"))
+    assert not t.external_data  # a tiny model's scales sit in the graph file
+    args = load(out).manifest.model
+    blocks, heads, kv_heads = args.hidden_size // 32, args.num_heads[0], args.num_kv_heads[0]  # per layer
+    scales = onnx.numpy_helper.to_array(t).copy()
+    assert scales.size == blocks * (heads + 2 * kv_heads) * args.head_dim
+    v_column = (heads + kv_heads) * args.head_dim  # the first value channel
+    scales.reshape(-1)[v_column * blocks] = np.nan
+    t.CopyFrom(onnx.numpy_helper.from_array(scales, t.name))
+    onnx.save(graph, str(out / "model.onnx"))  # the weights' file is untouched; the load skips checksums
+    with pytest.raises(CorruptOutputError, match="non-finite logits"):
+        load(out, LoadOptions(verify=False)).prefill([1, 2, 3, 4, 5])
 
 
 def test_nan_during_decode_is_caught_within_check_every_steps(tied_bundle, monkeypatch):
