@@ -22,7 +22,9 @@ static inline float hmax8(__m256 v) {
 
 /* exp(x) for x in [-88, 88], Cephes' expf polynomial (relative error ~2e-7 over the range). */
 static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    /* The clamp's constants first: max_ps/min_ps return their second operand when either is NaN, so a NaN
+     * score stays NaN (and the softmax with it) instead of becoming exp(-87.3), a silent zero weight. */
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  /* ln 2 in two parts: exact n*hi */

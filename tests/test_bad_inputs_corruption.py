@@ -111,10 +111,12 @@ def test_a_graph_producing_nan_while_streaming_is_one_error_line(nan_bundle):
 
 
 @pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
-def test_one_nan_weight_scale_in_an_int4_edge_bundle_is_refused_not_answered(tmp_path):
-    """One NaN block scale of a value projection (corruption the load's sample missed) puts one NaN into
-    the next matmul's input among finite values; the edge kernels' activation quantizer once dropped it
-    there, so the model answered, degraded and undetected, instead of failing logits_check."""
+@pytest.mark.parametrize("channel", ["q", "k", "v"])
+def test_one_nan_weight_scale_in_an_int4_edge_bundle_is_refused_not_answered(channel, tmp_path):
+    """One NaN block scale of a q, k or v channel (corruption the load's sample missed) makes one NaN
+    among finite values: in a score (q, k), which the attention's vector exp once clamped to a zero
+    weight, or in o_proj's input (v), which the matmuls' activation quantizer once dropped. Either way the
+    model answered, degraded and undetected, instead of failing logits_check."""
     import onnx
 
     from edge_runtime.exporters.export import ExportOptions, export
@@ -133,8 +135,8 @@ def test_one_nan_weight_scale_in_an_int4_edge_bundle_is_refused_not_answered(tmp
     blocks, heads, kv_heads = args.hidden_size // 32, args.num_heads[0], args.num_kv_heads[0]  # per layer
     scales = onnx.numpy_helper.to_array(t).copy()
     assert scales.size == blocks * (heads + 2 * kv_heads) * args.head_dim
-    v_column = (heads + kv_heads) * args.head_dim  # the first value channel
-    scales.reshape(-1)[v_column * blocks] = np.nan
+    column = {"q": 0, "k": heads * args.head_dim, "v": (heads + kv_heads) * args.head_dim}[channel]
+    scales.reshape(-1)[column * blocks] = np.nan
     t.CopyFrom(onnx.numpy_helper.from_array(scales, t.name))
     onnx.save(graph, str(out / "model.onnx"))  # the weights' file is untouched; the load skips checksums
     with pytest.raises(CorruptOutputError, match="non-finite logits"):
