@@ -59,14 +59,18 @@ static inline __m256 quad_scales_f32(const void *sn, int64_t p, int q) {
     return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
 }
 
+/* Pair j of one row's quad against its unpacked weights: per 128-bit lane 4 int32 partial sums of one block
+ * (the low lane the pair's first block). */
+static inline __m256i pair_dot(const char *row, __m256i lo, __m256i hi, int j) {
+    const __m256i *x = (const __m256i *)(row + j * 64);
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256(x)), hi,
+                               _mm256_loadu_si256(x + 1));
+}
+
 /* One row's quad: the 8 block sums plus the zero point's share, int32 in u's block order. */
 static inline __m256i quad_dot(const char *row, const __m256i lo[4], const __m256i hi[4]) {
     __m256i d[4];
-    for (int j = 0; j < 4; j++) {
-        const __m256i *x = (const __m256i *)(row + j * 64);
-        d[j] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[j], _mm256_loadu_si256(x)), hi[j],
-                                   _mm256_loadu_si256(x + 1));
-    }
+    for (int j = 0; j < 4; j++) d[j] = pair_dot(row, lo[j], hi[j], j);
     /* per 128-bit lane (one block of each pair): [g0 g1 g2 g3] of d_0..d_3 -> [d_0 d_1 d_2 d_3] */
     __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
     __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d[2], d[3]), _mm256_unpackhi_epi32(d[2], d[3]));
@@ -94,24 +98,16 @@ static inline __attribute__((always_inline)) __m256 quad_fma(const char *row, co
 /* The last quad of a K that is not a multiple of 256 (K = 576: 2 quads and 1 pair; 960: 7 and 2) holds
  * 1 or 2 pairs: their block sums reduced alone and placed in their u slots (first blocks at 0..q-1, second
  * at 4..3+q), the other slots 0, as the full quad's tree would give them from zero padding. The same int32
- * sums, so the same floats, at a third to a half of the work (the partial quad was a third of the vector
- * work of a K = 576 row). */
+ * sums, so the same floats, for 2-4 vpdpbusd a row instead of 8 and a shorter reduction. */
 static inline __m256i part_dot1(const char *row, __m256i lo, __m256i hi) {
-    const __m256i *x = (const __m256i *)row;
-    __m256i d = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256(x)), hi,
-                                    _mm256_loadu_si256(x + 1));
+    __m256i d = pair_dot(row, lo, hi, 0);
     d = _mm256_add_epi32(d, _mm256_shuffle_epi32(d, 0x4E)); /* each 128-bit lane's 4 sums to its every lane */
     d = _mm256_add_epi32(d, _mm256_shuffle_epi32(d, 0xB1));
     return _mm256_maskz_add_epi32(0x11, d, _mm256_loadu_si256((const __m256i *)(row + 256)));
 }
 
 static inline __m256i part_dot2(const char *row, const __m256i lo[2], const __m256i hi[2]) {
-    __m256i d[2];
-    for (int j = 0; j < 2; j++) {
-        const __m256i *x = (const __m256i *)(row + j * 64);
-        d[j] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[j], _mm256_loadu_si256(x)), hi[j],
-                                   _mm256_loadu_si256(x + 1));
-    }
+    __m256i d[2] = {pair_dot(row, lo[0], hi[0], 0), pair_dot(row, lo[1], hi[1], 1)};
     __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
     t = _mm256_add_epi32(t, _mm256_shuffle_epi32(t, 0x4E)); /* [S0 S1 S0 S1] per 128-bit lane */
     return _mm256_maskz_add_epi32(0x33, t, _mm256_loadu_si256((const __m256i *)(row + 256)));

@@ -64,7 +64,7 @@ static inline __m256i q8_sum_pairs(const __m256i d[4]) {
 /* q8_sum_pairs for the last quad of a K that is not a multiple of 256 (K = 576: 2 quads and 1 pair; 960: 7 and
  * 2), holding 1 or 2 pairs: their sums alone, in their u slots (first blocks 0..pairs-1, second blocks
  * 4..3+pairs), the others 0, as the full tree gives them from zero padding (the partial quad was a third
- * of a K = 576 row's vector work, for an eighth of its weights). */
+ * of a K = 576 row's vector work, for a ninth of its weights). */
 static inline __m256i q8_sum_part(const __m256i d[2], int pairs) {
     __m256i t = d[0];
     if (pairs == 2) t = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
