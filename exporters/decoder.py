@@ -24,7 +24,7 @@ from edge_runtime import __version__
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, LOCAL_CAPACITY_DIM, NEXT_TOKEN, KvUpdate
-from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, RopeKind
 from edge_runtime.models.layer_plan import Sublayer, run_layers
 
 from . import blocks_ort
@@ -284,12 +284,34 @@ def _ort_body(
             sink_pad=None,
             local=True,
         )
+    steps = {RopeKind.GLOBAL: step} | ({RopeKind.LOCAL: local} if local else {})
+    if args.nope_layers:
+        steps[RopeKind.NONE] = _unrotated(g, step)
     x = _embed(g, args, wf, table, ids)
     if stacked and step.ring_full is not None:
-        h = _stacked_layers(g, args, weights, wf, (step, local), x)
+        h = _stacked_layers(g, args, weights, wf, steps, x)
         return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
-    h, _ = _ort_layers(g, args, weights, wf, (step, local), x, linear=None, edge_ops=edge_ops)
+    h, _ = _ort_layers(g, args, weights, wf, steps, x, linear=None, edge_ops=edge_ops)
     return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
+
+
+def _angle_zero(g: GraphBuilder, like: str, name: str) -> tuple[str, str]:
+    """(cos, sin) of angle 0 shaped as `like`: rotation tables that leave q and k exactly as they are."""
+    shape = g.op("Shape", [like], f"/model/rotary_none/{name}/Shape")
+    return tuple(  # type: ignore[return-value]
+        g.op("Expand", [g.const(np.array(v, g.dtype)), shape], f"/model/rotary_none/{name}_{f}/Expand")
+        for v, f in ((1, "cos"), (0, "sin"))
+    )
+
+
+def _unrotated(g: GraphBuilder, step: blocks_ort.OrtStep) -> blocks_ort.OrtStep:
+    """The step of layers without RoPE (ModelArgs.nope_layers): every rotation table at angle 0, once per call."""
+    one, zero = _angle_zero(g, step.cos, "tokens")
+    cache = _angle_zero(g, step.cos_cache, "cache") if step.cos_cache is not None else (None, None)
+    return replace(
+        step, cos=one, sin=zero, cos_sink=one, sin_sink=zero, cos_cache=cache[0], sin_cache=cache[1],
+        dcos=None if step.dcos is None else zero, dsin=None if step.dsin is None else zero,
+    )  # fmt: skip
 
 
 def _embed(g: GraphBuilder, args: ModelArgs, wf: WeightFormat, table: str, ids: str) -> str:
@@ -308,7 +330,7 @@ class _OrtLowering:
     g: GraphBuilder
     args: ModelArgs
     wf: WeightFormat
-    steps: tuple[blocks_ort.OrtStep, blocks_ort.OrtStep | None]  # the global layers' and the local layers'
+    steps: dict[RopeKind, blocks_ort.OrtStep]  # by the layers' rotation (the local ones' also their own ring)
     linear: bool | None
     edge_ops: bool
     delta: str | None = None
@@ -320,7 +342,7 @@ class _OrtLowering:
 
     def attention(self, layer: int, lw: LayerWeights, h: str) -> str:
         a = self.args
-        step = self.steps[1] if a.is_local(layer) and self.steps[1] is not None else self.steps[0]
+        step = self.steps[a.rope_kind(layer)]
         out, k, v = blocks_ort.attention(
             self.g, f"/model/layers.{layer}/attn", h, lw, self.wf, step, layer=layer, head_dim=a.head_dim,
             rotary_dim=a.rotary_dim, linear=self.linear, edge_ops=self.edge_ops, eps=a.rms_norm_eps,
@@ -351,14 +373,16 @@ class _PortableLowering:
     args: ModelArgs
     wf: WeightFormat
     step: StepTensors
+    unrotated: StepTensors | None = None  # the NoPE layers' (ModelArgs.nope_layers)
 
     def norm(self, layer: int, sub: Sublayer, x: str) -> tuple[str, str]:
         return rms_norm(self.g, f"/model/layers.{layer}/{sub.norm_name}", x, sub.norm, self.args.rms_norm_eps), x
 
     def attention(self, layer: int, lw: LayerWeights, h: str) -> str:
         a = self.args
+        step = self.unrotated if a.rope_kind(layer) is RopeKind.NONE and self.unrotated else self.step
         return attention(
-            self.g, f"/model/layers.{layer}/attn", h, lw, self.wf, self.step, layer=layer, head_dim=a.head_dim,
+            self.g, f"/model/layers.{layer}/attn", h, lw, self.wf, step, layer=layer, head_dim=a.head_dim,
             rotary_dim=a.rotary_dim, eps=a.rms_norm_eps, scale=a.softmax_scale, local=a.is_local(layer),
         )  # fmt: skip
 
@@ -379,7 +403,7 @@ def _ort_layers(
     args: ModelArgs,
     weights: ModelWeights,
     wf: WeightFormat,
-    steps: tuple[blocks_ort.OrtStep, blocks_ort.OrtStep | None],
+    steps: dict[RopeKind, blocks_ort.OrtStep],
     x: str,
     *,
     linear: bool | None,
@@ -387,7 +411,7 @@ def _ort_layers(
 ) -> tuple[str, list[str]]:
     """The `ort` layer loop, for the whole graph (`linear` None: each layer's own If) or one branch of the
     decoder-wide If (`linear` True/False): (the final norm's output, [keys, values] per layer in a branch).
-    `steps`: the global layers' step and the local layers' (None without local layers)."""
+    `steps`: each kind of layer's step (_ort_body)."""
     lowering = _OrtLowering(g, args, wf, steps, linear=linear, edge_ops=edge_ops)
     x = run_layers(lowering, weights.layers, x)
     h, _ = blocks_ort.skip_norm(g, "/model/norm", x, lowering.delta, weights.final_norm, args.rms_norm_eps)
@@ -410,7 +434,7 @@ def _stacked_layers(
     args: ModelArgs,
     weights: ModelWeights,
     wf: WeightFormat,
-    steps: tuple[blocks_ort.OrtStep, blocks_ort.OrtStep | None],
+    steps: dict[RopeKind, blocks_ort.OrtStep],
     x: str,
 ) -> str:
     present = []
@@ -425,7 +449,7 @@ def _stacked_layers(
         bodies[side] = b.to_graph(blocks_ort.branch_outputs(g, (h, *kv)))
     outs = g.op_multi(
         "If",
-        [steps[0].ring_full],
+        [steps[RopeKind.GLOBAL].ring_full],
         "/model/ring_full/If",
         n_out=1 + len(present),
         outs=["/model/layers/output", *present],
@@ -466,6 +490,13 @@ def _portable_body(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: 
             sin_k_local=bcast("sin_local", k_shape),
             attn_mask_local=g.input("attn_mask_local", g.dtype, ["tokens", f"{LOCAL_CAPACITY_DIM}_plus_tokens"]),
         )
-    x = run_layers(_PortableLowering(g, args, wf, step), weights.layers, _embed(g, args, wf, table, ids))
+    unrotated = None
+    if args.nope_layers:
+        angles["cos_none"], angles["sin_none"] = _angle_zero(g, angles["cos"], "tokens")
+        cos_q, sin_q = bcast("cos_none", q_shape), bcast("sin_none", q_shape)
+        unrotated = replace(step, cos_q=cos_q, sin_q=sin_q, cos_q_sink=cos_q, sin_q_sink=sin_q,
+                            cos_k=bcast("cos_none", k_shape), sin_k=bcast("sin_none", k_shape))  # fmt: skip
+    lowering = _PortableLowering(g, args, wf, step, unrotated)
+    x = run_layers(lowering, weights.layers, _embed(g, args, wf, table, ids))
     h = rms_norm(g, "/model/norm", _keep_rows(g, x), weights.final_norm, args.rms_norm_eps)
     return _lm_head(g, args, weights, wf, table, h)

@@ -95,9 +95,10 @@ def check_layer_pruning(args: ModelArgs, count: int) -> None:
     """Refuse whole-layer pruning where the layer index means something beyond the weights."""
     if count < 0:
         raise ExportError(f"--prune-layers {count}: give a number of layers to remove, 0 or more")
-    if count and args.local_layers:
+    if count and (args.local_layers or args.nope_layers):
+        kinds = "local and global" if args.local_layers else "RoPE and NoPE"
         raise ExportError(
-            f"--prune-layers: {args.model_type} interleaves local and global layers by index, which removing a "
+            f"--prune-layers: {args.model_type} interleaves {kinds} layers by index, which removing a "
             "layer would shift; prune its channels (--prune) instead"
         )
     if count and args.sandwich_norms:
@@ -115,4 +116,4 @@ def check_layer_pruning(args: ModelArgs, count: int) -> None:
 
 def supports_layer_pruning(args: ModelArgs) -> bool:
     """Whether whole layers are candidates at all (what --prune-budget considers)."""
-    return args.num_layers > 1 and not args.local_layers and not args.sandwich_norms
+    return args.num_layers > 1 and not args.local_layers and not args.nope_layers and not args.sandwich_norms

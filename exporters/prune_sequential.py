@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, RopeKind
 
 from .calibrate import copy_layer
 from .reference import DenseKVCache, ReferenceModel, post_norm, rms_norm
@@ -119,8 +119,8 @@ def sequential_reconstruct(
     pos = [np.arange(len(s)) for s in seqs]
     angles = {}
     for p in pos:
-        for local in (False, True):
-            angles.setdefault((len(p), local), orig.rope_cos_sin(p, local))
+        for kind in RopeKind:
+            angles.setdefault((len(p), kind), orig.rope_cos_sin(p, kind))
     xo = [orig.embed_rows(s) for s in seqs]  # the residual streams, one [T, H] per sequence
     xp = [new.embed_rows(s) for s in seqs]
 
@@ -150,7 +150,7 @@ def sequential_reconstruct(
 
     layers = []
     for i, (lo, lp) in enumerate(zip(orig.layers, new.layers, strict=True)):
-        local = args.is_local(i)
+        kind = args.rope_kind(i)
         changes: dict[str, np.ndarray | None] = {}
 
         ho = [rms_norm(x, lo.attn_norm, eps) for x in xo]
@@ -162,7 +162,7 @@ def sequential_reconstruct(
         hkv_o, hkv_p = lo.num_kv_heads(d), lp.num_kv_heads(d)
         ctx, target = [], []
         for n, p in enumerate(pos):
-            cos, sin = angles[(len(p), local)]
+            cos, sin = angles[(len(p), kind)]
             target.append(orig._attention(i, lo, ho[n], p, cos, sin, _cache(i, hkv_o, d, p)))
             ctx.append(new._attention(i, ctx_only, hp[n], p, cos, sin, _cache(i, hkv_p, d, p)))
         o, o_bias = refit(ctx, target, lp.o, lp.o_bias, lo.post_attn_norm, lp.post_attn_norm)

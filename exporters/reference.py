@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights
+from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, RopeKind
 from edge_runtime.models.base import Activation
 from edge_runtime.models.layer_plan import Sublayer, run_layer
 
@@ -162,10 +162,13 @@ class ReferenceModel:
         self.inv_freq = args.rope.inv_freq(args.head_dim)  # [rot/2] float64
         # Local layers' own RoPE (Gemma 3); the same frequencies as the global layers' where there is none.
         self.local_inv_freq = self.inv_freq if args.local_rope is None else args.local_rope.inv_freq(args.head_dim)
+        # NoPE layers rotate by angle 0: cos 1 and sin 0 leave q and k exactly as they are.
+        self._inv_freq = {RopeKind.GLOBAL: self.inv_freq, RopeKind.LOCAL: self.local_inv_freq,
+                          RopeKind.NONE: np.zeros_like(self.inv_freq)}  # fmt: skip
         self.act = ACTIVATIONS[args.activation]
 
-    def rope_cos_sin(self, positions: np.ndarray, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        inv = self.local_inv_freq if local else self.inv_freq
+    def rope_cos_sin(self, positions: np.ndarray, kind: RopeKind = RopeKind.GLOBAL) -> tuple[np.ndarray, np.ndarray]:
+        inv = self._inv_freq[kind]
         angles = positions.astype(np.float64)[:, None] * inv[None, :]  # [T, rot/2]
         return np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
 
@@ -192,9 +195,9 @@ class ReferenceModel:
         rows = self.embed[ids].astype(self.dtype)  # float32 rows of a RowTable, or the float table's
         return rows * self.dtype.type(self.args.embed_scale)  # [T, H]
 
-    def angles(self, positions: np.ndarray) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
-        """RoPE's cos/sin at `positions`, for global (False) and local (True) layers."""
-        return {local: self.rope_cos_sin(positions, local) for local in (False, True)}
+    def angles(self, positions: np.ndarray) -> dict[RopeKind, tuple[np.ndarray, np.ndarray]]:
+        """RoPE's cos/sin at `positions`, for each kind of layer."""
+        return {kind: self.rope_cos_sin(positions, kind) for kind in RopeKind}
 
     def layer(
         self,
@@ -202,11 +205,11 @@ class ReferenceModel:
         lw: LayerWeights,
         x: np.ndarray,
         positions: np.ndarray,
-        angles: dict[bool, tuple[np.ndarray, np.ndarray]],
+        angles: dict[RopeKind, tuple[np.ndarray, np.ndarray]],
         cache: DenseKVCache,
     ) -> np.ndarray:
         """The residual stream x [T, H] after layer i (weights `lw`), its keys and values added to `cache`."""
-        cos, sin = angles[self.args.is_local(i)]
+        cos, sin = angles[self.args.rope_kind(i)]
 
         def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
             return self._attention(i, lw, h, positions, cos, sin, cache)
@@ -353,10 +356,9 @@ class StreamingReference:
 
         def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
             q, k, v = self._project(lw, h)
-            local = self.model.args.is_local(i)
             attn = np.empty((h.shape[0], q.shape[1] * q.shape[3]), self.model.dtype)
             for t, kept in enumerate(retained):
-                attn[t] = self._attend(local, q[t], k[kept].transpose(1, 0, 2), v[kept].transpose(1, 0, 2), t - kept)
+                attn[t] = self._attend(i, q[t], k[kept].transpose(1, 0, 2), v[kept].transpose(1, 0, 2), t - kept)
             return self._out(lw, attn)
 
         return run_layer(NumpyLowering(self.model.args.rms_norm_eps, attend, self.model._mlp), i, lw, x)
@@ -375,7 +377,7 @@ class StreamingReference:
             self.keys[i].append(k[0])
             self.values[i].append(v[0])
             keys, values = np.stack(self.keys[i], axis=1), np.stack(self.values[i], axis=1)  # [Hkv, n, D]
-            return self._out(lw, self._attend(m.args.is_local(i), q[0], keys, values, back)[None, :])
+            return self._out(lw, self._attend(i, q[0], keys, values, back)[None, :])
 
         lowering = NumpyLowering(m.args.rms_norm_eps, attend, m._mlp)
         for i, lw in enumerate(m.layers):
@@ -396,13 +398,14 @@ class StreamingReference:
         v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(-1, hkv, d)
         return q, k, v
 
-    def _attend(self, local: bool, q: np.ndarray, keys: np.ndarray, values: np.ndarray, back: np.ndarray) -> np.ndarray:
-        """One query q [Hq, 1, D] over the retained tokens' pre-RoPE keys and values [Hkv, n, D], re-rotated
-        at their positions within the cache (0 .. n-1, the query at n - 1); `back` [n]: how far back each
-        token is (a local layer's window). The attention output [Hq * D]."""
+    def _attend(self, layer: int, q: np.ndarray, keys: np.ndarray, values: np.ndarray, back: np.ndarray) -> np.ndarray:
+        """Layer `layer`'s query q [Hq, 1, D] over the retained tokens' pre-RoPE keys and values [Hkv, n, D],
+        re-rotated at their positions within the cache (0 .. n-1, the query at n - 1); `back` [n]: how far
+        back each token is (a local layer's window). The attention output [Hq * D]."""
         m = self.model
         hq, hkv, d = q.shape[0], keys.shape[0], q.shape[-1]
-        cos, sin = m.rope_cos_sin(np.arange(keys.shape[1]), local)
+        local = m.args.is_local(layer)
+        cos, sin = m.rope_cos_sin(np.arange(keys.shape[1]), m.args.rope_kind(layer))
         keys = np.repeat(apply_rope(keys, cos, sin), hq // hkv, axis=0)  # [Hq, n, D]
         q = apply_rope(q, cos[-1:], sin[-1:])
         values = np.repeat(values, hq // hkv, axis=0)

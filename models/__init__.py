@@ -11,10 +11,12 @@ from typing import Any
 
 from edge_runtime.errors import UnsupportedArchitectureError
 
-from . import gemma3, llama, qwen2, qwen3
-from .base import Architecture, LayerWeights, ModelArgs, ModelWeights, RopeConfig, WeightNames
+from . import gemma3, llama, qwen2, qwen3, smollm3
+from .base import Architecture, LayerWeights, ModelArgs, ModelWeights, RopeConfig, RopeKind, WeightNames
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH)}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH, smollm3.ARCH)
+}
 
 # model_type -> architecture file, where the model is the same network under another name.
 ALIASES: dict[str, str] = {"mistral": "llama"}
@@ -66,6 +68,7 @@ __all__ = [
     "ModelArgs",
     "ModelWeights",
     "RopeConfig",
+    "RopeKind",
     "WeightNames",
     "get_arch",
     "resolve_checkpoint",

@@ -28,6 +28,14 @@ class Activation(enum.Enum):
     GELU_TANH = "gelu_pytorch_tanh"
 
 
+class RopeKind(enum.Enum):
+    """Which rotation a layer's attention applies to q and k."""
+
+    GLOBAL = "global"  # the model's RoPE (`ModelArgs.rope`)
+    LOCAL = "local"  # a local layer's own (`ModelArgs.local_rope`, Gemma 3)
+    NONE = "none"  # no position rotation (SmolLM3's NoPE layers): every forward rotates by angle 0
+
+
 # ---------------------------------------------------------------------------------------------
 # config.json readers: one place that type-checks and names the offending key
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +206,9 @@ class ModelArgs:
     local_layers: tuple[int, ...] = ()
     local_window: int | None = None
     local_rope: RopeConfig | None = None
+    # Global layers without RoPE (SmolLM3's NoPE layers). Their attention is the same ops fed cos 1, sin 0,
+    # which leave q and k exactly as they are, so no forward has a second attention path.
+    nope_layers: tuple[int, ...] = ()
     sliding_window: int | None = None  # attention span in tokens (Mistral); None = full causal
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
@@ -213,6 +224,11 @@ class ModelArgs:
 
     def is_local(self, layer: int) -> bool:
         return layer in self.local_layers
+
+    def rope_kind(self, layer: int) -> RopeKind:
+        if layer in self.nope_layers:
+            return RopeKind.NONE
+        return RopeKind.LOCAL if self.is_local(layer) else RopeKind.GLOBAL
 
 
 def parse_common(cfg: dict[str, Any], *, arch: str, **flags: Any) -> ModelArgs:
