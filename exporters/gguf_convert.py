@@ -42,7 +42,10 @@ ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", False),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM", True),
 }
+# llama.cpp fixes SmolLM3's NoPE layers at every fourth (hparams.n_no_rope_layer_step); the file has no key.
+SMOLLM3_NO_ROPE_STEP = 4
 
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -210,9 +213,11 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
         "vocab_size": vocab,
         "tie_word_embeddings": not gg.has_tensor("output.weight"),
     }
-    if model_type == "llama":
+    if model_type in ("llama", "smollm3"):
         config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
         config["mlp_bias"] = False
+    if model_type == "smollm3":
+        config.update(use_sliding_window=False, no_rope_layer_interval=SMOLLM3_NO_ROPE_STEP)
     elif model_type in ("qwen2", "qwen3"):
         config["use_sliding_window"] = False
     if model_type == "qwen3":

@@ -130,7 +130,7 @@ def write_gguf(
     tensors = CheckpointTensors(ckpt)
     for name in tensors:
         data = np.ascontiguousarray(tensors[name], np.float32)
-        if model_type == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if model_type in ("llama", "smollm3") and name.endswith(("q_proj.weight", "k_proj.weight")):
             data = llama_cpp_permute(data, heads if "q_proj" in name else kv)
         if arch == "gemma3" and name.endswith("norm.weight"):  # convert_hf_to_gguf.py stores Gemma's 1 + w
             data = data + np.float32(1.0)
@@ -200,6 +200,23 @@ def test_f32_gguf_round_trips_exactly(tmp_path, name):
     rope_in, rope_out = (get_arch(c).parse(c).rope for c in (orig, config))
     np.testing.assert_allclose(rope_out.inv_freq(16), rope_in.inv_freq(16), rtol=1e-6)  # llama3 from rope_freqs
     assert config["rms_norm_eps"] == orig["rms_norm_eps"]
+
+
+def test_smollm3_gguf_round_trips_with_its_nope_layers(tmp_path):
+    """llama.cpp's SmolLM3 GGUF: llama's tensors (Q/K permuted) and no key for the NoPE layers, which it
+    fixes at every fourth; the converted checkpoint gives back the tensors and the same NoPE layers."""
+    from edge_runtime.models import get_arch
+
+    src = tmp_path / "hf"
+    save_tiny_checkpoint("smollm3", src, no_rope_layer_interval=4, num_hidden_layers=8)
+    write_gguf(src, tmp_path / "m.gguf", linear_type=Q.F32)
+    config = convert_gguf(tmp_path / "m.gguf", tmp_path / "back", dtype="f32")
+    a, b = CheckpointTensors(src), CheckpointTensors(tmp_path / "back")
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    orig = json.loads((src / "config.json").read_text())
+    assert get_arch(config).parse(config).nope_layers == get_arch(orig).parse(orig).nope_layers == (3, 7)
 
 
 def test_qwen3_gguf_names_equal_transformers_gguf_loading(tmp_path):

@@ -108,7 +108,7 @@ def test_demo_model_shape_and_size():
     assert total <= 25 * 2**20
 
 
-@pytest.mark.parametrize("name", ["llama-untied", "qwen2", "gemma3"])
+@pytest.mark.parametrize("name", ["llama-untied", "qwen2", "gemma3", "smollm3"])
 def test_streaming_run_computes_what_step_does_token_by_token(name, tmp_path):
     """run() (layer by layer over a known stream, what validation uses) against step() past two wraps of a
     tiny ring: the same tokens attended at the same cache positions, so equal to float64 rounding."""

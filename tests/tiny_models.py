@@ -84,6 +84,26 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         },
         "pad_token_id": 2,
     },
+    # Layers 1 and 3 without RoPE (every second one); the 3B checkpoint has every fourth.
+    "smollm3": {
+        **_BASE,
+        "model_type": "smollm3",
+        "tie_word_embeddings": True,
+        "num_hidden_layers": 4,
+        "no_rope_layer_interval": 2,
+        "pad_token_id": 2,
+    },
+    # The per-layer list (0: NoPE) wins over the interval; biases on attention and MLP.
+    "smollm3-list-bias": {
+        **_BASE,
+        "model_type": "smollm3",
+        "tie_word_embeddings": False,
+        "num_hidden_layers": 3,
+        "no_rope_layers": [0, 1, 1],
+        "attention_bias": True,
+        "mlp_bias": True,
+        "pad_token_id": 2,
+    },
 }
 
 
