@@ -12,6 +12,7 @@ raises, a message the template cannot take) is a `ChatTemplateError` naming what
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -29,6 +30,8 @@ from .errors import BundleError, ChatTemplateError
 # ("usr") far more often than a model's private role, and most templates would render it without complaint.
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "ipython"})
 _MAX_TEMPLATE_BYTES = 1 << 20
+# render()'s own variables: a user's template variable of one of these names would replace the conversation.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 Message = Mapping[str, Any]
 
@@ -70,11 +73,27 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def template_variables(value: Any, source: str) -> dict[str, Any]:
+    """Chat template variables a user gives (`{"enable_thinking": false}` for Qwen3 and SmolLM3, what
+    `apply_chat_template(**kwargs)` and OpenAI-compatible servers' `chat_template_kwargs` pass), checked: an
+    object whose keys are names and not render()'s own. `source` names where they came from."""
+    if not isinstance(value, Mapping):
+        raise ChatTemplateError(f"{source} must be an object of template variables, got {type(value).__name__}")
+    bad = sorted(repr(k) for k in value if not isinstance(k, str) or not k.isidentifier() or k in RESERVED_VARIABLES)
+    if bad:
+        raise ChatTemplateError(
+            f"{source}: {', '.join(bad)} cannot be set (not a name, or one of the conversation's own: "
+            f"{', '.join(sorted(RESERVED_VARIABLES))})"
+        )
+    return dict(value)
+
+
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None, *, origin: str = "chat template"):
         self.source = source
         self.origin = origin
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if isinstance(v, str)}
+        self.variables: dict[str, Any] = {}  # every render's defaults (with_variables)
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
@@ -98,6 +117,12 @@ class ChatTemplate:
             raise BundleError(f"cannot read the chat template '{path}': {e}") from e
         return cls(source, spec.special_tokens, origin=f"the chat template of '{bundle.path}'")
 
+    def with_variables(self, variables: Mapping[str, Any], source: str = "chat template variables") -> ChatTemplate:
+        """This template with `variables` as every render's defaults (a render's own still win)."""
+        out = copy.copy(self)
+        out.variables = {**self.variables, **template_variables(variables, source)}
+        return out
+
     def render(
         self,
         messages: Sequence[Message],
@@ -115,7 +140,7 @@ class ChatTemplate:
                 tools=None if tools is None else [dict(t) for t in tools],
                 documents=None if documents is None else [dict(d) for d in documents],
                 add_generation_prompt=add_generation_prompt,
-                **{**self.special_tokens, **variables},
+                **{**self.special_tokens, **self.variables, **variables},
             )
         except jinja2.TemplateError as e:  # raise_exception(), undefined names, sandbox refusals
             raise ChatTemplateError(f"{self.origin} refused the conversation: {e}") from None

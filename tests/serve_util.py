@@ -16,6 +16,8 @@ SERVE_TEMPLATE = (
     "{% if m['content'] %}{{ 'ROMEO' if m['role'] == 'assistant' else m['role'] | upper }}.\n"
     "{{ m['content'] }}\n\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt and messages | selectattr('content') | list %}ROMEO.\n{% endif %}"
+    # Qwen3's and SmolLM3's switch, in miniature: the reply starts with an empty thought when it is off
+    "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}[aside]\n{% endif %}"
 )
 
 

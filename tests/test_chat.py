@@ -158,3 +158,18 @@ def test_tiny_checkpoint_tokenizer_encodes_like_autotokenizer(tmp_path):
     assert bundle.manifest.tokenizer.chat_template is None
     with pytest.raises(ChatTemplateError, match="has no chat template"):
         ChatTemplate.for_bundle(bundle)
+
+
+def test_template_variables_defaults_and_refusals():
+    """with_variables sets every render's defaults without touching the original; a render's own win; names
+    the conversation owns (messages, tools ...) and non-names are refused by name."""
+    t = ChatTemplate("{{ messages[0]['content'] }}{% if enable_thinking is defined %}:{{ enable_thinking }}{% endif %}")
+    msgs = [{"role": "user", "content": "hi"}]
+    off = t.with_variables({"enable_thinking": False})
+    assert (t.render(msgs), off.render(msgs), off.render(msgs, enable_thinking=True)) == ("hi", "hi:False", "hi:True")
+    for bad, name in (({"messages": []}, "'messages'"), ({"add_generation_prompt": 1}, "add_generation"),
+                      ({"not a name": 1}, "'not a name'"), ({1: 2}, "1")):  # fmt: skip
+        with pytest.raises(ChatTemplateError, match=name):
+            t.with_variables(bad)
+    with pytest.raises(ChatTemplateError, match="object"):
+        t.with_variables([("enable_thinking", False)])

@@ -18,6 +18,8 @@ TEMPLATE = (
     "{% for m in messages %}{{ 'ROMEO' if m['role'] == 'assistant' else m['role'] | upper }}.\n"
     "{{ m['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}ROMEO.\n{% endif %}"
+    # Qwen3's and SmolLM3's thinking switch, in miniature (--chat-template-kwargs)
+    "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}[aside]\n{% endif %}"
 )
 
 
@@ -188,3 +190,34 @@ def test_a_turn_longer_than_the_window_is_chunked_with_a_one_line_notice(tmp_pat
     objs = [json.loads(x) for x in result.stdout.strip().splitlines()]
     assert "exceeds the window of 60" in objs[0].get("notice", ""), result.stdout
     assert objs[1]["turn"] == 1
+
+
+def test_chat_template_kwargs_reach_the_template(chat_bundle):
+    """--chat-template-kwargs renders --message and every --chat turn with the variables; bad values are one line."""
+    from edge_runtime.chat import ChatTemplate
+    from edge_runtime.engine import load
+    from edge_runtime.tokenizer import Tokenizer
+
+    engine = load(chat_bundle)
+    tok = Tokenizer.for_engine(engine)
+    template = ChatTemplate.for_bundle(engine.bundle)
+    messages = [{"role": "user", "content": "Good morrow"}]
+    off = tok.encode(template.render(messages, enable_thinking=False), add_special_tokens=False)
+    plain = tok.encode(template.render(messages), add_special_tokens=False)
+    assert len(off) > len(plain)
+    kwargs = ("--chat-template-kwargs", '{"enable_thinking": false}')
+    one = _json(_run(chat_bundle, "--message", "Good morrow", *kwargs, "--max-tokens", "2", "--json"))
+    assert one["prompt_token_ids"] == off
+    assert (
+        _json(_run(chat_bundle, "--message", "Good morrow", "--max-tokens", "2", "--json"))["prompt_token_ids"] == plain
+    )
+    chat = _run(chat_bundle, "--chat", *kwargs, "--json", "--max-tokens", "2", input="Good morrow\n")
+    assert chat.exit_code == 0, chat.output
+    assert json.loads(chat.stdout.strip().splitlines()[0])["stats"]["prompt_tokens"] == len(off)
+    for value, words in (
+        ("{enable_thinking: false}", "not JSON"),
+        ('{"messages": []}', "cannot be set"),
+        ("[1]", "object"),
+    ):
+        bad = _run(chat_bundle, "--message", "Hi", "--chat-template-kwargs", value)
+        assert bad.exit_code == 2 and words in bad.output and "Traceback" not in bad.output, bad.output

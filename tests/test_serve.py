@@ -304,3 +304,37 @@ def test_speculative_server_replies_as_plain_greedy_and_counts_its_proposals(ser
         timeout=120,
     )
     assert bad.returncode == 1 and "slack rows" in bad.stderr.strip().splitlines()[-1] and "Traceback" not in bad.stderr
+
+
+def test_chat_template_kwargs_reach_the_template(client, serve_bundle, tmp_path):
+    """A request's chat_template_kwargs (vLLM's and llama.cpp's field) render the template with its variables;
+    edge-serve --chat-template-kwargs sets every request's, and a request's own win."""
+    from edge_runtime.chat import ChatTemplate
+
+    from .conftest import SERVE_ARGS
+    from .serve_util import Server
+
+    engine = load(serve_bundle, LoadOptions(window=100, threads=1), target="x86")
+    tok = Tokenizer.for_engine(engine)
+    messages = _user("Speak, good nurse.")
+    template = ChatTemplate.for_bundle(engine.bundle)
+    plain = len(tok.encode(template.render(messages), add_special_tokens=False))
+    off = len(tok.encode(template.render(messages, enable_thinking=False), add_special_tokens=False))
+    assert off > plain
+
+    def prompt_tokens(c, kwargs=None):
+        extra = {} if kwargs is None else {"extra_body": {"chat_template_kwargs": kwargs}}
+        reply = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, temperature=0, **extra)
+        return reply.usage.prompt_tokens
+
+    assert prompt_tokens(client) == plain
+    assert prompt_tokens(client, {"enable_thinking": False}) == off
+    server = Server(
+        serve_bundle, *SERVE_ARGS, "--chat-template-kwargs", '{"enable_thinking": false}', log=tmp_path / "s.log"
+    )
+    try:
+        c = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert prompt_tokens(c) == off
+        assert prompt_tokens(c, {"enable_thinking": True}) == plain
+    finally:
+        server.stop()

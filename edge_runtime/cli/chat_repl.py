@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ COMMANDS = {
 class ChatOptions:
     system: str | None = None
     as_json: bool = False
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
 
 
 def _lines(interactive: bool) -> Iterator[str]:
@@ -64,7 +65,7 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 
 def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions) -> None:
-    template = ChatTemplate.for_bundle(engine.bundle)
+    template = ChatTemplate.for_bundle(engine.bundle).with_variables(opts.template_kwargs)
     session = Session(engine)
     interactive = sys.stdin.isatty() and not opts.as_json
     head = [] if opts.system is None else [{"role": "system", "content": opts.system}]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import sys
 import warnings
@@ -16,6 +17,35 @@ import click
 from edge_runtime.errors import EdgeRuntimeError
 
 debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+
+
+class TemplateVariables(click.ParamType):
+    """--chat-template-kwargs: a JSON object of chat template variables (edge_runtime.chat.template_variables)."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, Any]:
+        from edge_runtime.chat import template_variables
+        from edge_runtime.errors import ChatTemplateError
+
+        if isinstance(value, dict):
+            return value
+        try:
+            return template_variables(json.loads(value), "the value")
+        except json.JSONDecodeError as e:
+            self.fail(f"not JSON ({e.msg} at character {e.pos}): {value!r:.60}", param, ctx)
+        except ChatTemplateError as e:
+            self.fail(str(e), param, ctx)
+
+
+template_kwargs_option = click.option(
+    "--chat-template-kwargs",
+    "template_kwargs",
+    type=TemplateVariables(),
+    default="{}",
+    help="Chat template variables, a JSON object: '{\"enable_thinking\": false}' makes Qwen3 and SmolLM3 answer "
+    "without a thinking block.",
+)
 
 
 def speculative_options(fn: Callable[..., Any]) -> Callable[..., Any]:

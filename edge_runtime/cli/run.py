@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import chat_repl, prompt_input
-from .common import debug_option, friendly_errors, require_stdout, speculative_options
+from .common import debug_option, friendly_errors, require_stdout, speculative_options, template_kwargs_option
 
 if TYPE_CHECKING:
     from edge_runtime.targets import TargetProfile
@@ -80,6 +80,7 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option("--prompt-file", type=click.Path(path_type=Path), help="Read the raw prompt from this UTF-8 file.")
 @click.option("--message", default=None, help="One user message through the model's chat template; - reads stdin.")
 @click.option("--system", default=None, help="A system message before --message (or every --chat conversation).")
+@template_kwargs_option
 @click.option(
     "--chat", is_flag=True, help="Multi-turn chat; from a pipe, one user message per line (/reset starts over)."
 )
@@ -131,6 +132,7 @@ def main(
     prompt_file: Path | None,
     message: str | None,
     system: str | None,
+    template_kwargs: dict[str, Any],
     chat: bool,
     bundle: Path | None,
     model: str | None,
@@ -219,10 +221,10 @@ def main(
     if chat and spec is not None:
         raise EdgeRuntimeError("--speculative/--draft speed up one reply; not with --chat yet")
     if chat:
-        chat_repl.run(engine, tok, config, chat_repl.ChatOptions(system=system, as_json=as_json))
+        chat_repl.run(engine, tok, config, chat_repl.ChatOptions(system, as_json, template_kwargs))
         return
     assert request is not None
-    prompt_ids = _prompt_ids(engine, tok, request)
+    prompt_ids = _prompt_ids(engine, tok, request, template_kwargs)
     ids, parts, final = [], [], None
     stream = stream_generate(engine, tok, prompt_ids, config, grammar=constraint, speculative=spec)
     if not as_json and not request.is_chat:
@@ -291,11 +293,12 @@ def main(
         raise cancelled
 
 
-def _prompt_ids(engine: Any, tok: Any, request: prompt_input.PromptInput) -> list[int]:
+def _prompt_ids(engine: Any, tok: Any, request: prompt_input.PromptInput, variables: dict[str, Any]) -> list[int]:
     if request.is_chat:
         from edge_runtime.chat import ChatTemplate
 
-        text = ChatTemplate.for_bundle(engine.bundle).render(request.messages(), add_generation_prompt=True)
+        template = ChatTemplate.for_bundle(engine.bundle).with_variables(variables)
+        text = template.render(request.messages(), add_generation_prompt=True)
         ids = tok.encode(text, add_special_tokens=False)
     else:
         ids = tok.encode(request.text or "")

@@ -11,13 +11,14 @@ import ipaddress
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
-from edge_runtime.cli.common import debug_option, friendly_errors, speculative_options
+from edge_runtime.cli.common import debug_option, friendly_errors, speculative_options, template_kwargs_option
 
 
 def is_loopback(host: str) -> bool:
@@ -88,6 +89,7 @@ def is_loopback(host: str) -> bool:
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
 )
 @speculative_options
+@template_kwargs_option
 @debug_option
 @friendly_errors
 def main(
@@ -110,6 +112,7 @@ def main(
     speculative: str | None,
     draft: Path | None,
     draft_tokens: int | None,
+    template_kwargs: dict[str, Any],
 ) -> None:
     """Serve a model over the OpenAI API (chat and completions, streaming), with Prometheus /metrics."""
     from edge_runtime.errors import EdgeRuntimeError
@@ -144,6 +147,7 @@ def main(
             threads,
             energy,
             SpeculativeChoice(speculative, draft, draft_tokens),
+            template_kwargs,
         )
     )
     try:
@@ -180,6 +184,8 @@ class ServeOptions:
     threads: int | None
     energy: bool
     speculative: SpeculativeChoice = SpeculativeChoice()
+    # --chat-template-kwargs: every chat request's template variables (its own chat_template_kwargs win)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
@@ -221,7 +227,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         log.info("speculative decoding: %s", spec.describe())
     tokenizer = Tokenizer.for_engine(engine)
     try:
-        template: ChatTemplate | None = ChatTemplate.for_bundle(engine.bundle)
+        template: ChatTemplate | None = ChatTemplate.for_bundle(engine.bundle).with_variables(opts.template_kwargs)
     except ChatTemplateError as e:
         log.warning("%s; /v1/chat/completions will refuse requests", e)
         template = None

@@ -108,7 +108,7 @@ def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[list[int], GenPa
     if req.tools:
         messages, params, tool_format, tools = _with_tools(state, req, messages)
     try:
-        text = state.template.render(messages, add_generation_prompt=True, tools=tools)
+        text = state.template.render(messages, add_generation_prompt=True, tools=tools, **req.template_kwargs)
     except ChatTemplateError as e:  # the template itself refused this conversation (raise_exception)
         raise APIError(422, str(e), param="messages", code="template_refused") from None
     ids = state.conversations.encode(text)  # = tokenizer.encode(text, add_special_tokens=False), incrementally

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edge_runtime.errors import EdgeRuntimeError
+from edge_runtime.chat import template_variables
+from edge_runtime.errors import ChatTemplateError, EdgeRuntimeError
 from edge_runtime.sampling import MIN_TEMPERATURE, SamplingParams
 
 from .errors import APIError, bad_request, invalid_type
@@ -43,6 +44,8 @@ class ChatRequest:
     params: GenParams
     tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: bool = False  # OpenAI defaults to true; a 135M model allowed several repeats its call
+    # The template's variables for this request (vLLM's and llama.cpp's server's chat_template_kwargs)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,12 @@ def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
     if tools and grammar is not None:
         raise bad_request("give 'tools' or a JSON 'response_format', not both", param="response_format")
     parallel = body.bool("parallel_tool_calls", False)
-    return ChatRequest(body.str("model"), messages, tools or None, params, tool_choice or "auto", parallel)
+    kwargs = body.get("chat_template_kwargs")
+    try:
+        kwargs = {} if kwargs is None else template_variables(kwargs, "'chat_template_kwargs'")
+    except ChatTemplateError as e:
+        raise bad_request(str(e), param="chat_template_kwargs") from None
+    return ChatRequest(body.str("model"), messages, tools or None, params, tool_choice or "auto", parallel, kwargs)
 
 
 def _response_format(value: Any) -> Any:
