@@ -195,9 +195,12 @@ def encode_messages(
     *,
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Prompt ids for `messages` through the bundle template of `engine` (an Engine or a Session): what
-    `apply_chat_template(tokenize=True)` gives (encoded without added special tokens: the template placed them)."""
+    `apply_chat_template(tokenize=True, **chat_template_kwargs)` gives (encoded without added special tokens:
+    the template placed them)."""
     bundle = getattr(engine, "engine", engine).bundle  # an Engine, or a Session's
-    text = ChatTemplate.for_bundle(bundle).render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    template = ChatTemplate.for_bundle(bundle).with_variables(chat_template_kwargs or {}, "chat_template_kwargs")
+    text = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     return tokenizer.encode(text, add_special_tokens=False)

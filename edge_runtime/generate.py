@@ -280,11 +280,13 @@ def stream_generate(
     config: GenerationConfig | None = None,
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
     grammar: Grammar | None = None,
     speculative: SpeculativeDecoder | str | None = None,
 ) -> Iterator[TokenEvent]:
-    """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template.
+    """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template
+    (with `chat_template_kwargs` as its variables, e.g. {"enable_thinking": False} for Qwen3 and SmolLM3).
 
     An Engine starts afresh; a Session appends the prompt to its conversation (session.py). `response_format`
     (OpenAI's) or `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError first.
@@ -292,7 +294,7 @@ def stream_generate(
     config = config or GenerationConfig()
     t0 = time.perf_counter()
     processors = _constraints(engine, response_format, grammar)
-    prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
+    prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages, chat_template_kwargs)
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
     stops = StopMatcher(config.stop_strings)
@@ -366,6 +368,7 @@ def generate(
     config: GenerationConfig | None = None,
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
     grammar: Grammar | None = None,
     speculative: SpeculativeDecoder | str | None = None,
@@ -376,7 +379,7 @@ def generate(
         from . import constrain
 
         grammar, response_format = constrain.resolve(response_format, grammar), None  # compiled once, not twice
-    prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages)
+    prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages, chat_template_kwargs)
     ids: list[int] = []
     parts: list[str] = []
     final: list[GenerationStats] = []
@@ -410,13 +413,16 @@ def _prompt_ids(
     tokenizer: Tokenizer,
     prompt: str | Sequence[int] | None,
     messages: Sequence[Mapping[str, Any]] | None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     if (prompt is None) == (messages is None):
         raise EdgeRuntimeError("give a prompt (text or token ids) or messages, not both and not neither")
     if messages is not None:
         from .chat import encode_messages  # jinja2 loads only for chat
 
-        return encode_messages(engine, tokenizer, messages)
+        return encode_messages(engine, tokenizer, messages, chat_template_kwargs=chat_template_kwargs)
+    if chat_template_kwargs:
+        raise EdgeRuntimeError("chat_template_kwargs are the chat template's variables: give messages, not a prompt")
     assert prompt is not None
     return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 

@@ -221,3 +221,23 @@ def test_chat_template_kwargs_reach_the_template(chat_bundle):
     ):
         bad = _run(chat_bundle, "--message", "Hi", "--chat-template-kwargs", value)
         assert bad.exit_code == 2 and words in bad.output and "Traceback" not in bad.output, bad.output
+
+
+def test_python_api_takes_chat_template_kwargs(chat_bundle):
+    """generate(messages=..., chat_template_kwargs=...) prompts as the template rendered with the variables;
+    with a raw prompt they are refused (a prompt has no template)."""
+    from edge_runtime.chat import ChatTemplate
+    from edge_runtime.engine import load
+    from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.generate import GenerationConfig, generate
+    from edge_runtime.tokenizer import Tokenizer
+
+    engine = load(chat_bundle)
+    tok = Tokenizer.for_engine(engine)
+    messages = [{"role": "user", "content": "Good morrow"}]
+    text = ChatTemplate.for_bundle(engine.bundle).render(messages, enable_thinking=False)
+    config = GenerationConfig(max_tokens=2)
+    got = generate(engine, tok, messages=messages, chat_template_kwargs={"enable_thinking": False}, config=config)
+    assert got.prompt_token_ids == tok.encode(text, add_special_tokens=False)
+    with pytest.raises(EdgeRuntimeError, match="give messages"):
+        generate(engine, tok, "ROMEO.", config, chat_template_kwargs={"enable_thinking": False})
