@@ -189,6 +189,7 @@ def chat(
     config: Any = None,
     *,
     parallel_tool_calls: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One assistant turn with tools: {"role": "assistant", "content", "tool_calls", "finish_reason"} (OpenAI's
     message, finish_reason "tool_calls" when there are calls). One call per turn unless `parallel_tool_calls`
@@ -197,7 +198,7 @@ def chat(
 
     fns = functions(tools)
     bundle = getattr(engine, "engine", engine).bundle
-    template = ChatTemplate.for_bundle(bundle)
+    template = ChatTemplate.for_bundle(bundle).with_variables(chat_template_kwargs or {}, "chat_template_kwargs")
     fmt = detect_format(template)
     grammar = call_grammar(
         fns, tool_choice, fmt, parallel_tool_calls

@@ -142,9 +142,10 @@ def parse_rope(cfg: dict[str, Any]) -> RopeConfig:
     params = cfg.get("rope_parameters")
     if params is None:
         params = dict(cfg.get("rope_scaling") or {})
-        params.setdefault("rope_theta", cfg.get("rope_theta"))
     if not isinstance(params, dict):
         raise ConfigError(f"config.json: 'rope_parameters' = {params!r} must be an object")
+    if params.get("rope_theta") is None:  # transformers falls back to the top-level key too
+        params = {**params, "rope_theta": cfg.get("rope_theta")}
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in ROPE_TYPES:
         raise ConfigError(
@@ -224,6 +225,11 @@ class ModelArgs:
 
     def is_local(self, layer: int) -> bool:
         return layer in self.local_layers
+
+    def __post_init__(self) -> None:
+        both = sorted(set(self.local_layers) & set(self.nope_layers))
+        if both:  # the local layers' step carries their own rotation and ring: one kind per layer
+            raise ConfigError(f"config.json: layers {both} are both local (sliding-window) and without RoPE")
 
     def rope_kind(self, layer: int) -> RopeKind:
         if layer in self.nope_layers:

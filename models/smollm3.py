@@ -2,8 +2,8 @@
 has no RoPE (NoPE): its q and k attend unrotated (`ModelArgs.nope_layers`).
 
 `no_rope_layers` lists a 1 (RoPE) or 0 (NoPE) per layer and wins over the interval, as in
-SmolLM3Config. Sliding-window layers (`use_sliding_window: true`, which transformers applies to the NoPE
-layers) are refused: the released checkpoint has them off.
+SmolLM3Config. Sliding-window layers (`use_sliding_window: true` with a `sliding_window`, which
+transformers applies to the NoPE layers) are refused: the released checkpoint has them off.
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ def nope_layers(config: dict[str, Any], layers: int) -> tuple[int, ...]:
 
 
 def parse(config: dict[str, Any]) -> ModelArgs:
-    if opt_bool(config, "use_sliding_window", False):
+    if opt_bool(config, "use_sliding_window", False) and config.get("sliding_window") is not None:
         raise ConfigError("config.json: smollm3 'use_sliding_window' = true is not supported; set it to false")
     layer_types = config.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
         raise ConfigError(f"config.json: smollm3 'layer_types' {sorted(set(layer_types))} is not supported; "
                           "only full_attention layers are")  # fmt: skip
-    if config.get("rope_theta") is None and not (config.get("rope_parameters") or {}).get("rope_theta"):
-        config = {**config, "rope_theta": DEFAULT_THETA}
+    params = config.get("rope_parameters")
+    if config.get("rope_theta") is None and not (isinstance(params, dict) and params.get("rope_theta") is not None):
+        config = {**config, "rope_theta": DEFAULT_THETA}  # parse_rope falls back to the top-level key
     bias = opt_bool(config, "attention_bias", False)
     return parse_common(
         config,

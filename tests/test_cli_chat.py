@@ -214,6 +214,8 @@ def test_chat_template_kwargs_reach_the_template(chat_bundle):
     chat = _run(chat_bundle, "--chat", *kwargs, "--json", "--max-tokens", "2", input="Good morrow\n")
     assert chat.exit_code == 0, chat.output
     assert json.loads(chat.stdout.strip().splitlines()[0])["stats"]["prompt_tokens"] == len(off)
+    raw = _run(chat_bundle, "--prompt", "ROMEO.", *kwargs)
+    assert raw.exit_code == 1 and "give --message or --chat" in raw.output, raw.output
     for value, words in (
         ("{enable_thinking: false}", "not JSON"),
         ('{"messages": []}', "cannot be set"),

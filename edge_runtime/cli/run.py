@@ -182,6 +182,8 @@ def main(
     if chat and constraint is not None:
         raise EdgeRuntimeError("--json-schema/--regex/--grammar/--choice constrain one reply; not with --chat")
     request = None if chat else prompt_input.resolve(prompt, prompt_file, message, system, DEFAULT_PROMPT)
+    if template_kwargs and request is not None and not request.is_chat:
+        raise EdgeRuntimeError("--chat-template-kwargs are the chat template's variables: give --message or --chat")
     if system is not None:
         system = prompt_input.check_utf8(system, "--system")
     # So are the sampling settings (--seed -1, --temperature 1e-308): before any line of progress.
