@@ -94,6 +94,7 @@ class ChatTemplate:
         self.origin = origin
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if isinstance(v, str)}
         self.variables: dict[str, Any] = {}  # every render's defaults (with_variables)
+        self.clock: datetime | None = None  # what strftime_now reads (at); None: the time of each render
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
@@ -123,6 +124,15 @@ class ChatTemplate:
         out.variables = {**self.variables, **template_variables(variables, source)}
         return out
 
+    def at(self, when: datetime) -> ChatTemplate:
+        """This template with `strftime_now` reading `when`, not the clock. A conversation rendered turn after
+        turn must render its earlier turns alike for the ring to be reused: Llama 3.2's and SmolLM3's system
+        header carries today's date, so at midnight a long conversation would otherwise be all new to the
+        session and be fed again from its first token."""
+        out = copy.copy(self)
+        out.clock = when
+        return out
+
     def render(
         self,
         messages: Sequence[Message],
@@ -140,12 +150,18 @@ class ChatTemplate:
                 tools=None if tools is None else [dict(t) for t in tools],
                 documents=None if documents is None else [dict(d) for d in documents],
                 add_generation_prompt=add_generation_prompt,
-                **{**self.special_tokens, **self.variables, **variables},
+                **{**self.special_tokens, **self._clock(), **self.variables, **variables},
             )
         except jinja2.TemplateError as e:  # raise_exception(), undefined names, sandbox refusals
             raise ChatTemplateError(f"{self.origin} refused the conversation: {e}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
             raise ChatTemplateError(f"{self.origin} failed on this conversation: {type(e).__name__}: {e}") from None
+
+    def _clock(self) -> dict[str, Any]:
+        when = self.clock
+        if when is None:
+            return {}  # the environment's strftime_now: the time of this render
+        return {"strftime_now": lambda fmt: when.strftime(fmt)}  # a render's variable hides the global
 
 
 def normalize_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -196,11 +212,14 @@ def encode_messages(
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> list[int]:
     """Prompt ids for `messages` through the bundle template of `engine` (an Engine or a Session): what
     `apply_chat_template(tokenize=True, **chat_template_kwargs)` gives (encoded without added special tokens:
-    the template placed them)."""
+    the template placed them). `now`: the time the template's `strftime_now` reads (ChatTemplate.at); give a
+    conversation's every turn the same one."""
     bundle = getattr(engine, "engine", engine).bundle  # an Engine, or a Session's
     template = ChatTemplate.for_bundle(bundle).with_variables(chat_template_kwargs or {}, "chat_template_kwargs")
+    template = template if now is None else template.at(now)
     text = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -173,3 +173,15 @@ def test_template_variables_defaults_and_refusals():
             t.with_variables(bad)
     with pytest.raises(ChatTemplateError, match="object"):
         t.with_variables([("enable_thinking", False)])
+
+
+def test_at_pins_the_templates_clock():
+    """at(when): strftime_now reads `when` (Llama 3.2's and SmolLM3's headers carry the date); without it, the clock."""
+    from datetime import datetime
+
+    t = ChatTemplate("Today {{ strftime_now('%d %b %Y %H:%M:%S.%f') }}\n{{ messages[0]['content'] }}")
+    when = datetime(2026, 12, 5, 23, 59, 59, 999999)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert t.at(when).render(msgs) == "Today 05 Dec 2026 23:59:59.999999\nhi"
+    assert t.at(when).with_variables({"x": 1}).render(msgs) == t.at(when).render(msgs)  # kept through copies
+    assert t.render(msgs).startswith(f"Today {datetime.now():%d %b %Y}") and t.clock is None

@@ -243,3 +243,26 @@ def test_python_api_takes_chat_template_kwargs(chat_bundle):
     assert got.prompt_token_ids == tok.encode(text, add_special_tokens=False)
     with pytest.raises(EdgeRuntimeError, match="give messages"):
         generate(engine, tok, "ROMEO.", config, chat_template_kwargs={"enable_thinking": False})
+
+
+# A header that changes at every render unless the conversation's clock is pinned (a date at midnight, sped up).
+CLOCK_TEMPLATE = "NOW {{ strftime_now('%H:%M:%S.%f') }}\n\n" + TEMPLATE
+
+
+def test_a_dated_header_does_not_make_every_turn_new(tmp_path):
+    """--chat renders every turn at the time the conversation began (/reset: a new one; /load: the saved one),
+    so a template whose header carries the time keeps the ring from turn to turn and across /save and /load."""
+    ck = demo_with_template(tmp_path / "demo", CLOCK_TEMPLATE)
+    bundle = tmp_path / "b"
+    export(ExportOptions(checkpoint=ck, out=bundle, window=100))
+    snap = tmp_path / "conv.snap"
+    chat = _run(bundle, "--chat", "--json", "--max-tokens", "3", input=f"Good morrow\nAnd thou?\n/save {snap}\n")
+    assert chat.exit_code == 0, chat.output
+    first, second, _ = (json.loads(x) for x in chat.stdout.strip().splitlines())
+    assert first["stats"]["cached_tokens"] == 0 and second["stats"]["cached_tokens"] > first["stats"]["prompt_tokens"]
+    saved = json.loads((tmp_path / "conv.snap.messages.json").read_text())
+    assert len(saved["messages"]) == 4 and saved["began"]
+    resumed = _run(bundle, "--chat", "--json", "--max-tokens", "3", input=f"/load {snap}\nFarewell\n")
+    assert resumed.exit_code == 0, resumed.output
+    notice, turn = (json.loads(x) for x in resumed.stdout.strip().splitlines())
+    assert notice["notice"].startswith("loaded 4 messages") and turn["stats"]["cached_tokens"] > 0

@@ -16,6 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,9 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 
 def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions) -> None:
-    template = ChatTemplate.for_bundle(engine.bundle).with_variables(opts.template_kwargs)
+    # The conversation's templates read the time it began (ChatTemplate.at): a date in the system header
+    # would otherwise change at midnight and make the whole conversation new to the ring.
+    template = ChatTemplate.for_bundle(engine.bundle).with_variables(opts.template_kwargs).at(datetime.now())
     session = Session(engine)
     interactive = sys.stdin.isatty() and not opts.as_json
     head = [] if opts.system is None else [{"role": "system", "content": opts.system}]
@@ -81,7 +84,9 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
             _notice(f"unknown command {command!r}; /help lists them (a message starting with / needs a space)", opts)
             continue
         if command in _NAMES:
-            _command(command, arg.strip(), session, history, opts)
+            began = _command(command, arg.strip(), session, history, template.clock, opts)
+            if began is not None:
+                template = template.at(began)
             continue
         history.append({"role": "user", "content": line})
         text = template.render([*head, *history], add_generation_prompt=True)
@@ -102,31 +107,53 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
 _NAMES = {c.split()[0] for c in COMMANDS}
 
 
-def _command(command: str, arg: str, session: Session, history: list[dict[str, str]], opts: ChatOptions) -> None:
+def _command(
+    command: str,
+    arg: str,
+    session: Session,
+    history: list[dict[str, str]],
+    began: datetime | None,
+    opts: ChatOptions,
+) -> datetime | None:
+    """Run a /command; returns when the conversation now in the session began, where that changed."""
     if command == "/help":
         _notice("; ".join(f"{k}: {v}" for k, v in COMMANDS.items()), opts)
     elif command == "/reset":
         session.reset()
         history.clear()
         _notice("conversation reset", opts)
+        return datetime.now()
     elif not arg:
         _notice(f"{command} needs a file name", opts)
     elif command == "/save":
         path = Path(arg)
         session.save(path)
-        _sidecar(path).write_text(json.dumps(history), encoding="utf-8")
+        saved = {"messages": history, "began": None if began is None else began.isoformat()}
+        _sidecar(path).write_text(json.dumps(saved), encoding="utf-8")
         _notice(f"saved {len(history)} messages, {session.length} tokens to {path}", opts)
     elif command == "/load":
         path = Path(arg)
-        try:
-            messages = json.loads(_sidecar(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise SnapshotError(f"cannot read the messages saved beside '{path}' ({_sidecar(path).name}): {e}") from e
-        if not isinstance(messages, list):
-            raise SnapshotError(f"'{_sidecar(path)}' does not hold a list of messages")
+        messages, when = _read_sidecar(_sidecar(path))
         session.load(path)  # checks bundle and geometry first; nothing changes on failure
         history[:] = messages
         _notice(f"loaded {len(history)} messages, {session.length} tokens from {path}", opts)
+        return when or datetime.now()
+    return None
+
+
+def _read_sidecar(path: Path) -> tuple[list[Any], datetime | None]:
+    """(messages, when the conversation began) saved by /save; a bare list is an older file without the time."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(saved, list):
+            return saved, None
+        messages, began = saved["messages"], saved.get("began")
+        when = None if began is None else datetime.fromisoformat(began)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise SnapshotError(f"cannot read the messages saved in '{path}': {type(e).__name__}: {e}") from e
+    if not isinstance(messages, list):
+        raise SnapshotError(f"'{path}' does not hold a list of messages")
+    return messages, when
 
 
 def _sidecar(path: Path) -> Path:
