@@ -266,3 +266,23 @@ def test_a_dated_header_does_not_make_every_turn_new(tmp_path):
     assert resumed.exit_code == 0, resumed.output
     notice, turn = (json.loads(x) for x in resumed.stdout.strip().splitlines())
     assert notice["notice"].startswith("loaded 4 messages") and turn["stats"]["cached_tokens"] > 0
+
+
+def test_message_files_of_both_vintages_load_and_bad_ones_are_named(tmp_path):
+    from edge_runtime.cli.chat_repl import _read_sidecar
+    from edge_runtime.errors import SnapshotError
+
+    msgs = [{"role": "user", "content": "Hi"}]
+    (tmp_path / "old.json").write_text(json.dumps(msgs))  # before the start time was saved
+    assert _read_sidecar(tmp_path / "old.json") == (msgs, None)
+    (tmp_path / "new.json").write_text(json.dumps({"messages": msgs, "began": "2026-12-05T23:59:59"}))
+    assert _read_sidecar(tmp_path / "new.json")[1].isoformat() == "2026-12-05T23:59:59"
+    for name, text in (
+        ("a", "{"),
+        ("b", '{"began": null}'),
+        ("c", '{"messages": 3}'),
+        ("d", '{"messages": [], "began": "x"}'),
+    ):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SnapshotError, match=name):
+            _read_sidecar(tmp_path / name)
