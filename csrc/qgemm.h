@@ -15,7 +15,7 @@
 /* One implementation (q4gemm_avx2.c, q4gemm_vnni.c, q8gemm_avx2.c, q8gemm_vnni.c): quantize and tile share
  * its own scratch layout, so they are always used as a pair. */
 typedef struct {
-    const char *isa; /* "avx2" or "avx512vnni": what EDGE_KERNELS_ISA names and edge_kernels_isa() reports */
+    const char *isa; /* "avx2", "avx512vnni" or "amx": what EDGE_KERNELS_ISA names and edge_kernels_isa() reports */
     int rows;        /* most rows one `tile` call takes (a multiple of 4) */
 
     /* Bytes of scratch M quantized rows of K take (K a multiple of 64). */
@@ -34,7 +34,7 @@ typedef struct {
                  int64_t K, int64_t N, int64_t n0, int64_t n1, int64_t p0, int64_t p1, float *y, int64_t M);
 } QImpl;
 
-/* The implementation named `isa` ("avx2", "avx512vnni"), or the fastest this CPU runs when `isa` is NULL
+/* The implementation named `isa` ("avx2", "avx512vnni", "amx"), or the fastest this CPU runs when `isa` is NULL
  * or empty; NULL when this CPU cannot run the one asked for (AVX2, FMA and F16C at least; AVX-512 F, BW,
  * VL and VNNI for avx512vnni). In qgemm.c. */
 const QImpl *q4_impl(const char *isa);

@@ -6,9 +6,10 @@ the query at its cache-logical position).
 
 The shared library is built by `pip install` on x86-64 with a C compiler (an optional extension: where it
 cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are refused and bundles that need
-the ops say so when loaded). MatMulQ4 and MatMulQ8 have two implementations each, chosen when a session is
-created: AVX-512 VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2;
-`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`) pins one for both ops, for A/B runs.
+the ops say so when loaded). MatMulQ4 and MatMulQ8 have three implementations each, chosen when a session
+is created: AMX (Intel Sapphire Rapids and later: tiles for calls of more than 16 rows, the VNNI code for
+fewer), else AVX-512 VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2;
+`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`, `amx`) pins one for both ops, for A/B runs.
 
     so = onnxruntime.SessionOptions()
     kernels.register(so)          # True if the ops are now available to sessions made from `so`
@@ -35,18 +36,21 @@ RING_ATTENTION = "RingAttention"
 OPS = (MATMUL_Q4, MATMUL_Q8, SILU_MUL, LINEAR_ATTENTION, RING_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
 ISA_VARIABLE = "EDGE_KERNELS_ISA"
-ISAS = ("avx2", "avx512vnni")
+ISAS = ("avx2", "avx512vnni", "amx")
 # Most rows one call of an op computes bit for bit as that many one-row calls (None: any number), per
 # implementation; tests/test_kernels_q8.py holds each entry to it. Both close a column's float sums at the
 # same K chunks at every row count; MatMulQ8 keeps decode's sum tree up to 16 rows (csrc/q8kernel.h); the
 # AVX2 MatMulQ4 sums up to four rows in decode's two-accumulator order, and more rows (prompt tiles of
-# eight, K in chunks past four rows) in their own. SiluMul, LinearAttention and RingAttention
+# eight, K in chunks past four rows) in their own; the AMX implementations run VNNI's code up to 16 rows
+# and AMX tiles above (csrc/qgemm_amx.c). SiluMul, LinearAttention and RingAttention
 # compute each row alike at any row count.
 _EXACT_ROWS: dict[tuple[str, str], int | None] = {
     (MATMUL_Q4, "avx512vnni"): None,
     (MATMUL_Q4, "avx2"): 4,
     (MATMUL_Q8, "avx512vnni"): 16,
     (MATMUL_Q8, "avx2"): 16,
+    (MATMUL_Q4, "amx"): 16,
+    (MATMUL_Q8, "amx"): 16,
 }
 
 
@@ -75,7 +79,7 @@ def available() -> bool:
 
 
 def isa() -> str | None:
-    """The MatMulQ4/MatMulQ8 implementation sessions created now run ("avx512vnni" or "avx2"), or None where the
+    """The MatMulQ4/MatMulQ8 implementation sessions created now run ("amx", "avx512vnni" or "avx2"), or None where the
     ops are unavailable or EDGE_KERNELS_ISA names one this CPU lacks (such sessions then fail to load)."""
     lib = library()
     if lib is None or not available():
@@ -93,7 +97,7 @@ def check_pin() -> None:
     if pinned and available() and isa() is None:
         raise KernelPinError(
             f"{ISA_VARIABLE}={pinned} is not a MatMulQ4 implementation this CPU runs (it runs: "
-            f"{', '.join(_runnable())}); unset {ISA_VARIABLE} to pick the fastest"
+            f"{', '.join(runnable())}); unset {ISA_VARIABLE} to pick the fastest"
         )
 
 
@@ -107,7 +111,8 @@ def exact_rows(ops: set[str], implementation: str | None = None) -> int | None:
     return min(caps) if caps else None
 
 
-def _runnable() -> list[str]:
+def runnable() -> list[str]:
+    """The MatMulQ4/MatMulQ8 implementations this CPU runs (EDGE_KERNELS_ISA may name any of them)."""
     query = ctypes.CDLL(str(library())).EdgeKernelsIsaRuns
     query.argtypes, query.restype = [ctypes.c_char_p], ctypes.c_int
     return [name for name in ISAS if query(name.encode())]

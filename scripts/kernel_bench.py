@@ -9,12 +9,12 @@ onnxruntime's own tools:
   fp32        MatMul
   nbits4      MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 compute): our int4 layers
   q4edge      edge-runtime's MatMulQ4 on nbits4's very codes, scales in fp16 as exports write them
-              (--kernel edge; where its library is built), and again on its AVX2 implementation
-              (EDGE_KERNELS_ISA=avx2) where the CPU picks the AVX-512 VNNI one
+              (--kernel edge; where its library is built), and again on each other implementation
+              the CPU runs (EDGE_KERNELS_ISA=avx2, avx512vnni)
   nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4 (our int8 layers with --kernel mlas, which
               repeat the per-channel scale over blocks of 64 or 128)
   q8edge      edge-runtime's MatMulQ8 on per-channel int8 codes (our int8 layers with --kernel edge), and
-              again on its AVX2 implementation where the CPU picks the AVX-512 VNNI one
+              again on each other implementation the CPU runs
   dyn8        DynamicQuantizeMatMul (quantize_dynamic, per-channel int8 weights): the activation gets one
               uint8 scale per tensor per run, so one outlier token coarsens every row of a prompt
 and two session-option variants of nbits4 (one intra-op thread; workers that sleep instead of spin;
@@ -172,10 +172,11 @@ def main() -> int:
     formats = [f for f in FORMATS if f in wanted and (f not in EDGE_FORMATS or kernels.available())]
     # (label, format, intra-op threads, spinning workers, EDGE_KERNELS_ISA or None for the default)
     cases = [(f, f, a.threads, True, None) for f in formats]
-    for f in EDGE_FORMATS:  # the AVX2 implementation beside the default one
-        if f in formats and kernels.isa() != "avx2":
+    for f in EDGE_FORMATS:  # the other implementations this CPU runs beside the default one
+        if f in formats:
             at = next(i for i, c in enumerate(cases) if c[1] == f)
-            cases.insert(at + 1, (f"{f}, avx2 kernel", f, a.threads, True, "avx2"))
+            others = [isa for isa in kernels.runnable() if isa != kernels.isa()]
+            cases[at + 1 : at + 1] = [(f"{f}, {isa} kernel", f, a.threads, True, isa) for isa in others]
     if not a.formats:
         cases += [("nbits4, 1 thread", "nbits4", 1, True, None)]
         cases += [("nbits4, no spinning", "nbits4", a.threads, False, None)]

@@ -22,7 +22,7 @@ from edge_runtime.errors import BundleError, ExportError, KernelPinError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
-ISAS = ("avx2", "avx512vnni")  # MatMulQ4's and MatMulQ8's implementations (csrc/qgemm.c)
+ISAS = kernels.ISAS  # MatMulQ4's and MatMulQ8's implementations (csrc/qgemm.c)
 
 
 def _pin_isa(monkeypatch, isa: str) -> None:
@@ -92,6 +92,8 @@ MATMUL_CASES = [
     (16, 256, 37, 2),
     (19, 576, 45, 2),
     (5, 640, 33, 2),  # a last quad of 2 pairs after full ones (VNNI sums it on its own)
+    (17, 1088, 37, 2),  # AMX from 17 rows: a tile and one row, K chunks of 32 blocks and 2, a part of 16 columns
+    (300, 64, 50, 3),  # AMX: more rows than one call takes (256), one pair of blocks
 ]
 
 
@@ -117,20 +119,23 @@ def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype
 
 @needs_kernels
 def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
-    """VNNI and AVX2 form the same exact int32 block sums; only float rounding order differs."""
-    if kernels.isa() != "avx512vnni":
+    """Every implementation forms the same exact int32 block sums as AVX2's; only float rounding order
+    differs (21 rows: AMX tiles where the CPU has them; 1 row: decode)."""
+    isas = kernels.runnable()
+    if len(isas) < 2:
         pytest.skip("this CPU has only MatMulQ4's AVX2 implementation")
     rng = np.random.default_rng(7)
     b, s = _weights(rng, 1088, 70)
     model = _graph("MatMulQ4", 1088, 70, b, s.astype(np.float16), 2)
     x = rng.standard_normal((21, 1088)).astype(np.float32)
     ys = {}
-    for isa in ISAS:
+    for isa in isas:
         monkeypatch.setenv("EDGE_KERNELS_ISA", isa)
         sess = _session(model)
         ys[isa] = np.concatenate([sess.run(None, {"x": x})[0], sess.run(None, {"x": x[:1]})[0]])
-    diff = np.abs(ys["avx2"] - ys["avx512vnni"]).max() / np.abs(ys["avx2"]).max()
-    assert 0 < diff < 1e-6  # different code (not one implementation twice), the same sums
+    for isa in isas[1:]:
+        diff = np.abs(ys["avx2"] - ys[isa]).max() / np.abs(ys["avx2"]).max()
+        assert 0 < diff < 1e-6, isa  # different code (not one implementation twice), the same sums
     monkeypatch.setenv("EDGE_KERNELS_ISA", "sse2")
     assert kernels.isa() is None
     refused = r"EDGE_KERNELS_ISA=sse2 is not a MatMulQ4 .*\(it runs: [a-z0-9, ]+\); unset"

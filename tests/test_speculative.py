@@ -376,7 +376,7 @@ def test_edge_int4_verification_chunks_are_decode_steps_bit_for_bit(edge_int4):
     chunk's rows as decode steps do, bit for bit."""
     engine = load(edge_int4, SMALL)
     assert engine.backend.kernel_ops() >= {kernels.MATMUL_Q4, kernels.MATMUL_Q8, kernels.RING_ATTENTION}
-    cap = {"avx512vnni": 16, "avx2": 4}[kernels.isa()]
+    cap = {"amx": 16, "avx512vnni": 16, "avx2": 4}[kernels.isa()]
     assert engine.exact_rows == cap
     prompt = repetitive_prompt(engine.manifest.model.vocab_size)
     want = greedy(engine, prompt, 96)
