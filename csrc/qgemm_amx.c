@@ -93,46 +93,63 @@ static void amx_quantize_row(const float *x, int64_t K, int64_t M, void *scratch
 
 /* ---- weights: one column block's B tile and scales ---------------------------------------------- */
 
-/* MatMulQ4: B [N][K/32][16] nibbles (byte j: k = 2j low, 2j + 1 high), zero point 8. Group g (0-3) of the
- * tile is each column's 32-bit word g, low nibbles (k = 8g + 2i); group 4 + g its high nibbles. */
-static inline void q4_unpack_block(const uint8_t *bcol, __m512i idx, __mmask16 cols, int8_t out[8][64]) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-    for (int g = 0; g < 4; g++) {
-        __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), cols, idx, bcol + 4 * g, 1);
-        _mm512_store_si512(out[g], _mm512_sub_epi8(_mm512_and_si512(v, low4), eight));
-        _mm512_store_si512(out[4 + g], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi32(v, 4), low4), eight));
+/* Plain loads and an in-register transpose rather than vpgatherdd: CPUs with the Gather Data Sampling
+ * (Downfall) mitigation run gathers in microcode. Here the two measured alike (17 and 128 rows). */
+
+/* The 32-bit words 0-3 of 16 columns' 16 bytes (column n at p + n * stride; columns at or past `cols`
+ * read column cols - 1, so nothing past the matrix is touched) as 4 rows of 16 words: R[g] =
+ * [column 0's word g, ..., column 15's word g], a tile row's 16 columns x 4 bytes. */
+static inline void columns_words(const uint8_t *p, size_t stride, int cols, __m512i R[4]) {
+    __m512i z[4];
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *c[4];
+        for (int i = 0; i < 4; i++) c[i] = p + (size_t)(4 * j + i < cols ? 4 * j + i : cols - 1) * stride;
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)c[0]));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)c[1]), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)c[2]), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)c[3]), 3);
+        /* lane g <- word g of each of the 4 columns */
+        z[j] = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
     }
+    __m512i t0 = _mm512_shuffle_i32x4(z[0], z[1], 0x44), t1 = _mm512_shuffle_i32x4(z[0], z[1], 0xEE);
+    __m512i t2 = _mm512_shuffle_i32x4(z[2], z[3], 0x44), t3 = _mm512_shuffle_i32x4(z[2], z[3], 0xEE);
+    R[0] = _mm512_shuffle_i32x4(t0, t2, 0x88), R[1] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
+    R[2] = _mm512_shuffle_i32x4(t1, t3, 0x88), R[3] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
 }
 
-/* The 16 columns' scales of block e0 + b (per column e = n * nb + e0 + b): float, or float16 read as the
- * aligned 32-bit word holding it, so no read passes the array's end. */
-static inline __m512 q4_block_scales(const void *scales, int fp16, int64_t nb, int64_t e0, __mmask16 cols) {
-    const __m512i n = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    if (!fp16) {
-        __m512i idx = _mm512_mullo_epi32(n, _mm512_set1_epi32((int)nb));
-        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), cols, idx, (const float *)scales + e0, 4);
+/* MatMulQ4: B [N][K/32][16] nibbles (byte j: k = 2j low, 2j + 1 high), zero point 8. Group g (0-3) of the
+ * tile is each column's 32-bit word g, low nibbles (k = 8g + 2i); group 4 + g its high nibbles. */
+static inline void q4_unpack_block(const uint8_t *bcol, size_t stride, int cols, int8_t out[8][64]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    __m512i R[4];
+    columns_words(bcol, stride, cols, R);
+    for (int g = 0; g < 4; g++) {
+        _mm512_store_si512(out[g], _mm512_sub_epi8(_mm512_and_si512(R[g], low4), eight));
+        _mm512_store_si512(out[4 + g], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi32(R[g], 4), low4), eight));
     }
-    const uint16_t *s = scales;
-    if ((uintptr_t)s & 3) { /* not 4-byte aligned: one at a time */
-        _Alignas(64) uint16_t h[16] = {0};
-        for (int i = 0; i < 16; i++)
-            if (cols >> i & 1) h[i] = s[e0 + i * nb];
-        return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)h));
-    }
-    __m512i e = _mm512_add_epi32(_mm512_mullo_epi32(n, _mm512_set1_epi32((int)nb)), _mm512_set1_epi32((int)(e0 & 1)));
-    const uint32_t *words = (const uint32_t *)(s + (e0 & ~(int64_t)1));
-    __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), cols, _mm512_srli_epi32(e, 1), words, 4);
-    v = _mm512_srlv_epi32(v, _mm512_slli_epi32(_mm512_and_si512(e, _mm512_set1_epi32(1)), 4));
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
 }
 
 /* MatMulQ8: B [N][K] bytes (codes + 128). Group g of the tile is each column's k 4g..4g+3 of the block. */
-static inline void q8_unpack_block(const uint8_t *bcol, __m512i idx, __mmask16 cols, int8_t out[8][64]) {
+static inline void q8_unpack_block(const uint8_t *bcol, size_t stride, int cols, int8_t out[8][64]) {
     const __m512i k80 = _mm512_set1_epi8((char)0x80);
-    for (int g = 0; g < 8; g++) {
-        __m512i v = _mm512_mask_i32gather_epi32(_mm512_set1_epi8((char)0x80), cols, idx, bcol + 4 * g, 1);
-        _mm512_store_si512(out[g], _mm512_xor_si512(v, k80));
+    for (int half = 0; half < 2; half++) {
+        __m512i R[4];
+        columns_words(bcol + 16 * half, stride, cols, R);
+        for (int g = 0; g < 4; g++) _mm512_store_si512(out[4 * half + g], _mm512_xor_si512(R[g], k80));
     }
+}
+
+/* MatMulQ4's block scales of 16 columns (from column nt, `cols` of them) over `blocks` blocks from b0, as
+ * sw[b] = the 16 columns' scales of block b0 + b (0 past cols). */
+static inline void q4_scales(const void *scales, int fp16, int64_t nb, int64_t nt, int cols, int64_t b0,
+                             int64_t blocks, __m512 *sw) {
+    _Alignas(64) float t[AMX_MAX_BLOCKS][16];
+    for (int n = 0; n < 16; n++)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t e = (nt + n) * nb + b0 + b;
+            t[b][n] = n >= cols ? 0.0f : fp16 ? _cvtsh_ss(((const uint16_t *)scales)[e]) : ((const float *)scales)[e];
+        }
+    for (int64_t b = 0; b < blocks; b++) sw[b] = _mm512_load_ps(t[b]);
 }
 
 /* ---- the product ---------------------------------------------------------------------------------- */
@@ -164,19 +181,17 @@ static inline __attribute__((always_inline)) void amx_tile(const void *scratch, 
     _Alignas(64) __m512 sw[AMX_MAX_BLOCKS];
     _Alignas(64) int32_t c[4][16][16];
     const int64_t nb = K / 32, b0 = 2 * p0, blocks = 2 * (p1 - p0);
-    const __m512i n = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i idx = _mm512_mullo_epi32(n, _mm512_set1_epi32((int)(q4 ? nb * 16 : K)));
     const int add = p0 > 0;
     tiles_configure();
     for (int64_t nt = n0; nt < n1; nt += 16) {
-        const __mmask16 cols = (__mmask16)(n1 - nt >= 16 ? 0xFFFF : (1u << (n1 - nt)) - 1);
+        const int ncols = n1 - nt < 16 ? (int)(n1 - nt) : 16;
+        const __mmask16 cols = (__mmask16)((1u << ncols) - 1);
+        if (q4) q4_scales(scales, fp16, nb, nt, ncols, b0, blocks, sw);
         for (int64_t b = 0; b < blocks; b++) {
-            if (q4) {
-                q4_unpack_block(B + ((size_t)nt * nb + b0 + b) * 16, idx, cols, w[b]);
-                sw[b] = q4_block_scales(scales, fp16, nb, nt * nb + b0 + b, cols);
-            } else {
-                q8_unpack_block(B + (size_t)nt * K + (b0 + b) * 32, idx, cols, w[b]);
-            }
+            if (q4)
+                q4_unpack_block(B + ((size_t)nt * nb + b0 + b) * 16, (size_t)nb * 16, ncols, w[b]);
+            else
+                q8_unpack_block(B + (size_t)nt * K + (b0 + b) * 32, (size_t)K, ncols, w[b]);
         }
         const __m512 wscale = q4 ? _mm512_setzero_ps()
                                  : _mm512_mask_loadu_ps(_mm512_setzero_ps(), cols, (const float *)scales + nt);
@@ -185,7 +200,7 @@ static inline __attribute__((always_inline)) void amx_tile(const void *scratch, 
             const int8_t *codes = (const int8_t *)tile + b0 * 512;
             const float *sx = (const float *)(tile + nb * 512) + b0 * 16;
             __m512 acc[16];
-            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
             /* Four blocks' tdpbssd in flight before their C tiles are read back: a C tile's store waits for
              * its product (tens of cycles), and the next use of the tile register for the store. */
             int64_t b = 0;
@@ -198,15 +213,18 @@ static inline __attribute__((always_inline)) void amx_tile(const void *scratch, 
                 TILE_STORE(1, c[1], 64);
                 TILE_STORE(2, c[2], 64);
                 TILE_STORE(3, c[3], 64);
-                for (int j = 0; j < 4; j++) EPILOGUE(c[j], q4 ? &sw[b + j] : NULL, sx + (b + j) * 16);
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) EPILOGUE(c[j], q4 ? &sw[b + j] : NULL, sx + (b + j) * 16);
             }
             for (; b < blocks; b++) {
                 BLOCK_DP(0, 4, 6, b);
                 TILE_STORE(0, c[0], 64);
                 EPILOGUE(c[0], q4 ? &sw[b] : NULL, sx + b * 16);
             }
+            /* Every index into acc a constant (unrolled, rows past m skipped), so the accumulators stay in
+             * registers: one variable index spilled all 16 to the stack, a load and store each a block. */
             int rows = m - t < 16 ? m - t : 16;
-            for (int i = 0; i < rows; i++) {
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
+                if (i >= rows) break;
                 float *yr = y + (int64_t)(t + i) * N + nt;
                 __m512 v = q4 ? acc[i] : _mm512_mul_ps(acc[i], wscale);
                 if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, yr));
