@@ -103,7 +103,9 @@ class LlamaCpp:
         for tool in (self.bench, self.quantize, self.convert):
             if not tool.is_file():
                 raise SystemExit(f"{tool} not found: build llama.cpp first (see this script's docstring)")
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "gguf-py")])}
+        # the tree's gguf-py first, the caller's PYTHONPATH kept (sentencepiece may live there)
+        paths = [str(root), str(root / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
     def _run(self, cmd: list[str], log: Path, what: str) -> None:
         with log.open("a") as f:
