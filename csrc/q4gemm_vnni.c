@@ -166,10 +166,10 @@ static inline __attribute__((always_inline)) __m256 part_fma(const char *row, in
                 __m256 acc[ROWS];                                                                            \
                 for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                 \
                 for (; p + 4 <= c1; p += 4) {                                                                \
-                    if (ROWS == 1) { /* 1 KB ahead, as the AVX2 kernel (+3-5% there); here 1-4 KB or none: \
-                                      * within noise in paired runs at 1B shapes */                         \
-                        _mm_prefetch((const char *)(bn + p * 32 + 1024), _MM_HINT_T0);                       \
-                        _mm_prefetch((const char *)(bn + p * 32 + 1088), _MM_HINT_T0);                       \
+                    if (ROWS == 1) { /* QGEMM_PREFETCH ahead: 1.2x at 1 KB -> 8 KB on an Intel Xeon (qgemm.h); \
+                                      * on Zen 4 1-4 KB or none were within noise at 1B shapes */           \
+                        _mm_prefetch((const char *)(bn + p * 32 + QGEMM_PREFETCH), _MM_HINT_T0);             \
+                        _mm_prefetch((const char *)(bn + p * 32 + QGEMM_PREFETCH + 64), _MM_HINT_T0);        \
                     }                                                                                        \
                     step_##ROWS##_##FMT(t0 + p / 4 * quad_bytes, stride, bn + p * 32, sn, p, 4, acc);        \
                 }                                                                                            \

@@ -206,8 +206,12 @@ static inline __attribute__((always_inline)) __m256 q8_lanes(const char *row, co
                 int64_t c1 = c0 + QGEMM_K_CHUNK_PAIRS < pairs ? c0 + QGEMM_K_CHUNK_PAIRS : pairs, p = c0;    \
                 __m256 acc[ROWS];                                                                            \
                 for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                                 \
-                for (; p + 4 <= c1; p += 4)                                                                  \
+                for (; p + 4 <= c1; p += 4) {                                                                \
+                    if (ROWS == 1) /* decode streams the weights: the quad QGEMM_PREFETCH ahead (qgemm.h) */ \
+                        for (int l = 0; l < 4; l++)                                                          \
+                            _mm_prefetch((const char *)(bn + p * 64 + QGEMM_PREFETCH + 64 * l), _MM_HINT_T0); \
                     step_##ROWS##_##NAME(t0 + p / 4 * quad_bytes, stride, bn + p * 64, 4, acc);              \
+                }                                                                                            \
                 if (p < c1)                                                                                  \
                     step_##ROWS##_##NAME(t0 + p / 4 * quad_bytes, stride, bn + p * 64, (int)(c1 - p), acc);  \
                 for (int r = 0; r < ROWS; r++) sum[r] += s[n] * hsum8(acc[r]);                               \
