@@ -107,7 +107,7 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
     if (impl && fp32_compute) impl = &q8_fp32; /* still needs a CPU the quantized kernels run on: AVX2 */
     if (!impl) {
         snprintf(msg, sizeof msg, "%s: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
-                 "(avx2 or avx512vnni; unset it to pick the fastest)", op, isa ? isa : "");
+                 "(avx2, avx512vnni or amx; unset it to pick the fastest)", op, isa ? isa : "");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     QKernel *k = malloc(sizeof *k);

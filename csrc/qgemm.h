@@ -18,8 +18,8 @@
  * helped), MatMulQ4 450-469 -> 381-386 us from 1 KB. A prefetch past the matrix's end is only a hint. */
 #define QGEMM_PREFETCH 8192
 
-/* One implementation (q4gemm_avx2.c, q4gemm_vnni.c, q8gemm_avx2.c, q8gemm_vnni.c): quantize and tile share
- * its own scratch layout, so they are always used as a pair. */
+/* One implementation (q4gemm_avx2.c, q4gemm_vnni.c, q8gemm_avx2.c, q8gemm_vnni.c, qgemm_amx.c): quantize and
+ * tile share its own scratch layout, so they are always used as a pair (the AMX ones pick the layout by M). */
 typedef struct {
     const char *isa; /* "avx2", "avx512vnni" or "amx": what EDGE_KERNELS_ISA names and edge_kernels_isa() reports */
     int rows;        /* most rows one `tile` call takes (a multiple of 4) */
@@ -42,7 +42,7 @@ typedef struct {
 
 /* The implementation named `isa` ("avx2", "avx512vnni", "amx"), or the fastest this CPU runs when `isa` is NULL
  * or empty; NULL when this CPU cannot run the one asked for (AVX2, FMA and F16C at least; AVX-512 F, BW,
- * VL and VNNI for avx512vnni). In qgemm.c. */
+ * VL and VNNI for avx512vnni; those plus AMX-TILE/INT8 and the OS granting the tile state for amx). In qgemm.c. */
 const QImpl *q4_impl(const char *isa);
 const QImpl *q8_impl(const char *isa);
 

@@ -10,7 +10,7 @@ onnxruntime's own tools:
   nbits4      MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 compute): our int4 layers
   q4edge      edge-runtime's MatMulQ4 on nbits4's very codes, scales in fp16 as exports write them
               (--kernel edge; where its library is built), and again on each other implementation
-              the CPU runs (EDGE_KERNELS_ISA=avx2, avx512vnni)
+              the CPU runs (EDGE_KERNELS_ISA=avx2, avx512vnni, amx)
   nbits8      MatMulNBits 8-bit, block 32, accuracy_level 4 (our int8 layers with --kernel mlas, which
               repeat the per-channel scale over blocks of 64 or 128)
   q8edge      edge-runtime's MatMulQ8 on per-channel int8 codes (our int8 layers with --kernel edge), and

@@ -144,6 +144,37 @@ def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
 
 
 @needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+def test_amx_takes_calls_from_17_rows_and_leaves_fewer_to_the_vnni_code(op, monkeypatch):
+    """The AMX implementation hands calls of up to 16 rows to the VNNI code (bit for bit its results, so
+    decode and verification chunks are untouched) and runs tiles from 17 rows: different float order,
+    the same int32 block sums."""
+    if "amx" not in kernels.runnable():
+        pytest.skip("this CPU (or its OS) does not run the AMX implementation")
+    from .test_kernels_q8 import _graph as q8_graph
+    from .test_kernels_q8 import _weights as q8_weights
+
+    rng = np.random.default_rng(3)
+    k, n = 1536, 100
+    if op == kernels.MATMUL_Q4:
+        b, s = _weights(rng, k, n)
+        model = _graph(op, k, n, b, s.astype(np.float16), 2)
+    else:
+        model = q8_graph(op, k, n, *q8_weights(rng, k, n), 2)
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    ys = {}
+    for isa in ("avx512vnni", "amx"):
+        monkeypatch.setenv("EDGE_KERNELS_ISA", isa)
+        sess = _session(model)
+        ys[isa] = {m: sess.run(None, {"x": x[:m]})[0] for m in (1, 9, 16, 17, 40)}
+    for m in (1, 9, 16):
+        np.testing.assert_array_equal(ys["amx"][m], ys["avx512vnni"][m])
+    for m in (17, 40):
+        diff = np.abs(ys["amx"][m] - ys["avx512vnni"][m]).max() / np.abs(ys["avx512vnni"][m]).max()
+        assert 0 < diff < 1e-6, m
+
+
+@needs_kernels
 def test_a_bad_isa_pin_is_one_line_from_the_cli_and_writes_nothing(tiny_ckpt, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
