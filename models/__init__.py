@@ -11,15 +11,15 @@ from typing import Any
 
 from edge_runtime.errors import UnsupportedArchitectureError
 
-from . import gemma3, llama, qwen2, qwen3, smollm3
+from . import gemma3, llama, mistral, qwen2, qwen3, smollm3
 from .base import Architecture, LayerWeights, ModelArgs, ModelWeights, RopeConfig, RopeKind, WeightNames
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH, smollm3.ARCH)
+    a.name: a for a in (llama.ARCH, mistral.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH, smollm3.ARCH)
 }
 
 # model_type -> architecture file, where the model is the same network under another name.
-ALIASES: dict[str, str] = {"mistral": "llama"}
+ALIASES: dict[str, str] = {"ministral": "mistral"}
 
 # The demo checkpoint trained by scripts/train_demo_model.py and shipped with the package.
 DEMO_MODEL = "shakespeare-llama-5m"

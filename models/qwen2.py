@@ -1,23 +1,20 @@
 """Qwen2 / Qwen2.5: the Llama block with a bias on q, k and v (not on o, not in the MLP).
 
-Qwen2's optional sliding-window layers (`use_sliding_window: true`) are not supported; every
-released Qwen2/2.5 checkpoint has it off.
+With `use_sliding_window: true` the layers from `max_window_layers` on (or those `layer_types` lists) attend
+a sliding window (`layer_types.py`); every released Qwen2/2.5 checkpoint has it off.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from edge_runtime.errors import ConfigError
-
-from .base import Architecture, ModelArgs, opt_bool, parse_common
+from .base import Architecture, ModelArgs, parse_common
+from .layer_types import qwen_layer_types
 from .llama import WEIGHTS
 
 
 def parse(config: dict[str, Any]) -> ModelArgs:
-    if opt_bool(config, "use_sliding_window", False):
-        raise ConfigError("config.json: qwen2 'use_sliding_window' = true is not supported; set it to false")
-    return parse_common(config, arch="qwen2", qkv_bias=True, o_bias=False, mlp_bias=False)
+    return qwen_layer_types(parse_common(config, arch="qwen2", qkv_bias=True, o_bias=False, mlp_bias=False), config)
 
 
 ARCH = Architecture(name="qwen2", parse=parse, weights=WEIGHTS)

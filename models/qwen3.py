@@ -1,8 +1,8 @@
 """Qwen3 (dense: 0.6B-32B): the Llama block with an RMSNorm over each head's q and k before RoPE.
 
 `attention_bias` puts a bias on q, k, v and o (every released checkpoint has it off). As in Qwen2,
-the optional sliding-window layers (`use_sliding_window: true`) are not supported; no released dense
-Qwen3 checkpoint turns them on.
+`use_sliding_window: true` makes the layers from `max_window_layers` on slide (`layer_types.py`); no
+released dense Qwen3 checkpoint turns it on.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from edge_runtime.errors import ConfigError
-
 from .base import Architecture, ModelArgs, opt_bool, parse_common
+from .layer_types import qwen_layer_types
 from .llama import WEIGHTS as LLAMA_WEIGHTS
 
 WEIGHTS = replace(
@@ -29,16 +28,11 @@ DEFAULT_HEAD_DIM = 128
 
 
 def parse(config: dict[str, Any]) -> ModelArgs:
-    if opt_bool(config, "use_sliding_window", False):
-        raise ConfigError("config.json: qwen3 'use_sliding_window' = true is not supported; set it to false")
-    layer_types = config.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types):
-        raise ConfigError(f"config.json: qwen3 'layer_types' {sorted(set(layer_types))} is not supported; "
-                          "only full_attention layers are")  # fmt: skip
     if config.get("head_dim") is None:
         config = {**config, "head_dim": DEFAULT_HEAD_DIM}
     bias = opt_bool(config, "attention_bias", False)
-    return parse_common(config, arch="qwen3", qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
+    args = parse_common(config, arch="qwen3", qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
+    return qwen_layer_types(args, config)
 
 
 ARCH = Architecture(name="qwen3", parse=parse, weights=WEIGHTS)

@@ -41,9 +41,11 @@ def test_tiny_parity(name, tmp_path):
     assert err <= TOL
 
 
-@pytest.mark.parametrize(
-    "name", ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window", "qwen3-tied", "gemma3"]
-)
+SENSITIVITY = ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window", "ministral", "qwen2-sliding"]
+SENSITIVITY += ["qwen3-tied", "qwen3-sliding", "gemma3"]
+
+
+@pytest.mark.parametrize("name", SENSITIVITY)
 def test_parity_is_sensitive_to_the_feature(name, tmp_path):
     """Dropping the feature under test (RoPE scaling, sliding window, q/k norms, local layers) must break parity,
     or the test proves nothing."""

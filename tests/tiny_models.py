@@ -50,6 +50,17 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     },
     # A window shorter than the 64-token parity prompt, so the sliding mask is exercised.
     "mistral-window": {**_BASE, "model_type": "mistral", "tie_word_embeddings": False, "sliding_window": 24},
+    # Ministral 8B's interleaving: layers 0 and 2 slide over 12 tokens (shorter than the parity prompt), 1 and
+    # 3 attend everything; one RoPE for both.
+    "ministral": {
+        **_BASE,
+        "model_type": "ministral",
+        "tie_word_embeddings": False,
+        "head_dim": 16,  # MinistralAttention (transformers 5.25) fails on the class default None
+        "num_hidden_layers": 4,
+        "sliding_window": 12,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    },
     "qwen2": {
         **_BASE,
         "model_type": "qwen2",
@@ -58,6 +69,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "head_dim": 8,
         "use_sliding_window": False,
+    },
+    # use_sliding_window: layers from max_window_layers (1) on slide over 12 tokens, layer 0 attends everything.
+    "qwen2-sliding": {
+        **_BASE,
+        "model_type": "qwen2",
+        "tie_word_embeddings": True,
+        "num_hidden_layers": 3,
+        "use_sliding_window": True,
+        "sliding_window": 12,
+        "max_window_layers": 1,
     },
     # head_dim 32 with 4 heads: the attention width (128) differs from hidden, as in Qwen3-0.6B (2048 vs 1024).
     "qwen3-tied": {**_BASE, "model_type": "qwen3", "tie_word_embeddings": True, "head_dim": 32},
@@ -68,6 +89,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "attention_bias": True,
         "num_attention_heads": 8,
         "head_dim": 8,
+    },
+    # An explicit list: layer 0 slides (with its q/k norms), layer 1 attends everything.
+    "qwen3-sliding": {
+        **_BASE,
+        "model_type": "qwen3",
+        "tie_word_embeddings": True,
+        "head_dim": 16,
+        "use_sliding_window": True,
+        "sliding_window": 12,
+        "layer_types": ["sliding_attention", "full_attention"],
     },
     # Layers 0, 1, 3 local (window 12, shorter than the parity prompt), 2 global; head_dim 32 > hidden / heads.
     "gemma3": {

@@ -1,0 +1,26 @@
+"""Mistral and Ministral: the Llama block, whose layers each attend a sliding window or the whole context.
+
+Mistral 7B v0.1 slides every layer over `sliding_window` tokens (later Mistral checkpoints set none).
+Ministral 8B interleaves sliding-window and full-attention layers (`layer_types`; `transformers` reads a
+`mistral` config that lists them as `ministral`, and so do we), all with one RoPE: `layer_types.py` makes
+its sliding layers the runtime's local layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Architecture, ModelArgs, opt_bool, opt_int, parse_common
+from .layer_types import with_layer_types
+from .llama import WEIGHTS
+
+
+def parse(config: dict[str, Any]) -> ModelArgs:
+    bias = opt_bool(config, "attention_bias", False)
+    args = parse_common(
+        config, arch="mistral", qkv_bias=bias, o_bias=bias, mlp_bias=opt_bool(config, "mlp_bias", False)
+    )
+    return with_layer_types(args, config.get("layer_types"), opt_int(config, "sliding_window", None))
+
+
+ARCH = Architecture(name="mistral", parse=parse, weights=WEIGHTS)
