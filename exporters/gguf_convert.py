@@ -29,23 +29,18 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.errors import CheckpointError, UnsupportedArchitectureError
+from edge_runtime.models import ARCHITECTURES as MODEL_ARCHITECTURES
+from edge_runtime.models.gguf_layout import GGUFLayout
 
 from .gguf_reader import GGUFFile
 from .gguf_tokenizer import build_tokenizer
 
 Progress = Callable[[str], None]
 
-# GGUF architecture -> (HF model_type, HF class, whether llama.cpp permuted Q/K rows). Qwen2 and Qwen3 go
-# through llama.cpp's plain TextModel path (NeoX rope), so their rows are stored as Hugging Face has them.
-ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
-    "llama": ("llama", "LlamaForCausalLM", True),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
-    "gemma3": ("gemma3_text", "Gemma3ForCausalLM", False),
-    "smollm3": ("smollm3", "SmolLM3ForCausalLM", True),
+# GGUF architecture -> (HF model_type, its layout): every architecture file in models/ that declares one.
+ARCHITECTURES: dict[str, tuple[str, GGUFLayout]] = {
+    a.gguf.arch: (name, a.gguf) for name, a in MODEL_ARCHITECTURES.items() if a.gguf is not None
 }
-# llama.cpp fixes SmolLM3's NoPE layers at every fourth (hparams.n_no_rope_layer_step); the file has no key.
-SMOLLM3_NO_ROPE_STEP = 4
 
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -69,18 +64,6 @@ _LAYER = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-# Gemma 3's four norms a layer; llama.cpp stores every Gemma norm weight as 1 + w (its RMSNorm multiplies by the
-# weight alone), which the conversion undoes so the checkpoint is Hugging Face's.
-_LAYER_GEMMA3 = {
-    **_LAYER,
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
-_LAYERS_BY_ARCH = {"gemma3": _LAYER_GEMMA3}
-_NORM_PLUS_ONE = ("gemma3",)
-GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer global (the GGUF may say otherwise)
-GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's fixed RoPE base of Gemma 3's local layers
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.json's rope_scaling
 
@@ -99,14 +82,25 @@ def is_gguf(path: Path) -> bool:
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
-    """The Hugging Face name of a GGUF tensor of architecture `arch` (names differ only in Gemma 3's norms)."""
+    """The Hugging Face name of a GGUF tensor of architecture `arch` (the Llama names, as its layout amends them)."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
-    layer = _LAYERS_BY_ARCH.get(arch, _LAYER)
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in layer:
-        return f"model.layers.{m.group(1)}.{layer[m.group(2)]}"
-    return None
+    if m is None:
+        return None
+    own = ARCHITECTURES[arch][1].layer_names if arch in ARCHITECTURES else {}
+    name = own.get(m.group(2), _LAYER.get(m.group(2)))
+    return None if name is None else f"model.layers.{m.group(1)}.{name}"
+
+
+def layout(gg: GGUFFile) -> GGUFLayout:
+    """The layout of the file's architecture; refuses one no architecture file declares."""
+    if gg.architecture not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"'{gg.path.name}' is a GGUF of architecture {gg.architecture!r}; edge-export reads "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    return ARCHITECTURES[gg.architecture][1]
 
 
 def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -132,6 +126,19 @@ def _int(gg: GGUFFile, key: str, default: int | None = None) -> int:
     if isinstance(value, list):  # per-layer values (e.g. OpenELM's head counts)
         raise CheckpointError(f"'{gg.path.name}': '{key}' varies per layer ({value[:4]}...); not supported")
     return int(value)
+
+
+class _Meta:
+    """`GGUFMeta` over a file, for the architecture files' `config` readers."""
+
+    def __init__(self, gg: GGUFFile) -> None:
+        self._gg = gg
+
+    def int(self, key: str, default: int | None = None) -> int:
+        return _int(self._gg, key, default)
+
+    def has_tensor(self, name: str) -> bool:
+        return self._gg.has_tensor(name)
 
 
 def _rope_scaling(gg: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any] | None:
@@ -181,12 +188,8 @@ def _llama3_rope(gg: GGUFFile, head_dim: int, theta: float) -> dict[str, Any]:
 
 def build_config(gg: GGUFFile) -> dict[str, Any]:
     """config.json for the file; raises naming what is unsupported."""
-    arch = gg.architecture
-    if arch not in ARCHITECTURES:
-        raise UnsupportedArchitectureError(
-            f"'{gg.path.name}' is a GGUF of architecture {arch!r}; edge-export reads {', '.join(ARCHITECTURES)}"
-        )
-    model_type, hf_class, _ = ARCHITECTURES[arch]
+    arch, lay = gg.architecture, layout(gg)
+    model_type = ARCHITECTURES[arch][0]
     hidden = _int(gg, f"{arch}.embedding_length")
     heads = _int(gg, f"{arch}.attention.head_count")
     head_dim = _int(gg, f"{arch}.attention.key_length", hidden // heads)
@@ -198,7 +201,7 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
     if vocab is None:
         raise CheckpointError(f"'{gg.path.name}' has no token_embd.weight tensor")
     config: dict[str, Any] = {
-        "architectures": [hf_class],
+        "architectures": [lay.hf_class],
         "model_type": model_type,
         "hidden_size": hidden,
         "intermediate_size": _int(gg, f"{arch}.feed_forward_length"),
@@ -213,17 +216,7 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
         "vocab_size": vocab,
         "tie_word_embeddings": not gg.has_tensor("output.weight"),
     }
-    if model_type in ("llama", "smollm3"):
-        config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
-        config["mlp_bias"] = False
-    if model_type == "smollm3":
-        config.update(use_sliding_window=False, no_rope_layer_interval=SMOLLM3_NO_ROPE_STEP)
-    elif model_type in ("qwen2", "qwen3"):
-        config["use_sliding_window"] = False
-    if model_type == "qwen3":
-        config["attention_bias"] = gg.has_tensor("blk.0.attn_q.bias")
-    if arch == "gemma3":
-        config.update(_gemma3_config(gg, config))
+    config = lay.config(_Meta(gg), config)
     rope = _rope_scaling(gg, arch, head_dim, theta)
     if rope is not None:
         config["rope_scaling"] = rope
@@ -232,26 +225,6 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
         if isinstance(value, int):
             config[key.replace("padding", "pad")] = value
     return config
-
-
-def _gemma3_config(gg: GGUFFile, config: dict[str, Any]) -> dict[str, Any]:
-    """What a Gemma 3 config.json has beyond the Llama keys, as llama.cpp runs the file: its window and
-    layer pattern, the local layers' RoPE base, and the softmax scale it derives (head_dim ** -0.5, except
-    the 27B shape's (hidden / heads) ** -0.5: llama.cpp's llm_load_hparams)."""
-    layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
-    pattern = _int(gg, "gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
-    is_27b = layers == 62 and hidden == 5376
-    out: dict[str, Any] = {
-        "hidden_activation": "gelu_pytorch_tanh",
-        "sliding_window": _int(gg, "gemma3.attention.sliding_window"),
-        "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)],
-        "rope_local_base_freq": GEMMA3_LOCAL_THETA,
-        "query_pre_attn_scalar": hidden // heads if is_27b else config["head_dim"],
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-    }
-    del config["hidden_act"]
-    return out
 
 
 def _tensor_plan(gg: GGUFFile, config: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -302,7 +275,7 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
     counts = ", ".join(f"{n} {t}" for t, n in gg.type_counts().most_common())
     progress(f"reading {src.name}: {gg.architecture}, {config['num_hidden_layers']} layers, {counts}")
 
-    permuted = ARCHITECTURES[gg.architecture][2]
+    lay = layout(gg)
     q_heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out.mkdir(parents=True, exist_ok=True)
     header = _safetensors_header(plan, dtype)
@@ -311,11 +284,11 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
         f.write(header)
         for i, (name, _, shape) in enumerate(plan):
             w = gg.tensor(name)
-            if permuted and ".attn_q." in name:
+            if lay.permuted_qk and ".attn_q." in name:
                 w = reverse_permute(w, q_heads)
-            elif permuted and ".attn_k." in name:
+            elif lay.permuted_qk and ".attn_k." in name:
                 w = reverse_permute(w, kv_heads)
-            if gg.architecture in _NORM_PLUS_ONE and name.endswith("norm.weight"):
+            if lay.norms_plus_one and name.endswith("norm.weight"):
                 w = w - np.float32(1.0)
             if w.shape != shape:  # cannot happen for a well-formed file; guards the header we wrote
                 raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to {w.shape}, expected {shape}")

@@ -36,7 +36,7 @@ import numpy as np
 
 from edge_runtime.errors import CorruptCheckpointError, ExportError
 
-from .gguf_convert import ARCHITECTURES, build_config, hf_name, reverse_permute
+from .gguf_convert import build_config, hf_name, layout, reverse_permute
 from .gguf_reader import GGUFFile
 from .quant import MixedPlan, QuantConfig, QuantizedMatrix, QuantMethod
 
@@ -120,7 +120,7 @@ def read_codes(path: Path, quant: QuantConfig) -> SourceCodes:
     codes fit the export's bits at block 32, in Hugging Face orientation and row order."""
     gg = GGUFFile(path)
     config = build_config(gg)
-    permuted = ARCHITECTURES[gg.architecture][2]
+    permuted = layout(gg).permuted_qk
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     linear_bits = quant.method.linear_bits
     table_bits = None

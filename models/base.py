@@ -18,6 +18,8 @@ import numpy as np
 
 from edge_runtime.errors import ConfigError, WeightMappingError
 
+from .gguf_layout import GGUFLayout
+
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -445,8 +447,10 @@ def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
 
 @dataclass(frozen=True)
 class Architecture:
-    """What an architecture file registers: its name, config parser and weight names."""
+    """What an architecture file registers: its name, config parser and weight names, and how llama.cpp
+    writes it where edge-export reads its GGUF files."""
 
     name: str
     parse: Callable[[dict[str, Any]], ModelArgs]
     weights: WeightNames
+    gguf: GGUFLayout | None = None

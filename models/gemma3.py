@@ -32,6 +32,7 @@ from .base import (
     parse_common,
     parse_rope,
 )
+from .gguf_layout import GGUFLayout, GGUFMeta
 from .qwen3 import WEIGHTS as QWEN3_WEIGHTS
 
 DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # Gemma3TextConfig's
@@ -116,4 +117,40 @@ def parse(config: dict[str, Any]) -> ModelArgs:
     return replace(args, rope=rope, tie_word_embeddings=opt_bool(config, "tie_word_embeddings", True))
 
 
-ARCH = Architecture(name="gemma3_text", parse=parse, weights=WEIGHTS)
+GGUF_SWA_PATTERN = 6  # llama.cpp's: every sixth layer global (the GGUF may say otherwise)
+GGUF_LOCAL_THETA = 10_000.0  # llama.cpp's fixed RoPE base of Gemma 3's local layers
+
+
+def gguf_config(meta: GGUFMeta, config: dict[str, Any]) -> dict[str, Any]:
+    """What a Gemma 3 config.json has beyond the Llama keys, as llama.cpp runs the file: its window and
+    layer pattern, the local layers' RoPE base, and the softmax scale it derives (head_dim ** -0.5, except
+    the 27B shape's (hidden / heads) ** -0.5: llama.cpp's llm_load_hparams)."""
+    layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
+    pattern = meta.int("gemma3.attention.sliding_window_pattern", GGUF_SWA_PATTERN)
+    is_27b = layers == 62 and hidden == 5376
+    return {
+        **{k: v for k, v in config.items() if k != "hidden_act"},
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": meta.int("gemma3.attention.sliding_window"),
+        "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)],
+        "rope_local_base_freq": GGUF_LOCAL_THETA,
+        "query_pre_attn_scalar": hidden // heads if is_27b else config["head_dim"],
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    }
+
+
+# Its four norms a layer are stored as 1 + w, which the conversion undoes so the checkpoint is Hugging Face's.
+GGUF = GGUFLayout(
+    "gemma3",
+    "Gemma3ForCausalLM",
+    permuted_qk=False,
+    layer_names={
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    },
+    norms_plus_one=True,
+    config=gguf_config,
+)
+ARCH = Architecture(name="gemma3_text", parse=parse, weights=WEIGHTS, gguf=GGUF)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Architecture, ModelArgs, WeightNames, opt_bool, opt_int, parse_common
+from .gguf_layout import GGUFLayout, bias_from_tensors
 
 WEIGHTS = WeightNames(
     embed="model.embed_tokens.weight",
@@ -49,4 +50,9 @@ def parse(config: dict[str, Any]) -> ModelArgs:
     )
 
 
-ARCH = Architecture(name="llama", parse=parse, weights=WEIGHTS)
+ARCH = Architecture(
+    name="llama",
+    parse=parse,
+    weights=WEIGHTS,
+    gguf=GGUFLayout("llama", "LlamaForCausalLM", permuted_qk=True, config=bias_from_tensors),
+)

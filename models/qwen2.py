@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Architecture, ModelArgs, parse_common
+from .gguf_layout import GGUFLayout, GGUFMeta
 from .layer_types import qwen_layer_types
 from .llama import WEIGHTS
 
@@ -17,4 +18,11 @@ def parse(config: dict[str, Any]) -> ModelArgs:
     return qwen_layer_types(parse_common(config, arch="qwen2", qkv_bias=True, o_bias=False, mlp_bias=False), config)
 
 
-ARCH = Architecture(name="qwen2", parse=parse, weights=WEIGHTS)
+def gguf_config(_meta: GGUFMeta, config: dict[str, Any]) -> dict[str, Any]:
+    return {**config, "use_sliding_window": False}
+
+
+# llama.cpp's plain TextModel path (NeoX rope): the Q/K rows are stored as Hugging Face has them.
+ARCH = Architecture(
+    name="qwen2", parse=parse, weights=WEIGHTS, gguf=GGUFLayout("qwen2", "Qwen2ForCausalLM", False, config=gguf_config)
+)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from .base import Architecture, ModelArgs, opt_bool, parse_common
+from .gguf_layout import GGUFLayout, GGUFMeta
 from .layer_types import qwen_layer_types
 from .llama import WEIGHTS as LLAMA_WEIGHTS
 
@@ -35,4 +36,10 @@ def parse(config: dict[str, Any]) -> ModelArgs:
     return qwen_layer_types(args, config)
 
 
-ARCH = Architecture(name="qwen3", parse=parse, weights=WEIGHTS)
+def gguf_config(meta: GGUFMeta, config: dict[str, Any]) -> dict[str, Any]:
+    return {**config, "use_sliding_window": False, "attention_bias": meta.has_tensor("blk.0.attn_q.bias")}
+
+
+ARCH = Architecture(
+    name="qwen3", parse=parse, weights=WEIGHTS, gguf=GGUFLayout("qwen3", "Qwen3ForCausalLM", False, config=gguf_config)
+)

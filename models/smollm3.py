@@ -13,10 +13,13 @@ from typing import Any
 from edge_runtime.errors import ConfigError
 
 from .base import Architecture, ModelArgs, opt_bool, opt_int, parse_common
+from .gguf_layout import GGUFLayout, GGUFMeta, bias_from_tensors
 from .llama import WEIGHTS
 
 DEFAULT_THETA = 2_000_000.0  # SmolLM3Config's, for a config.json that names none
 DEFAULT_INTERVAL = 4
+# llama.cpp fixes SmolLM3's NoPE layers at every fourth (hparams.n_no_rope_layer_step); the file has no key.
+GGUF_NO_ROPE_STEP = 4
 
 
 def nope_layers(config: dict[str, Any], layers: int) -> tuple[int, ...]:
@@ -52,4 +55,13 @@ def parse(config: dict[str, Any]) -> ModelArgs:
     )
 
 
-ARCH = Architecture(name="smollm3", parse=parse, weights=WEIGHTS)
+def gguf_config(meta: GGUFMeta, config: dict[str, Any]) -> dict[str, Any]:
+    return {**bias_from_tensors(meta, config), "use_sliding_window": False, "no_rope_layer_interval": GGUF_NO_ROPE_STEP}
+
+
+ARCH = Architecture(
+    name="smollm3",
+    parse=parse,
+    weights=WEIGHTS,
+    gguf=GGUFLayout("smollm3", "SmolLM3ForCausalLM", permuted_qk=True, config=gguf_config),
+)
