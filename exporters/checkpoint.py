@@ -15,6 +15,7 @@ import numpy as np
 
 from edge_runtime.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from edge_runtime.models import Architecture, LayerWeights, ModelArgs, ModelWeights, get_arch
+from edge_runtime.models.base import WeightFolds
 
 from .lazy_layers import LazyLayers
 from .safetensors_io import CheckpointTensors
@@ -27,7 +28,7 @@ class Checkpoint:
     config: dict[str, Any]
     arch: Architecture
     args: ModelArgs
-    # float32; the layers read from the file and widened one at a time (LazyLayers), where the architecture allows
+    # float32; the layers read from the file through the architecture's folds, widened one at a time (LazyLayers)
     weights: ModelWeights
     tensors: CheckpointTensors
 
@@ -58,25 +59,24 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 def load_checkpoint(directory: str | Path, *, stored_tables: bool = False) -> Checkpoint:
     """Parse the config and bind every tensor; raises a `CheckpointError` subclass naming the problem.
     `stored_tables`: the embedding table and LM head stay in the file, read a block of rows at a time
-    (StoredTable, tables.py), for an export that quantizes them; where the architecture rewrites its
-    weights on load (Gemma) they are float32 arrays regardless."""
+    (StoredTable, tables.py), for an export that quantizes them."""
     directory = Path(directory)
     config = read_config(directory)
     arch = get_arch(config)
     args = arch.parse(config)
     tensors = CheckpointTensors(directory)
-    if arch.weights.adapt is not None:  # rewrites the bound arrays (Gemma's 1 + w norms): every layer up front
-        weights = arch.weights.bind(args, tensors.keys(), lambda name: finite_tensor(name, tensors[name]))
-    else:
-        weights = _bind_lazily(arch, args, tensors, stored_tables)
+    folds = arch.folds(config) if arch.folds is not None else WeightFolds()
+    weights = _bind_lazily(arch, args, tensors, stored_tables, folds)
     return Checkpoint(path=directory, config=config, arch=arch, args=args, weights=weights, tensors=tensors)
 
 
-def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors, stored_tables: bool) -> ModelWeights:
+def _bind_lazily(
+    arch: Architecture, args: ModelArgs, tensors: CheckpointTensors, stored_tables: bool, folds: WeightFolds
+) -> ModelWeights:
     """The weight map bound on the file's stored bytes (names and shapes checked, nothing widened), then every
     tensor checked finite one at a time (the load still refuses a NaN, naming it), the tables kept as float32
     or in the file (`stored_tables`), and the layers widened on demand (issue 23: a 1B model's float32
-    layers are 4.9 GB, an 8B model's tables 4.2 GB)."""
+    layers are 4.9 GB, an 8B model's tables 4.2 GB), each through the architecture's `folds`."""
     raw = arch.weights.bind(args, tensors.keys(), tensors.raw)
     names: list[dict[str, str]] = []
     for i, lw in enumerate(raw.layers):
@@ -96,10 +96,10 @@ def _bind_lazily(arch: Architecture, args: ModelArgs, tensors: CheckpointTensors
     embed = table(arch.weights.embed)
     tied = raw.lm_head is raw.embed
     lm_head = embed if tied else table(arch.weights.lm_head)
-    final_norm = finite_tensor(arch.weights.final_norm, tensors[arch.weights.final_norm])
+    final_norm = folds.final_norm(finite_tensor(arch.weights.final_norm, tensors[arch.weights.final_norm]))
 
     def layer(i: int) -> LayerWeights:
-        return LayerWeights(**{f: tensors[name] for f, name in names[i].items()})
+        return folds.layer(LayerWeights(**{f: tensors[name] for f, name in names[i].items()}))
 
     return ModelWeights(embed=embed, final_norm=final_norm, lm_head=lm_head, layers=LazyLayers(len(names), layer))
 

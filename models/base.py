@@ -324,6 +324,22 @@ class LayerWeights:
         return self.k.shape[0] // head_dim
 
 
+def _same(a: Any) -> Any:
+    return a
+
+
+@dataclass(frozen=True)
+class WeightFolds:
+    """Rewrites of a checkpoint's weights into the generic blocks' conventions, exact in real arithmetic:
+    Gemma's (1 + w) norms become w' = 1 + w, Granite's residual and logit multipliers fold into o_proj,
+    down_proj and the final norm. Applied to each layer as it is read (the layers stay lazy, one in memory
+    at a time) and to the final norm once; the embedding table and LM head are never rewritten (a tied
+    head reads the table as stored)."""
+
+    layer: Callable[[LayerWeights], LayerWeights] = _same
+    final_norm: Callable[[np.ndarray], np.ndarray] = _same
+
+
 @dataclass
 class ModelWeights:
     embed: np.ndarray  # [V, H]
@@ -348,8 +364,6 @@ class WeightNames:
     lm_head: str
     layer: dict[str, str]  # LayerWeights field -> template
     ignore: tuple[str, ...] = ()  # regexes of tensors that carry no weights (e.g. old inv_freq buffers)
-    # Rewrites the bound weights into the generic blocks' conventions (Gemma's (1 + w) norms become w' = 1 + w).
-    adapt: Callable[[ModelWeights], ModelWeights] | None = None
 
     def bind(self, args: ModelArgs, names: Collection[str], load: Callable[[str], np.ndarray]) -> ModelWeights:
         """Load every weight `args` calls for; every tensor in `names` must be used or ignorable."""
@@ -392,7 +406,7 @@ class WeightNames:
                 f"{args.model_type} weight map; the config and the weights disagree (wrong model_type or layer count?)"
             )
         check_shapes(args, weights, self)
-        return self.adapt(weights) if self.adapt is not None else weights
+        return weights
 
 
 def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
@@ -454,3 +468,4 @@ class Architecture:
     parse: Callable[[dict[str, Any]], ModelArgs]
     weights: WeightNames
     gguf: GGUFLayout | None = None
+    folds: Callable[[dict[str, Any]], WeightFolds] | None = None  # from config.json; None: weights as stored

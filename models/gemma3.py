@@ -1,7 +1,7 @@
 """Gemma 3 text decoders (`gemma3_text`: 270M, 1B; the text tower of the larger ones).
 
 Differences from the Llama block, each a field of `ModelArgs` the generic blocks read:
-- RMSNorm scales by (1 + w): the weights are rewritten to w' = 1 + w at load (`_adapt`), so every norm
+- RMSNorm scales by (1 + w): the weights are rewritten to w' = 1 + w at load (`_folds`), so every norm
   stays the plain one; a norm on the attention and on the MLP output before each residual add
   (`sandwich_norms`), and a per-head q/k norm (`qk_norm`, as Qwen3);
 - a GELU-tanh gated MLP (GeGLU), embeddings multiplied by sqrt(hidden), softmax scale
@@ -24,8 +24,8 @@ from .base import (
     Activation,
     Architecture,
     ModelArgs,
-    ModelWeights,
     RopeConfig,
+    WeightFolds,
     opt_bool,
     opt_float,
     opt_int,
@@ -39,13 +39,15 @@ DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  
 DEFAULT_PATTERN = 6  # every sixth layer global, when config.json lists no layer_types
 
 
-def _adapt(w: ModelWeights) -> ModelWeights:
-    def plus_one(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.asarray(a, dtype=np.float32) + np.float32(1.0)
+def _plus_one(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.asarray(a, dtype=np.float32) + np.float32(1.0)
 
+
+def _folds(_config: dict[str, Any]) -> WeightFolds:
     norms = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
-    layers = [replace(lw, **{f: plus_one(getattr(lw, f)) for f in norms}) for lw in w.layers]
-    return replace(w, final_norm=plus_one(w.final_norm), layers=layers)
+    return WeightFolds(
+        layer=lambda lw: replace(lw, **{f: _plus_one(getattr(lw, f)) for f in norms}), final_norm=_plus_one
+    )
 
 
 # Llama's names (Qwen3's q/k norms included); the norm after attention is Gemma's post-attention norm, and
@@ -58,7 +60,6 @@ WEIGHTS = replace(
         "mlp_norm": "model.layers.{i}.pre_feedforward_layernorm.weight",
         "post_mlp_norm": "model.layers.{i}.post_feedforward_layernorm.weight",
     },
-    adapt=_adapt,
 )
 
 
@@ -153,4 +154,4 @@ GGUF = GGUFLayout(
     norms_plus_one=True,
     config=gguf_config,
 )
-ARCH = Architecture(name="gemma3_text", parse=parse, weights=WEIGHTS, gguf=GGUF)
+ARCH = Architecture(name="gemma3_text", parse=parse, weights=WEIGHTS, gguf=GGUF, folds=_folds)
