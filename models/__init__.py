@@ -11,11 +11,11 @@ from typing import Any
 
 from edge_runtime.errors import UnsupportedArchitectureError
 
-from . import gemma3, llama, mistral, qwen2, qwen3, smollm3
+from . import gemma3, granite, llama, mistral, qwen2, qwen3, smollm3
 from .base import Architecture, LayerWeights, ModelArgs, ModelWeights, RopeConfig, RopeKind, WeightNames
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (llama.ARCH, mistral.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH, smollm3.ARCH)
+    a.name: a for a in (llama.ARCH, mistral.ARCH, qwen2.ARCH, qwen3.ARCH, gemma3.ARCH, smollm3.ARCH, granite.ARCH)
 }
 
 # model_type -> architecture file, where the model is the same network under another name.

@@ -42,7 +42,7 @@ def test_tiny_parity(name, tmp_path):
 
 
 SENSITIVITY = ["llama-llama3-rope", "llama-linear-rope-bias", "mistral-window", "ministral", "qwen2-sliding"]
-SENSITIVITY += ["qwen3-tied", "qwen3-sliding", "gemma3"]
+SENSITIVITY += ["qwen3-tied", "qwen3-sliding", "gemma3", "granite"]
 
 
 @pytest.mark.parametrize("name", SENSITIVITY)
@@ -57,6 +57,8 @@ def test_parity_is_sensitive_to_the_feature(name, tmp_path):
     elif args.qk_norm:
         layers = [dataclasses.replace(lw, q_norm=None, k_norm=None) for lw in weights.layers]
         weights = dataclasses.replace(weights, layers=layers)
+    elif args.model_type == "granite":  # the multipliers in the args (test_granite.py: those folded into weights)
+        args = dataclasses.replace(args, embed_scale=1.0, attn_scale=None)
     elif args.sliding_window is not None:
         args = dataclasses.replace(args, sliding_window=None)
     else:

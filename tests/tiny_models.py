@@ -115,6 +115,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         },
         "pad_token_id": 2,
     },
+    # All four multipliers away from 1 (and the softmax scale away from 1/sqrt(head_dim) = 0.25); tied head.
+    "granite": {
+        **_BASE,
+        "model_type": "granite",
+        "tie_word_embeddings": True,
+        "embedding_multiplier": 4.0,
+        "attention_multiplier": 0.05,
+        "residual_multiplier": 0.3,
+        "logits_scaling": 6.0,
+    },
     # Layers 1 and 3 without RoPE (every second one); the 3B checkpoint has every fourth.
     "smollm3": {
         **_BASE,
