@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.errors import CorruptCheckpointError, ExportError
+from edge_runtime.models import get_arch
 
 from .gguf_convert import build_config, hf_name, layout, reverse_permute
 from .gguf_reader import GGUFFile
@@ -120,6 +121,12 @@ def read_codes(path: Path, quant: QuantConfig) -> SourceCodes:
     codes fit the export's bits at block 32, in Hugging Face orientation and row order."""
     gg = GGUFFile(path)
     config = build_config(gg)
+    arch = get_arch(config)
+    if arch.folds is not None and arch.folds(config).linear:  # no such architecture declares a GGUF layout yet
+        raise ExportError(
+            f"--gguf-codes keep: {config['model_type']} folds multipliers into its Linear weights at load, so "
+            "the file's codes are not the exported weights; use --gguf-codes requantize"
+        )
     permuted = layout(gg).permuted_qk
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     linear_bits = quant.method.linear_bits

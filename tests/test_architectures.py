@@ -24,10 +24,12 @@ from .tiny_models import TINY_CONFIGS, save_tiny_checkpoint
 
 torch = pytest.importorskip("torch")
 
-# One tiny config per model_type: the first registered, so a new architecture is covered by adding its config.
+# One tiny config per model_type: the first registered, so a new architecture is covered by adding its config;
+# and the configs whose layers run another path of an existing type (Qwen2/Qwen3's sliding-window layers).
 BY_TYPE = {}
 for _name, _cfg in TINY_CONFIGS.items():
     BY_TYPE.setdefault(_cfg["model_type"], _name)
+VARIANTS = ["qwen2-sliding", "qwen3-sliding"]
 NEW_TOKENS = 64
 
 
@@ -35,7 +37,7 @@ def test_every_model_type_is_run_end_to_end():
     assert set(BY_TYPE) >= set(ARCHITECTURES) | set(ALIASES)
 
 
-@pytest.fixture(scope="module", params=sorted(BY_TYPE.values()))
+@pytest.fixture(scope="module", params=sorted(BY_TYPE.values()) + VARIANTS)
 def tiny(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     hf = save_tiny_checkpoint(request.param, d)

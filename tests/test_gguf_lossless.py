@@ -5,6 +5,7 @@ tensor bit for bit; other types are requantized with the reason in the manifest,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,6 +17,11 @@ from onnx import numpy_helper
 
 from edge_runtime import kernels
 from edge_runtime.cli.export import main as export_cli
+from edge_runtime.errors import ExportError
+from edge_runtime.exporters.gguf_quant import read_codes
+from edge_runtime.exporters.quant import QuantConfig, QuantMethod
+from edge_runtime.models import ARCHITECTURES
+from edge_runtime.models.base import WeightFolds
 
 from .test_gguf import _greedy, llama_cpp_permute, write_gguf
 from .tiny_models import TINY_CONFIGS, save_tiny_checkpoint
@@ -294,3 +300,14 @@ def test_gguf_codes_on_hf_directory_refused(tmp_path):
     res = CliRunner().invoke(export_cli, [str(tmp_path / "hf"), "-o", str(tmp_path / "b"), "--gguf-codes", "keep"])
     assert res.exit_code != 0
     assert res.stderr.strip() == "Error: --gguf-codes applies to a .gguf checkpoint only; drop it for this source"
+
+
+def test_codes_are_not_kept_where_the_architecture_folds_its_linear_weights(q4_gguf, monkeypatch):
+    """A fold that rewrites Linear weights (Granite's multipliers) makes the file's codes not the exported
+    weights: keeping them is refused, naming the way out."""
+    quant = QuantConfig(method=QuantMethod.INT4, block=32)
+    assert read_codes(q4_gguf, quant).tensors  # llama as it is: kept
+    folding = dataclasses.replace(ARCHITECTURES["llama"], folds=lambda _config: WeightFolds(linear=True))
+    monkeypatch.setitem(ARCHITECTURES, "llama", folding)
+    with pytest.raises(ExportError, match="requantize"):
+        read_codes(q4_gguf, quant)

@@ -38,12 +38,33 @@ def test_the_folded_multipliers_are_what_makes_the_reference_equal_transformers(
     assert err() > 1e-3
 
 
-@pytest.mark.parametrize("name", ["granite", "gemma3"])
-def test_folded_layers_stay_lazy_and_a_tied_head_stays_tied(name, tmp_path):
-    save_tiny_checkpoint(name, tmp_path)
+def test_the_folds_rewrite_each_layer_as_it_is_read(tmp_path):
+    """The folded arrays are transformers' parameters times the multipliers, built lazily layer by layer, and
+    the tables are never rewritten (the tied head still reads the table as stored)."""
+    hf = save_tiny_checkpoint("granite", tmp_path)
+    cfg = TINY_CONFIGS["granite"]
+    r, s = np.float32(cfg["residual_multiplier"]), np.float32(cfg["logits_scaling"])
     ckpt = load_checkpoint(tmp_path)
     assert isinstance(ckpt.weights.layers, LazyLayers)
+    for i, layer in enumerate(hf.model.layers):
+        lw = ckpt.weights.layers[i]
+        np.testing.assert_array_equal(lw.o, layer.self_attn.o_proj.weight.detach().numpy() * r)
+        np.testing.assert_array_equal(lw.down, layer.mlp.down_proj.weight.detach().numpy() * r)
+        np.testing.assert_array_equal(lw.q, layer.self_attn.q_proj.weight.detach().numpy())  # untouched
+    np.testing.assert_array_equal(ckpt.weights.final_norm, hf.model.norm.weight.detach().numpy() / s)
+    np.testing.assert_array_equal(ckpt.weights.embed, hf.model.embed_tokens.weight.detach().numpy())
     assert ckpt.weights.lm_head is ckpt.weights.embed
+
+
+def test_gemma3_norms_are_folded_lazily_too(tmp_path):
+    hf = save_tiny_checkpoint("gemma3", tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    assert isinstance(ckpt.weights.layers, LazyLayers)
+    for i, layer in enumerate(hf.model.layers):
+        lw = ckpt.weights.layers[i]
+        np.testing.assert_array_equal(lw.attn_norm, layer.input_layernorm.weight.detach().numpy() + np.float32(1))
+        np.testing.assert_array_equal(lw.k_norm, layer.self_attn.k_norm.weight.detach().numpy() + np.float32(1))
+    np.testing.assert_array_equal(ckpt.weights.final_norm, hf.model.norm.weight.detach().numpy() + np.float32(1))
 
 
 @pytest.mark.parametrize(
