@@ -1,4 +1,4 @@
-"""Llama 2/3, SmolLM/SmolLM2 (shipped as `model_type: llama`) and Mistral (an alias: same weights).
+"""Llama 2/3 and SmolLM/SmolLM2 (shipped as `model_type: llama`); Mistral has its own file (same weights).
 
 Pre-norm decoder: RMSNorm -> GQA attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual.
 `attention_bias` puts a bias on q, k, v and o; `mlp_bias` on gate, up and down.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Architecture, ModelArgs, WeightNames, opt_bool, opt_int, parse_common
+from .base import Architecture, ModelArgs, WeightNames, opt_bool, parse_common
 from .gguf_layout import GGUFLayout, bias_from_tensors
 
 WEIGHTS = WeightNames(
@@ -46,7 +46,6 @@ def parse(config: dict[str, Any]) -> ModelArgs:
         qkv_bias=bias,
         o_bias=bias,
         mlp_bias=opt_bool(config, "mlp_bias", False),
-        sliding_window=opt_int(config, "sliding_window", None),  # Mistral v0.1: 4096; Llama: absent
     )
 
 

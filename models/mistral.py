@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Architecture, ModelArgs, opt_bool, parse_common
+from .base import Architecture, ModelArgs, parse_common
 from .layer_types import sliding_window, with_layer_types
 from .llama import WEIGHTS
 
 
 def parse(config: dict[str, Any]) -> ModelArgs:
-    bias = opt_bool(config, "attention_bias", False)
-    args = parse_common(
-        config, arch="mistral", qkv_bias=bias, o_bias=bias, mlp_bias=opt_bool(config, "mlp_bias", False)
-    )
+    # No biases: MistralAttention's and MinistralAttention's projections have none, whatever the config says.
+    args = parse_common(config, arch="mistral")
     return with_layer_types(args, config.get("layer_types"), sliding_window(config))
 
 

@@ -89,3 +89,9 @@ def test_bad_layer_types_are_refused_by_name(overrides, match):
 def test_a_negative_max_window_layers_is_refused():
     with pytest.raises(ConfigError, match="max_window_layers"):
         parse("qwen2-sliding", max_window_layers=-1)
+
+
+def test_keys_transformers_ignores_are_ignored():
+    """MistralAttention has no biases whatever `attention_bias` says; LlamaAttention never slides."""
+    assert not parse("mistral-window", attention_bias=True, mlp_bias=True).qkv_bias
+    assert parse("llama-tied", sliding_window=16).sliding_window is None
