@@ -94,4 +94,3 @@ def test_llama3_rope_frequencies_scaled_by_band():
     # High frequencies untouched, low ones divided by `factor`, the band between smoothly in between.
     assert ratio[0] == 1.0 and ratio[-1] == pytest.approx(1 / 8)
     assert np.all(np.diff(ratio) <= 0)
-
