@@ -208,34 +208,44 @@ def test_full_queue_is_a_503_with_retry_after(edge_server, serve_bundle):
         }
     ).encode()
 
-    def idle() -> bool:
-        deadline = time.monotonic() + 60
-        while (gauge("edge_serve_queue_depth") or gauge("edge_serve_slots_busy")) and time.monotonic() < deadline:
+    def until(done, seconds: float = 60) -> float:  # bounded; a loaded 2-core machine parses requests slowly
+        start = time.monotonic()
+        while not done() and time.monotonic() - start < seconds:
             time.sleep(0.05)
+        return time.monotonic() - start
+
+    def idle() -> bool:
+        until(lambda: gauge("edge_serve_queue_depth") == 0 and gauge("edge_serve_slots_busy") == 0)
         return gauge("edge_serve_queue_depth") == 0 and gauge("edge_serve_slots_busy") == 0
 
-    # Up to three tries: the probe must reach the server while the queue is full, and a running job that ends
-    # between the last poll and the probe (one in CI run of several) lets a waiting one start and the probe in.
+    def post() -> http.client.HTTPConnection:  # nothing is read from it
+        conn = http.client.HTTPConnection("127.0.0.1", edge_server.port, timeout=30)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        return conn
+
+    # The first job is sent alone and seen running before four more fill the queue: sent together, the five can
+    # reach the server before the engine takes the first one, which then still counts as waiting and the fifth
+    # is refused (the depth stays at 3). Up to three tries: a running job that ends between the last poll and
+    # the probe lets a waiting one start and the probe in.
     refused, seen = None, []
     for _attempt in range(3):
         conns = []
         try:
-            for _ in range(5):  # the first runs, four wait; nothing is read from them
-                conn = http.client.HTTPConnection("127.0.0.1", edge_server.port, timeout=30)
-                conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-                conns.append(conn)
-            start = time.monotonic()
-            deadline = start + 60  # a loaded 2-core machine parses five requests slowly
-            while (depth := gauge("edge_serve_queue_depth")) < 4 and time.monotonic() < deadline:  # bounded
-                time.sleep(0.05)
-            waited = time.monotonic() - start
+            conns.append(post())
+            started = until(lambda: gauge("edge_serve_slots_busy") == 1 and gauge("edge_serve_queue_depth") == 0)
+            conns += [post() for _ in range(4)]
+            waited = until(lambda: gauge("edge_serve_queue_depth") >= 4)
+            depth = gauge("edge_serve_queue_depth")
             try:  # a refusal comes at once; a probe let in waits behind 4,000-token jobs
                 status, headers, data = edge_server.request(
                     "POST", CHAT, json.dumps(GOOD).encode(), {"Content-Type": "application/json"}, timeout=10
                 )
             except TimeoutError:
                 status = None
-            seen.append(f"queue depth {depth} after {waited:.1f} s, probe answered {status}")
+            seen.append(
+                f"first job running after {started:.1f} s, queue depth {depth} after {waited:.1f} s, "
+                f"probe answered {status}"
+            )
         finally:
             for conn in conns:
                 conn.close()
