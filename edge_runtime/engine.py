@@ -238,7 +238,7 @@ def load(
 
 
 def _local_layers(path: Path, m: Manifest) -> LocalLayers | None:
-    """The model's local layers from the manifest (Gemma 3), None where every layer is global. Their
+    """The model's local layers from the manifest (e.g. Gemma 3), None where every layer is global. Their
     graph must give them their own ring (refused otherwise: a bundle exported before it had one)."""
     if m.model.local_window is None or m.model.local_rope_inv_freq is None:
         return None

@@ -43,7 +43,7 @@ NEXT_TOKEN = "next_token"
 
 
 # The symbolic row dimension of a layer's past_key/past_value: the global ring's, or the local ring's for the
-# local layers of a model with a sliding window (Gemma 3, docs/architecture.md §5.2).
+# local layers of a model with a sliding window (Gemma 3, Ministral; docs/architecture.md §5.2).
 CAPACITY_DIM = "capacity"
 LOCAL_CAPACITY_DIM = "capacity_local"
 
@@ -71,7 +71,7 @@ class ModelSpec:
     max_position_embeddings: int
     parameters: int
     tied_embeddings: bool
-    # Local layers (Gemma 3): the tokens they attend back and their RoPE; None where every layer is global.
+    # Local layers (e.g. Gemma 3): the tokens they attend back and their RoPE; None where every layer is global.
     local_window: int | None = None
     local_rope_inv_freq: list[float] | None = None
 

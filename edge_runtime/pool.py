@@ -1,7 +1,7 @@
 """The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
 
     K/V per layer      [1, H_kv, capacity, D] of the manifest's kv dtype, bound as past_* (and present_* for
-                       the in-place `ort` flavor); a local layer's capacity is its own ring's (Gemma 3)
+                       the in-place `ort` flavor); a local layer's capacity is its own ring's (e.g. Gemma 3)
     decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
                        sink_rows [1], ring_full [], seqlens_k [1], total length [],
                        cos/sin cache [capacity, R/2] (filled once at load: RingState.rotary_cache)
@@ -34,7 +34,7 @@ class StaticPool:
     new_keys: list[np.ndarray] = field(default_factory=list)  # host-copy flavor: [1, H_kv, 1, D]
     new_values: list[np.ndarray] = field(default_factory=list)
     next_token: np.ndarray | None = None  # [1, 1, 1] int64, where the graph outputs it
-    # Layers whose buffers are the local ring's (Gemma 3's local layers), and the global ring's rows: row r
+    # Layers whose buffers are the local ring's (e.g. Gemma 3's local layers), and the global ring's rows: row r
     # of RingState.state()'s combined numbering is a global row below it, local row r - global_rows above.
     local_layers: frozenset[int] = frozenset()
     global_rows: int = 0
@@ -54,7 +54,7 @@ class StaticPool:
         keys = [_committed(shape, kv_dtype) for shape in shapes]
         values = [_committed(shape, kv_dtype) for shape in shapes]
         decode = _decode_buffers(g, m.rotary_dim // 2, dtype, host_copy, rotary_cache=True)
-        if local is not None:  # the local layers' own ring inputs (Gemma 3)
+        if local is not None:  # the local layers' own ring inputs (e.g. Gemma 3)
             decode.local = _decode_buffers(local, m.rotary_dim // 2, dtype, host_copy, rotary_cache=False)
         pool = cls(
             keys=keys,

@@ -14,9 +14,9 @@ exactly StreamingLLM's "positions within the cache". `slack` extra ring slots le
 
 cos/sin are computed here in float64 (fp32 angles at position 1e7 are off by ~1 rad) and cast once.
 
-A model with local sliding-window layers (Gemma 3) keeps a second ring for them (`local_geometry`: no
-sinks, their window, as much slack), which the same RingState plans, rolls back and snapshots in step
-with this one (docs/architecture.md §5.2).
+A model with local sliding-window layers (Gemma 3, Ministral, Qwen with a window) keeps a second ring for
+them (`local_geometry`: no sinks, their window, as much slack), which the same RingState plans, rolls back
+and snapshots in step with this one (docs/architecture.md §5.2).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class StepInputs:
     ring_full: np.ndarray  # [] bool: some token is past S + W - 1 (`ort` leaves GroupQueryAttention)
     seqlens_k: np.ndarray  # [1] int32: t0 + n - 1, GroupQueryAttention's last row (row r = token r until full)
     total_len: np.ndarray  # [] int32: t0 + n
-    # Local layers (Gemma 3), where the model has them: their RoPE at absolute positions, their own ring's
+    # Local layers (e.g. Gemma 3), where the model has them: their RoPE at absolute positions, their own ring's
     # mask and the row of the first new token in it.
     cos_local: np.ndarray | None = None  # [n, R/2]
     sin_local: np.ndarray | None = None

@@ -177,7 +177,7 @@ class Session:
     def rollback_limit(self) -> int:
         """Most tokens `truncate` drops exactly (all of them while the ring has not reused a row;
         after, slack + 1 less what earlier rollbacks used; dropping everything is always a reset). With
-        local layers (Gemma 3) the smaller of both rings' limits: their ring wraps first."""
+        local layers (e.g. Gemma 3) the smaller of both rings' limits: their ring wraps first."""
         return (self._pending is not None) + self.engine.ring.rollback_limit()
 
     def recent_ids(self) -> list[int]:

@@ -153,7 +153,7 @@ class OrtBackend:
             "num_logits_to_keep": _ov(p.keep),
             "write_index": _ov(d.write_index),
         }
-        if d.local is not None:  # the local layers' ring (Gemma 3)
+        if d.local is not None:  # the local layers' ring (e.g. Gemma 3)
             self._decode_values |= {
                 "cos_local": _ov(d.local.cos),
                 "sin_local": _ov(d.local.sin),

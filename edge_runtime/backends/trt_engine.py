@@ -60,7 +60,7 @@ class EngineProfile:
     precision: tuple[str, ...]
     workspace_bytes: int
     optimization_level: int
-    local_capacity: int | None = None  # the local layers' ring (Gemma 3), fixed too
+    local_capacity: int | None = None  # the local layers' ring (e.g. Gemma 3), fixed too
 
     @classmethod
     def for_ring(cls, capacity: int, slack: int, options: Any, local_capacity: int | None = None) -> EngineProfile:
