@@ -49,16 +49,41 @@ def copy_bundle(src: Path, dst: Path) -> Path:
     return dst
 
 
+_CHILDREN: list[subprocess.Popen] = []
+
+
 def cli(module: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
-    """Start `python -m edge_runtime.cli.<module> ARGS` as a real process (for signals and exit codes)."""
-    code = f"import sys; from edge_runtime.cli.{module} import main; sys.exit(main())"
+    """Start `python -m edge_runtime.cli.<module> ARGS` as a real process (for signals and exit codes).
+
+    The child gets Python's Ctrl-C handler whatever it inherits, as a terminal starts it: a runner in the
+    background (`cmd &` without job control) hands its children SIGINT ignored, and Python then installs no
+    handler, so a Ctrl-C test would wait on a process that never hears it."""
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"from edge_runtime.cli.{module} import main; sys.exit(main())"
+    )
     kw.setdefault("stdout", subprocess.PIPE)
-    return subprocess.Popen(
+    p = subprocess.Popen(
         [sys.executable, "-c", code, *args],
         stderr=subprocess.PIPE,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         **kw,
     )
+    _CHILDREN.append(p)
+    return p
+
+
+def reap_children() -> None:
+    """Kill what `cli` started and is still running (conftest.py, after each test): a failed test must not
+    leave a million-token generation taking the CPU from the rest of the suite."""
+    while _CHILDREN:
+        p = _CHILDREN.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        for pipe in (p.stdin, p.stdout, p.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 @contextlib.contextmanager

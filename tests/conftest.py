@@ -20,6 +20,15 @@ def _private_cache(tmp_path_factory):
         os.environ["EDGE_RUNTIME_CACHE"] = old
 
 
+@pytest.fixture(autouse=True)
+def _reap_cli_children():
+    """Processes a test started through bad_inputs_util.cli do not outlive it, even when it fails."""
+    yield
+    from .bad_inputs_util import reap_children
+
+    reap_children()
+
+
 @pytest.fixture(scope="module")
 def tied_bundle(tmp_path_factory):
     """A tiny tied-embedding llama exported to an `ort` bundle (ring window 200), one per test module."""
