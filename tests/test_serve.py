@@ -207,14 +207,26 @@ def test_metrics_parse(client, edge_server):
     assert m["edge_serve_tokens_per_joule"][0].value > 0
 
 
-def test_disconnect_mid_stream_frees_the_slot(client, edge_server):
+def test_disconnect_mid_stream_frees_the_slot(client, edge_server, serve_bundle):
+    import json
+
+    # EOS banned: a sampled reply that ended by itself before the disconnect reached the worker would count
+    # as "stop", not "cancelled" (the sampled path depends on the CPU's rounding)
+    eos = json.loads((serve_bundle / "manifest.json").read_text())["tokenizer"]["eos_token_ids"]
+    assert eos
     before = _metrics(edge_server)
     cancelled0 = sample_value(
         before, "edge_serve_generations", "edge_serve_generations_total", finish_reason="cancelled"
     )
     tokens0 = sample_value(before, "edge_serve_generated_tokens", "edge_serve_generated_tokens_total")
     stream = client.completions.create(
-        model=MODEL, prompt="A long tale of two households", max_tokens=4000, temperature=0.8, seed=5, stream=True
+        model=MODEL,
+        prompt="A long tale of two households",
+        max_tokens=4000,
+        temperature=0.8,
+        seed=5,
+        stream=True,
+        logit_bias={str(t): -100 for t in eos},
     )
     for i, _chunk in enumerate(stream):
         if i == 3:
