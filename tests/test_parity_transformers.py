@@ -47,8 +47,8 @@ SENSITIVITY += ["qwen3-tied", "qwen3-sliding", "gemma3", "granite"]
 
 @pytest.mark.parametrize("name", SENSITIVITY)
 def test_parity_is_sensitive_to_the_feature(name, tmp_path):
-    """Dropping the feature under test (RoPE scaling, sliding window, q/k norms, local layers) must break parity,
-    or the test proves nothing."""
+    """Dropping the feature under test (RoPE scaling, sliding window, q/k norms, local layers, Granite's
+    multipliers) must break parity, or the test proves nothing."""
     hf = save_tiny_checkpoint(name, tmp_path)
     ckpt = load_checkpoint(tmp_path)
     args, weights = ckpt.args, ckpt.weights

@@ -227,6 +227,7 @@ def test_full_queue_is_a_503_with_retry_after(edge_server, serve_bundle):
     # reach the server before the engine takes the first one, which then still counts as waiting and the fifth
     # is refused (the depth stays at 3). Up to three tries: a running job that ends between the last poll and
     # the probe lets a waiting one start and the probe in.
+    assert idle()  # no job of an earlier test is what the first poll sees running
     refused, seen = None, []
     for _attempt in range(3):
         conns = []
