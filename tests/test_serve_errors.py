@@ -44,7 +44,6 @@ CASES = [
     ("logit_bias key too long", CHAT, _chat(logit_bias={"9" * 5000: 1}), 400, "invalid_value", "logit_bias"),
     ("top_logprobs without logprobs", CHAT, _chat(top_logprobs=2), 400, "invalid_value", "top_logprobs"),
     ("top_logprobs too many", CHAT, _chat(logprobs=True, top_logprobs=50), 400, "invalid_value", "top_logprobs"),
-    ("unknown model", CHAT, _chat(model="gpt-9"), 404, "model_not_found", "model"),
     ("bad role", CHAT, _chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "invalid_value", "messages"),
     ("message without content", CHAT, _chat(messages=[{"role": "user"}]), 400, "invalid_value", "messages"),
     (
@@ -111,9 +110,6 @@ def test_routes_and_methods(edge_server):
 
 def test_openai_client_sees_typed_errors(edge_server):
     client = openai.OpenAI(base_url=edge_server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
-    with pytest.raises(openai.NotFoundError) as e:
-        client.chat.completions.create(model="gpt-9", messages=GOOD["messages"])
-    assert e.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="shakespeare", messages=[{"role": "wizard", "content": "x"}])
     assert e.value.param == "messages"

@@ -6,7 +6,8 @@
 Modules: `app` (Starlette app, API key, request metrics, error bodies), `routes` (chat and completions,
 JSON and SSE), `schemas` (request checks, response shapes), `scheduler` (the engine's worker thread and
 bounded queue), `slots` (conversations kept per slot, prefix routing), `metrics` (prometheus-client),
-`errors` (OpenAI's error object), `cli` (the console script), `process` (edge-serve as a child process).
+`errors` (OpenAI's error object), `access` (one log line per request), `cli` (the console script), `process`
+(edge-serve as a child process).
 
 Why Starlette + uvicorn: both are small, pure-Python (uvicorn without its `[standard]` extras runs on h11),
 long maintained by the Encode team, and install from wheels on every device we target (aarch64 Jetson, Pi)

@@ -19,7 +19,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,7 +28,7 @@ from edge_runtime.conversation import ConversationCache
 from edge_runtime.engine import Engine
 from edge_runtime.tokenizer import Tokenizer
 
-from . import routes
+from . import access, routes
 from .errors import APIError
 from .metrics import CONTENT_TYPE, Metrics
 from .scheduler import Scheduler
@@ -37,7 +37,7 @@ from .schemas import model_list
 log = logging.getLogger("edge_serve")
 
 DEFAULT_MAX_BODY = 4 << 20  # bytes: a long conversation is ~100 KB of JSON; more is a mistake or an attack
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/")
 
 
 @dataclass
@@ -47,10 +47,13 @@ class ServerState:
     template: ChatTemplate | None
     scheduler: Scheduler
     metrics: Metrics
-    model_id: str
+    model_id: str  # the served name: what /v1/models lists and every response's `model` says
     fingerprint: str
     max_tokens: int
     api_key: str | None = None
+    # Off: any requested model name gets this model, as llama-server does, so clients with a hard-coded name
+    # (gpt-4o-mini, ...) work unchanged. On: another name is a 404 model_not_found.
+    strict_model: bool = False
     max_body: int = DEFAULT_MAX_BODY
     created: int = field(default_factory=lambda: int(time.time()))
     extra: dict[str, Any] = field(default_factory=dict)  # /v1/models' extra fields (target, cache geometry)
@@ -61,8 +64,8 @@ class ServerState:
         self.conversations = ConversationCache(self.tokenizer)
 
     def check_model(self, model: str | None) -> None:
-        # An absent model means this one (curl users, llama.cpp's habit); a wrong one is the client's mistake.
-        if model is not None and model != self.model_id:
+        # An absent model means this one (curl users, llama.cpp's habit); another name too unless strict.
+        if self.strict_model and model is not None and model != self.model_id:
             raise APIError(
                 404,
                 f"the model '{model}' does not exist here; this server serves '{self.model_id}'",
@@ -97,6 +100,25 @@ def _no_constant(name: str) -> Any:
 
 
 # -- small routes ----------------------------------------------------------------------------------
+
+
+async def index(request: Request) -> Response:
+    """A page for whoever opens the address in a browser or curls it: what is served, and where."""
+    state: ServerState = request.app.state.serve
+    lines = [
+        "edge-serve: an OpenAI-compatible server",
+        f"model: {state.model_id}",
+        f"bundle: {state.engine.bundle.path}",
+        "",
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "GET  /v1/models",
+        "GET  /health",
+        "GET  /metrics",
+    ]
+    if state.api_key is not None:
+        lines.append("(/v1/* needs 'Authorization: Bearer KEY')")
+    return PlainTextResponse("\n".join(lines) + "\n")
 
 
 async def health(request: Request) -> Response:
@@ -156,8 +178,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 class _Guard:
-    """API-key check on /v1/*, and requests/duration metrics by route and status (a pure ASGI middleware:
-    it sees a stream's status at its start and its duration at its last byte)."""
+    """API-key check on /v1/*, requests/duration metrics by route and status, and the access log line (a pure
+    ASGI middleware: it sees a stream's status at its start and its duration at its last byte)."""
 
     def __init__(self, app: ASGIApp, state: ServerState):
         self.app, self.state = app, state
@@ -170,6 +192,7 @@ class _Guard:
         route = next((r for r in ROUTES if path == r or path.startswith(r + "/")), "other")
         status = 500
         t0 = time.perf_counter()
+        record = access.start(scope)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -186,9 +209,11 @@ class _Guard:
                 return
             await self.app(scope, receive, send_wrapper)
         finally:
+            elapsed = time.perf_counter() - t0
             m = self.state.metrics
             m.requests.labels(route, str(status)).inc()
-            m.request_seconds.labels(route).observe(time.perf_counter() - t0)
+            m.request_seconds.labels(route).observe(elapsed)
+            access.log_request(scope["method"], path, status, record, elapsed * 1e3)
 
     def _authorized(self, scope: Scope) -> bool:
         key = self.state.api_key
@@ -214,6 +239,7 @@ def create_app(state: ServerState) -> Starlette:
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
+            Route("/", index, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],

@@ -3,6 +3,7 @@
 edge-serve --bundle out/                       # 127.0.0.1:8080, target auto-detected
 edge-serve --model CHECKPOINT --slots 4 --port 9000
 edge-serve --bundle out/ --host 0.0.0.0 --api-key "$KEY"   # another address needs a key (or EDGE_SERVE_API_KEY)
+edge-serve --bundle out/ --served-model-name gpt-4o-mini   # the name listed; any requested name is served
 """
 
 from __future__ import annotations
@@ -68,7 +69,19 @@ def is_loopback(host: str) -> bool:
     default=None,
     help="Require 'Authorization: Bearer KEY' on /v1/* [env: EDGE_SERVE_API_KEY].",
 )
-@click.option("--model-id", default=None, help="The model name clients use [default: the bundle's directory name].")
+@click.option(
+    "--served-model-name",
+    "--model-id",
+    "model_id",
+    metavar="NAME",
+    default=None,
+    help="The name /v1/models lists and responses carry [default: the bundle's directory name].",
+)
+@click.option(
+    "--strict-model-name",
+    is_flag=True,
+    help="Refuse requests naming another model (404 model_not_found); by default any name gets this model.",
+)
 @click.option("--sinks", type=int, default=None, help="Attention sinks [default: target, then bundle].")
 @click.option("--window", type=int, default=None, help="Recent-token window [default: target, then bundle].")
 @click.option("--threads", type=int, default=None, help="Compute threads [default: target, then all cores].")
@@ -86,7 +99,11 @@ def is_loopback(host: str) -> bool:
     help="Seconds SIGTERM waits for requests in flight before cancelling them.",
 )
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Server log to stderr; info and below include one access line per request.",
 )
 @speculative_options
 @template_kwargs_option
@@ -103,6 +120,7 @@ def main(
     max_tokens: int,
     api_key: str | None,
     model_id: str | None,
+    strict_model_name: bool,
     sinks: int | None,
     window: int | None,
     threads: int | None,
@@ -148,6 +166,7 @@ def main(
             energy,
             SpeculativeChoice(speculative, draft, draft_tokens),
             template_kwargs,
+            strict_model_name=strict_model_name,
         )
     )
     try:
@@ -186,6 +205,7 @@ class ServeOptions:
     speculative: SpeculativeChoice = SpeculativeChoice()
     # --chat-template-kwargs: every chat request's template variables (its own chat_template_kwargs win)
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    strict_model_name: bool = False  # refuse requests naming another model than model_id's
 
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
@@ -269,6 +289,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         scheduler=scheduler,
         metrics=metrics,
         model_id=name,
+        strict_model=opts.strict_model_name,
         fingerprint=f"edge-runtime-{__version__}-{bundle_checksum(engine.manifest)[:12]}",
         max_tokens=max_tokens,
         api_key=opts.api_key,

@@ -6,7 +6,7 @@ fault is a 500 whose message says what failed (the traceback goes to the server'
 | status | type                  | when                                                              |
 | 400    | invalid_request_error | malformed JSON, a wrong type or value, `n > 1`, unsupported value |
 | 401    | invalid_request_error | a missing or wrong API key (code `invalid_api_key`)                |
-| 404    | invalid_request_error | an unknown model (`model_not_found`) or route                      |
+| 404    | invalid_request_error | an unknown route, or model if strict (`model_not_found`)         |
 | 405    | invalid_request_error | a route asked with the wrong method                                |
 | 413    | invalid_request_error | a body over the size limit, or a prompt a slot cannot take         |
 | 422    | invalid_request_error | messages the chat template refuses, or that render to no tokens    |

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from edge_runtime.chat import normalize_messages
 from edge_runtime.errors import ChatTemplateError
 
+from .access import AccessRecord, record_of
 from .errors import APIError
 from .scheduler import Failure, Finished, Job, Piece
 from .schemas import (
@@ -150,6 +151,7 @@ def _with_tools(
 
 async def _respond(request: Request, state: ServerState, job: Job, fmt: _Format) -> Response:
     state.scheduler.submit(job)  # APIError 503 when the queue is full
+    record = record_of(request.scope)  # the access log's token counts
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
         first = await job.events.get()
@@ -159,7 +161,7 @@ async def _respond(request: Request, state: ServerState, job: Job, fmt: _Format)
             watcher.cancel()  # StreamingResponse listens for the disconnect from here on
             return _JobStream(
                 job,
-                _sse(job, first, fmt),
+                _sse(job, first, fmt, record),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -170,6 +172,7 @@ async def _respond(request: Request, state: ServerState, job: Job, fmt: _Format)
                 raise event.error
             pieces.append(event)
             event = await job.events.get()
+        record.finished(event)
         return JSONResponse(fmt.whole(pieces, event))
     except BaseException:
         job.cancel()  # an error response, or this handler cancelled: the worker stops at its next token
@@ -201,7 +204,7 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-async def _sse(job: Job, first: Piece | Finished, fmt: _Format) -> AsyncIterator[bytes]:
+async def _sse(job: Job, first: Piece | Finished, fmt: _Format, record: AccessRecord) -> AsyncIterator[bytes]:
     try:
         for chunk in fmt.opening():
             yield _data(chunk)
@@ -212,6 +215,7 @@ async def _sse(job: Job, first: Piece | Finished, fmt: _Format) -> AsyncIterator
                 if chunk is not None:
                     yield _data(chunk)
             elif isinstance(event, Finished):
+                record.finished(event)
                 for chunk in fmt.closing(event):
                     yield _data(chunk)
                 break
