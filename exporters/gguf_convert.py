@@ -30,6 +30,7 @@ import numpy as np
 
 from edge_runtime.errors import CheckpointError, UnsupportedArchitectureError
 from edge_runtime.models import ARCHITECTURES as MODEL_ARCHITECTURES
+from edge_runtime.models import get_arch
 from edge_runtime.models.gguf_layout import GGUFLayout
 
 from .gguf_reader import GGUFFile
@@ -125,6 +126,7 @@ def _int(gg: GGUFFile, key: str, default: int | None = None) -> int:
     value = gg.meta(key, default) if default is not None else gg.require(key)
     if isinstance(value, list):  # per-layer values (e.g. OpenELM's head counts)
         raise CheckpointError(f"'{gg.path.name}': '{key}' varies per layer ({value[:4]}...); not supported")
+    gg.meta(key, kind="int")  # a float or a string here is a damaged file, not a value to round or parse
     return int(value)
 
 
@@ -142,13 +144,13 @@ class _Meta:
 
 
 def _rope_scaling(gg: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any] | None:
-    kind = gg.meta(f"{arch}.rope.scaling.type", "none")
+    kind = gg.meta(f"{arch}.rope.scaling.type", "none", kind="str")
     if gg.has_tensor(_ROPE_FREQS):
         return _llama3_rope(gg, head_dim, theta)
     if kind in ("none", None):
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(gg.require(f"{arch}.rope.scaling.factor"))}
+        return {"rope_type": "linear", "factor": float(gg.require(f"{arch}.rope.scaling.factor", kind="float"))}
     raise CheckpointError(f"'{gg.path.name}': RoPE scaling {kind!r} is not supported (supported: linear, llama3)")
 
 
@@ -160,7 +162,7 @@ def _llama3_rope(gg: GGUFFile, head_dim: int, theta: float) -> dict[str, Any]:
     inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     wavelen = 2 * np.pi / inv
     factor = float(freqs.max())
-    orig = int(gg.meta(f"{gg.architecture}.rope.scaling.original_context_length", 8192))
+    orig = _int(gg, f"{gg.architecture}.rope.scaling.original_context_length", 8192)
     candidates = [(1.0, 4.0)]  # Meta's releases
     mid = (freqs > 1 + 1e-6) & (freqs < factor - 1e-6)
     if factor > 1 and mid.sum() >= 2:
@@ -192,11 +194,16 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
     model_type = ARCHITECTURES[arch][0]
     hidden = _int(gg, f"{arch}.embedding_length")
     heads = _int(gg, f"{arch}.attention.head_count")
+    if heads <= 0 or hidden <= 0:  # hidden // heads below would divide by zero
+        raise CheckpointError(
+            f"'{gg.path.name}': {arch}.embedding_length = {hidden} and {arch}.attention.head_count = {heads} "
+            "must both be positive"
+        )
     head_dim = _int(gg, f"{arch}.attention.key_length", hidden // heads)
     rope_dim = _int(gg, f"{arch}.rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         raise CheckpointError(f"'{gg.path.name}': rotary dimension {rope_dim} != head dim {head_dim} (partial RoPE)")
-    theta = _f32(gg.meta(f"{arch}.rope.freq_base", 10000.0))
+    theta = _f32(gg.meta(f"{arch}.rope.freq_base", 10000.0, kind="float"))
     vocab = gg.shape("token_embd.weight")[0] if gg.has_tensor("token_embd.weight") else None
     if vocab is None:
         raise CheckpointError(f"'{gg.path.name}' has no token_embd.weight tensor")
@@ -210,7 +217,7 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
         "num_key_value_heads": _int(gg, f"{arch}.attention.head_count_kv", heads),
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": _f32(gg.meta(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rms_norm_eps": _f32(gg.meta(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, kind="float")),
         "rope_theta": theta,
         "max_position_embeddings": _int(gg, f"{arch}.context_length", 2048),
         "vocab_size": vocab,
@@ -221,7 +228,7 @@ def build_config(gg: GGUFFile) -> dict[str, Any]:
     if rope is not None:
         config["rope_scaling"] = rope
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
-        value = gg.meta(f"tokenizer.ggml.{key}")
+        value = gg.meta(f"tokenizer.ggml.{key}", kind="int")
         if isinstance(value, int):
             config[key.replace("padding", "pad")] = value
     return config
@@ -243,6 +250,17 @@ def _tensor_plan(gg: GGUFFile, config: dict[str, Any]) -> list[tuple[str, str, t
             f"(e.g. {', '.join(unknown[:3])}); is it a variant edge-export does not read?"
         )
     return plan
+
+
+def _check_shapes(gg: GGUFFile, config: dict[str, Any], plan: list[tuple[str, str, tuple[int, ...]]]) -> None:
+    """The config built from the metadata against the tensors' shapes, through the architecture's weight map,
+    before any tensor is dequantized: the export would refuse the converted checkpoint anyway, but only after
+    the whole file had been read and written. Shapes only (zero-byte broadcast placeholders)."""
+    arch, shapes = get_arch(config), {target: shape for _, target, shape in plan}
+    try:
+        arch.weights.bind(arch.parse(config), shapes, lambda name: np.broadcast_to(np.uint8(0), shapes[name]))
+    except CheckpointError as e:
+        raise type(e)(f"'{gg.path.name}': {e} (config.json: what its metadata converts to)") from e
 
 
 def _safetensors_header(plan: list[tuple[str, str, tuple[int, ...]]], dtype: str) -> bytes:
@@ -271,6 +289,7 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
     config = build_config(gg)
     gg.check_types()
     plan = _tensor_plan(gg, config)
+    _check_shapes(gg, config, plan)
     tokenizer, tokenizer_config = build_tokenizer(gg)
     counts = ", ".join(f"{n} {t}" for t, n in gg.type_counts().most_common())
     progress(f"reading {src.name}: {gg.architecture}, {config['num_hidden_layers']} layers, {counts}")

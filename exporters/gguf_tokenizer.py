@@ -82,12 +82,14 @@ def _byte_alphabet() -> dict[int, str]:
 
 def build_tokenizer(gg: GGUFFile) -> tuple[Tokenizer, dict[str, Any]]:
     """(tokenizer, tokenizer_config) for the vocabulary the file describes."""
-    kind = gg.require("tokenizer.ggml.model")
-    tokens: list[str] = gg.require("tokenizer.ggml.tokens")
-    types: list[int] = gg.meta("tokenizer.ggml.token_type") or [1] * len(tokens)
+    # Every key read with the GGUF type it must have: tokens stored as integers or scores as strings would
+    # otherwise fail deep inside the tokenizer build with a traceback.
+    kind = gg.require("tokenizer.ggml.model", kind="str")
+    tokens: list[str] = gg.require("tokenizer.ggml.tokens", kind="str[]")
+    types: list[int] = gg.meta("tokenizer.ggml.token_type", kind="int[]") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise CheckpointError(f"'{gg.path.name}': {len(tokens)} tokens but {len(types)} token types")
-    pre = gg.meta("tokenizer.ggml.pre", "default")
+    pre = gg.meta("tokenizer.ggml.pre", "default", kind="str")
     if kind == "gpt2":
         tok = _byte_level_bpe(gg, tokens, pre)
         add_bos_default = pre in _BOS_BY_DEFAULT
@@ -102,11 +104,11 @@ def build_tokenizer(gg: GGUFFile) -> tuple[Tokenizer, dict[str, Any]]:
     _add_special_tokens(tok, tokens, types, byte_level=kind == "gpt2")
 
     def token(key: str) -> str | None:
-        i = gg.meta(f"tokenizer.ggml.{key}")
+        i = gg.meta(f"tokenizer.ggml.{key}", kind="int")
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
-    add_bos = bool(gg.meta("tokenizer.ggml.add_bos_token", add_bos_default))
-    add_eos = bool(gg.meta("tokenizer.ggml.add_eos_token", False))
+    add_bos = gg.meta("tokenizer.ggml.add_bos_token", add_bos_default, kind="bool")
+    add_eos = gg.meta("tokenizer.ggml.add_eos_token", False, kind="bool")
     bos, eos = token("bos_token_id"), token("eos_token_id")
     _post_processor(tok, bos if add_bos else None, eos if add_eos else None, byte_level=kind == "gpt2")
     config: dict[str, Any] = {
@@ -136,8 +138,8 @@ def _byte_level_bpe(gg: GGUFFile, tokens: list[str], pre: str) -> Tokenizer:
     # Vocabulary tokens are stored in the byte alphabet already; a few converters store an added
     # token in plain UTF-8, which the BPE model must see spelled byte by byte.
     vocab = {t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in gg.require("tokenizer.ggml.merges")]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    merges = _merges(gg, gg.require("tokenizer.ggml.merges", kind="str[]"))
+    tok = _bpe(gg, vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
     if pre in ("qwen2", "deepseek-r1-qwen"):
         tok.normalizer = normalizers.NFC()  # Qwen2's own tokenizer.json normalizes to NFC first
     tok.pre_tokenizer = _PRE_TOKENIZERS[pre]()
@@ -147,10 +149,12 @@ def _byte_level_bpe(gg: GGUFFile, tokens: list[str], pre: str) -> Tokenizer:
 
 def _sentencepiece_bpe(gg: GGUFFile, tokens: list[str]) -> Tokenizer:
     """Llama-2-style: '▁' for spaces, BPE merges recovered from the scores, bytes as <0xNN> tokens."""
-    scores: list[float] = gg.require("tokenizer.ggml.scores")
+    scores: list[float] = gg.require("tokenizer.ggml.scores", kind="float[]")
+    if len(scores) != len(tokens):
+        raise CheckpointError(f"'{gg.path.name}': {len(tokens)} tokens but {len(scores)} token scores")
     vocab = {t: i for i, t in enumerate(tokens)}
     if gg.has("tokenizer.ggml.merges"):
-        merges = [tuple(m.split(" ", 1)) for m in gg.meta("tokenizer.ggml.merges")]
+        merges = _merges(gg, gg.meta("tokenizer.ggml.merges", kind="str[]"))
     else:
         # SentencePiece BPE merges the pair whose result scores best; every split of a token into
         # two vocabulary pieces is a candidate merge ranked by the token's score (transformers'
@@ -162,24 +166,43 @@ def _sentencepiece_bpe(gg: GGUFFile, tokens: list[str]) -> Tokenizer:
                 if left in vocab and right in vocab:
                     ranked.append((-scores[i], vocab[left], vocab[right], left, right))
         merges = [(left, right) for *_, left, right in sorted(ranked)]
-    unk = gg.meta("tokenizer.ggml.unknown_token_id")
-    tok = Tokenizer(
-        models.BPE(
-            vocab=vocab,
-            merges=merges,
-            unk_token=tokens[unk] if isinstance(unk, int) else None,
-            fuse_unk=True,
-            byte_fallback=True,
-        )
+    unk = gg.meta("tokenizer.ggml.unknown_token_id", kind="int")
+    tok = _bpe(
+        gg,
+        vocab=vocab,
+        merges=merges,
+        unk_token=tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None,
+        fuse_unk=True,
+        byte_fallback=True,
     )
     steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", "▁")]
     strip: list[decoders.Decoder] = []
-    if gg.meta("tokenizer.ggml.add_space_prefix", True):
+    if gg.meta("tokenizer.ggml.add_space_prefix", True, kind="bool"):
         steps.insert(0, normalizers.Prepend("▁"))
         strip = [decoders.Strip(" ", 1, 0)]
     tok.normalizer = normalizers.Sequence(steps)
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
     return tok
+
+
+def _bpe(gg: GGUFFile, **kw: Any) -> Tokenizer:
+    try:
+        return Tokenizer(models.BPE(**kw))
+    except Exception as e:  # tokenizers raises a bare Exception, e.g. for a merge of a token not in the vocabulary
+        raise CheckpointError(f"'{gg.path.name}': its tokens and merges do not make a BPE vocabulary: {e}") from e
+
+
+def _merges(gg: GGUFFile, merges: list[str]) -> list[tuple[str, str]]:
+    """'left right' strings as pairs; one without the space is refused by name (tokenizers' own error
+    does not say which file or entry)."""
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    bad = next((i for i, p in enumerate(pairs) if len(p) != 2), None)
+    if bad is not None:
+        raise CheckpointError(
+            f"'{gg.path.name}': merge {bad} of 'tokenizer.ggml.merges' is {merges[bad][:40]!r}, not two tokens "
+            "separated by a space"
+        )
+    return pairs  # type: ignore[return-value]
 
 
 def _add_special_tokens(tok: Tokenizer, tokens: list[str], types: list[int], *, byte_level: bool) -> None:

@@ -412,13 +412,31 @@ class WeightNames:
 
 
 def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
-    """Shapes must agree with the config; per-layer widths may differ (pruned models) but be consistent."""
+    """Every tensor's shape against the config, before any tensor is read (`w` may hold memory-mapped or
+    broadcast placeholders: shapes only). Every layer must have the config's widths: a config that misstates
+    one, e.g. head_dim 64 over weights of head_dim 32 whose row counts still divide by 64, would otherwise
+    export a bundle whose graph and float64 reference make the same misreading, pass validation and print
+    garbage. The tensors that fix a width (embedding: hidden and vocabulary; q_proj: head_dim or the query
+    heads; k_proj: the KV heads; gate_proj: the MLP) name the config key, its value and what the weights say."""
     h, d, v = args.hidden_size, args.head_dim, args.vocab_size
+    hq, hkv, inter = args.num_heads, args.num_kv_heads, args.intermediate_size
+
+    def shape_of(arr: np.ndarray) -> str:
+        return "[" + ", ".join(str(n) for n in arr.shape) + "]"
+
+    def disagree(key: str, value: int, name: str, arr: np.ndarray, says: str) -> WeightMappingError:
+        return WeightMappingError(
+            f"config.json: {key} = {value} disagrees with the weights: '{name}' is {shape_of(arr)}, which means {says}"
+        )
 
     def expect(name: str, arr: np.ndarray, shape: tuple[int, ...]) -> None:
         if tuple(arr.shape) != shape:
             raise WeightMappingError(f"tensor '{name}' has shape {tuple(arr.shape)}, expected {shape} from config.json")
 
+    if w.embed.ndim == 2 and w.embed.shape[1] != h:
+        raise disagree("hidden_size", h, names.embed, w.embed, f"hidden_size {w.embed.shape[1]}")
+    if w.embed.ndim == 2 and w.embed.shape[0] != v:
+        raise disagree("vocab_size", v, names.embed, w.embed, f"vocab_size {w.embed.shape[0]}")
     expect(names.embed, w.embed, (v, h))
     expect(names.final_norm, w.final_norm, (h,))
     if not args.tie_word_embeddings:
@@ -428,25 +446,36 @@ def check_shapes(args: ModelArgs, w: ModelWeights, names: WeightNames) -> None:
         def n(f: str, i: int = i) -> str:
             return names.layer[f].format(i=i)
 
-        q_out, kv_out, inter = lw.q.shape[0], lw.k.shape[0], lw.gate.shape[0]
-        if q_out % d or kv_out % d or q_out == 0 or kv_out == 0 or (q_out // d) % (kv_out // d):
-            raise WeightMappingError(
-                f"tensors '{n('q')}' {lw.q.shape} / '{n('k')}' {lw.k.shape}: rows must be whole heads of "
-                f"head_dim {d}, query heads a multiple of KV heads"
+        q_rows, k_rows = (lw.q.shape[0], lw.k.shape[0]) if lw.q.ndim == lw.k.ndim == 2 else (-1, -1)
+        if q_rows > 0 and lw.q.shape[1] == h and q_rows != hq * d:
+            # Either head_dim or the head count is wrong; a q_norm (one head's width) or k_proj's rows
+            # (at the same head_dim) say which.
+            dim_right = lw.q_norm is not None and lw.q_norm.shape == (d,)
+            if not dim_right and q_rows % hq == 0 and (k_rows <= 0 or k_rows == hkv * (q_rows // hq)):
+                raise disagree("head_dim", d, n("q"), lw.q, f"head_dim {q_rows // hq} with num_attention_heads {hq}")
+            if q_rows % d == 0:
+                raise disagree("num_attention_heads", hq, n("q"), lw.q, f"{q_rows // d} query heads of head_dim {d}")
+            raise disagree(
+                "head_dim", d, n("q"), lw.q, f"{q_rows} query rows, not num_attention_heads {hq} x head_dim {d}"
             )
+        if k_rows > 0 and lw.k.shape[1] == h and k_rows != hkv * d:
+            says = f"{k_rows // d} KV heads of head_dim {d}" if k_rows % d == 0 else f"{k_rows} key rows"
+            raise disagree("num_key_value_heads", hkv, n("k"), lw.k, says)
+        if lw.gate.ndim == 2 and lw.gate.shape[1] == h and lw.gate.shape[0] != inter:
+            raise disagree("intermediate_size", inter, n("gate"), lw.gate, f"intermediate_size {lw.gate.shape[0]}")
         for f, shape in (
             ("attn_norm", (h,)),
-            ("q", (q_out, h)),
-            ("k", (kv_out, h)),
-            ("v", (kv_out, h)),
-            ("o", (h, q_out)),
+            ("q", (hq * d, h)),
+            ("k", (hkv * d, h)),
+            ("v", (hkv * d, h)),
+            ("o", (h, hq * d)),
             ("mlp_norm", (h,)),
             ("gate", (inter, h)),
             ("up", (inter, h)),
             ("down", (h, inter)),
-            ("q_bias", (q_out,)),
-            ("k_bias", (kv_out,)),
-            ("v_bias", (kv_out,)),
+            ("q_bias", (hq * d,)),
+            ("k_bias", (hkv * d,)),
+            ("v_bias", (hkv * d,)),
             ("o_bias", (h,)),
             ("gate_bias", (inter,)),
             ("up_bias", (inter,)),

@@ -127,3 +127,46 @@ def test_an_eos_id_outside_the_vocabulary_is_refused(bad, tmp_path, config_file)
     cfg = json.loads(path.read_text()) if path.is_file() else {}
     path.write_text(json.dumps(cfg | {"eos_token_id": [1, vocab + 5]}))
     _export_refused(bad, tmp_path, f"{config_file}: 'eos_token_id' = {vocab + 5} is outside the vocabulary")
+
+
+# llama-tied: hidden 64, 4 query heads and 2 KV heads of head_dim 16, MLP 96, vocabulary 320. Each edit
+# below still divides the weights' rows evenly: unchecked, the export would read (say) 2 heads of 32, build
+# its reference from the same misreading, validate and write a bundle that prints garbage.
+@pytest.mark.parametrize(
+    ("edit", "needles"),
+    [
+        (
+            {"head_dim": 32},
+            ("config.json: head_dim = 32", "'model.layers.0.self_attn.q_proj.weight' is [64, 64]", "head_dim 16"),
+        ),
+        ({"head_dim": 8}, ("config.json: head_dim = 8", "which means head_dim 16 with num_attention_heads 4")),
+        ({"num_attention_heads": 2}, ("config.json: num_attention_heads = 2", "4 query heads of head_dim 16")),
+        ({"num_key_value_heads": 1}, ("config.json: num_key_value_heads = 1", "2 KV heads of head_dim 16")),
+        ({"intermediate_size": 48}, ("config.json: intermediate_size = 48", "mlp.gate_proj.weight' is [96, 64]")),
+        ({"vocab_size": 400}, ("config.json: vocab_size = 400", "which means vocab_size 320")),
+        ({"hidden_size": 32}, ("config.json: hidden_size = 32", "which means hidden_size 64")),
+    ],
+    ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "",
+)
+def test_a_config_the_weight_shapes_disagree_with_is_refused_naming_the_key(bad, tmp_path, edit, needles):
+    path = bad / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | edit))
+    _export_refused(bad, tmp_path, *needles)
+
+
+def test_the_config_check_reads_no_tensor(bad):
+    """Shapes come from the safetensors header: the refusal happens before any tensor's bytes are read."""
+    from edge_runtime.errors import WeightMappingError
+    from edge_runtime.exporters import load_checkpoint, safetensors_io
+
+    path = bad / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"head_dim": 32}))
+
+    def no_reading(self, name):
+        raise AssertionError(f"tensor '{name}' read before the config was checked")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(safetensors_io.SafetensorsFile, "read", no_reading)
+        m.setattr(safetensors_io.SafetensorsFile, "get", no_reading)
+        with pytest.raises(WeightMappingError, match="head_dim = 32"):
+            load_checkpoint(bad)
