@@ -22,6 +22,7 @@ from .backends import Backend
 from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, VerifyMode, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
+from .interrupts import atomic, poll
 from .logits_check import CHECK_EVERY, check_row, check_token
 from .manifest import LINEAR_UNTIL_FULL, KvUpdate, Manifest
 from .pool import StaticPool
@@ -110,6 +111,7 @@ class Engine:
                 spin=opts.spin,
                 providers=opts.providers,
             )
+        self.threads = opts.threads
         self._decoding = False
         self._decode_steps = 0  # counts to the next whole-row output check
 
@@ -119,8 +121,9 @@ class Engine:
 
     def reset(self) -> None:
         """Start a new stream (the buffers stay; every row is masked until rewritten)."""
-        self.ring.reset()
-        self._decoding = False
+        with atomic():
+            self._decoding = False
+            self.ring.reset()
 
     def prefill(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
         """Feed prompt tokens; logits of the last one [V] (or of every one [n, V])."""
@@ -132,25 +135,29 @@ class Engine:
                 f"token ids must be in [0, {self.manifest.model.vocab_size}), got {ids.min()}..{ids.max()}"
             )
         out, pos = [], 0
-        for n in self.ring.chunks(ids.size):
-            # the activation dtype (the pool's step inputs), which an fp16 cache need not share
-            plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.decode.cos.dtype)
-            out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
-            pos += n
         self._decoding = False
+        for n in self.ring.chunks(ids.size):
+            poll()  # a Ctrl-C deferred by a caller's section stops a long prompt between chunks
+            with atomic():  # the ring's advance and the rows the graph writes go together
+                # the activation dtype (the pool's step inputs), which an fp16 cache need not share
+                plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.decode.cos.dtype)
+                out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
+            pos += n
         check_row(out[-1][-1], "the end of the prompt")
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def truncate(self, n: int) -> None:
         """Drop the last n tokens fed (at most `ring.rollback_limit()`, else RollbackError); the stream
         continues as if they had never been fed."""
-        self.ring.truncate(n)
-        self._decoding = False  # the incremental decode mask still shows the dropped rows
+        with atomic():  # the global and the local ring move together
+            self._decoding = False  # the incremental decode mask still shows the dropped rows
+            self.ring.truncate(n)
 
     def restore_state(self, tokens: int, written: int, row_pos: np.ndarray) -> None:
         """Set the ring's bookkeeping (after the caller put the matching K/V rows back into the pool)."""
-        self.ring.set_state(tokens, written, row_pos)
-        self._decoding = False
+        with atomic():
+            self._decoding = False
+            self.ring.set_state(tokens, written, row_pos)
 
     @property
     def fused_argmax(self) -> bool:
@@ -158,12 +165,15 @@ class Engine:
         return self.pool.next_token is not None
 
     @cached_property
-    def exact_rows(self) -> int | None:
-        """Most rows one chunk computes bit for bit as that many decode steps (None: any); below it the
-        graph's kernels round a multi-row chunk differently (kernels.exact_rows)."""
-        from . import kernels
+    def exact_rows(self) -> int:
+        """Most rows one chunk computes bit for bit as that many decode steps (1..exactness.WIDEST), measured
+        on this graph here (exactness.py) and never above what the edge ops document (kernels.exact_rows).
+        The first call may probe (a few hundred rows of compute, then cached per bundle and CPU)."""
+        from . import exactness, kernels
 
-        return kernels.exact_rows(self.backend.kernel_ops())
+        documented = kernels.exact_rows(self.backend.kernel_ops())
+        widest = exactness.WIDEST if documented is None else min(documented, exactness.WIDEST)
+        return exactness.exact_rows(self, widest)
 
     def decoded_argmax(self) -> int:
         """numpy.argmax of the last decode step's logits, as the graph computed it (fused_argmax only)."""
@@ -175,14 +185,15 @@ class Engine:
     def decode(self, token: int) -> np.ndarray:
         """Feed one token; its logits [V] (a view into the pool, overwritten by the next call)."""
         d = self.pool.decode
-        if not self._decoding:  # after a prefill the incremental mask is rebuilt once
-            self.ring.sync_decode(d)
-            self._decoding = True
-        self.pool.input_ids[0, 0] = token
-        row = self.ring.decode_into(d, new_rows_as_columns=self.host_copy)
-        self.backend.run_decode(row)
-        if self.host_copy:
-            self.ring.decode_done(d, row)
+        with atomic():  # the ring's advance, the row the graph writes and the host copy go together
+            if not self._decoding:  # after a prefill the incremental mask is rebuilt once
+                self.ring.sync_decode(d)
+                self._decoding = True
+            self.pool.input_ids[0, 0] = token
+            row = self.ring.decode_into(d, new_rows_as_columns=self.host_copy)
+            self.backend.run_decode(row)
+            if self.host_copy:
+                self.ring.decode_done(d, row)
         self._decode_steps += 1
         if self._decode_steps % CHECK_EVERY == 0:
             check_row(self.pool.logits[0, 0], f"decode step {self._decode_steps}")

@@ -32,6 +32,7 @@ import numpy as np
 from .engine import Engine
 from .errors import EdgeRuntimeError, RingOverflowError, SessionError
 from .generate import generate_steps
+from .interrupts import atomic
 from .manifest import Manifest
 from .sampling import LogitsProcessor, Sampler, SamplingParams, Step
 from .snapshot import Snapshot, bundle_checksum
@@ -190,12 +191,13 @@ class Session:
     # -- turns -------------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        self.engine.reset()
-        self._row_ids[:] = -1
-        self._pending = None
-        self._evicted = EvictedDigest()
-        self._epoch += 1
-        self._expect = 0
+        with atomic():
+            self.engine.reset()
+            self._row_ids[:] = -1
+            self._pending = None
+            self._evicted = EvictedDigest()
+            self._epoch += 1
+            self._expect = 0
 
     def send(
         self,
@@ -318,11 +320,12 @@ class Session:
             self.reset()
             return
         drops_pending = self._pending is not None and n > 0
-        self.engine.truncate(n - drops_pending)  # RollbackError past the limit, before anything changes
-        if drops_pending:
-            self._pending = None
-        self._epoch += 1
-        self._expect = self.engine.ring.tokens
+        with atomic():
+            self.engine.truncate(n - drops_pending)  # RollbackError past the limit, before anything changes
+            if drops_pending:
+                self._pending = None
+            self._epoch += 1
+            self._expect = self.engine.ring.tokens
 
     # -- prompt cache --------------------------------------------------------------------------------
 
@@ -353,15 +356,16 @@ class Session:
         geometry)."""
         g = self.geometry
         snap.check(bundle_checksum(self.manifest), (g.sinks, g.window, g.slack), self.engine.ring.position_offset)
-        self.engine.backend.kv_to_host()  # rows the snapshot lacks keep the cache's bytes, as on the CPU
-        self.engine.pool.scatter_rows(snap.rows, snap.keys, snap.values)
-        self.engine.backend.kv_from_host()
-        self.engine.restore_state(snap.tokens, snap.written, snap.row_pos)
-        self._row_ids[:] = snap.row_ids
-        self._pending = snap.pending
-        self._evicted = EvictedDigest(*snap.evicted)
-        self._epoch += 1
-        self._expect = snap.tokens
+        with atomic():
+            self.engine.backend.kv_to_host()  # rows the snapshot lacks keep the cache's bytes, as on the CPU
+            self.engine.pool.scatter_rows(snap.rows, snap.keys, snap.values)
+            self.engine.backend.kv_from_host()
+            self.engine.restore_state(snap.tokens, snap.written, snap.row_pos)
+            self._row_ids[:] = snap.row_ids
+            self._pending = snap.pending
+            self._evicted = EvictedDigest(*snap.evicted)
+            self._epoch += 1
+            self._expect = snap.tokens
 
     def save(self, path: str | Path) -> None:
         self.snapshot().save(path)
@@ -378,9 +382,21 @@ class Session:
         return self._row_ids[np.where(tokens < g.sinks, tokens, g.sinks + (tokens - g.sinks) % g.ring)]
 
     def _feed(self, ids: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
-        ring, g = self.engine.ring, self.geometry
+        ring = self.engine.ring
         t0, written0 = ring.tokens, ring.written
-        logits = self.engine.prefill(ids, all_logits=all_logits)  # validates the ids before anything here changes
+        # A Ctrl-C during a long prompt stops it between chunks (engine.prefill polls); the chunks fed by
+        # then are recorded, so the session always describes exactly what its ring holds.
+        with atomic():
+            try:
+                return self.engine.prefill(ids, all_logits=all_logits)  # validates the ids before any change
+            finally:
+                self._record(ids[: ring.tokens - t0], t0, written0)
+
+    def _record(self, ids: np.ndarray, t0: int, written0: int) -> None:
+        """Bookkeeping of `ids` fed from token t0 (the ring's high-water mark was written0)."""
+        if ids.size == 0:
+            return
+        g = self.geometry
         self._pending = None
         t1 = t0 + ids.size
         lo, hi = max(g.sinks, written0 - g.ring), max(g.sinks, max(written0, t1) - g.ring)
@@ -392,7 +408,6 @@ class Session:
         keep = (new < g.sinks) | (new >= t1 - g.ring)  # the ids that stay in their rows
         self._row_ids[np.where(new < g.sinks, new, g.sinks + (new - g.sinks) % g.ring)[keep]] = ids[keep]
         self._expect = t1
-        return logits
 
     def _decode_pending(self, token: int) -> np.ndarray:
         """The decode hot path: feed the token sampled last."""
@@ -401,19 +416,22 @@ class Session:
         if ring.tokens != self._expect:
             self._check_engine()
         row = t if t < g.sinks else g.sinks + (t - g.sinks) % g.ring
-        if t >= ring.written and t - g.ring >= g.sinks:  # reuses the row of token t - R
-            self._evicted.add(int(self._row_ids[row]))
-        logits = self.engine.decode(token)
-        self._row_ids[row] = token
-        self._pending = None
-        self._expect = t + 1
+        evicts = t >= ring.written and t - g.ring >= g.sinks  # reuses the row of token t - R
+        with atomic():  # the step and its bookkeeping: a Ctrl-C lands before or after both
+            logits = self.engine.decode(token)
+            if evicts:
+                self._evicted.add(int(self._row_ids[row]))
+            self._row_ids[row] = token
+            self._pending = None
+            self._expect = t + 1
         return logits
 
     def _drop(self, n: int) -> None:
         """Rollback inside a reply: the pending token was fed (Turn.extend), so only fed tokens go."""
         self._check_engine()
-        self.engine.truncate(n)
-        self._expect = self.engine.ring.tokens
+        with atomic():
+            self.engine.truncate(n)
+            self._expect = self.engine.ring.tokens
 
     def _live(self, epoch: int) -> None:
         if epoch != self._epoch:

@@ -172,16 +172,12 @@ class SpeculativeDecoder:
             return
         engine = source if isinstance(source, Engine) else source.engine
         self.check(engine)
-        rows = engine.exact_rows if self.exact else None
+        # Greedy tokens equal plain decoding's only where a verification chunk rounds as decode steps do; a
+        # sampled reply is the target's distribution either way (up to rounding), so only greedy is capped.
+        rows = engine.exact_rows if self.exact and sampler.params.greedy else None
         self._cap = self.k if rows is None else min(self.k, rows - 1)
         if self._cap == 0:
-            warnings.warn(
-                "speculation is off: this bundle's kernels round a multi-row chunk differently from decode "
-                f"here (kernel implementation {kernels.isa()}), so verified tokens could differ from plain "
-                "greedy ones; pass exact=False to speculate anyway (greedy then equal up to float rounding)",
-                SpeculationOffWarning,
-                stacklevel=2,
-            )
+            warnings.warn(speculation_off_message(engine), SpeculationOffWarning, stacklevel=2)
         if isinstance(source, Engine):
             session = Session(engine)
             with warnings.catch_warnings():  # a plain Engine prefill chunks a long prompt silently too
@@ -255,6 +251,8 @@ class SpeculativeDecoder:
 
     def _budget(self, arm: Hashable) -> int:
         a = self._arms.setdefault(arm, _Arm(k=self.k))
+        if self._cap == 0:  # exact mode where no two rows round alike: nothing is verified
+            return 0
         if not self.adaptive:
             return min(a.k, self._cap)
         if self._position < a.off_until:
@@ -366,6 +364,14 @@ class _Walk:
         return accepted, self._step(logits, token)
 
 
+def speculation_off_message(engine: Engine) -> str:
+    return (
+        "speculation is off under greedy decoding: this bundle's graph computes a multi-row chunk with other "
+        f"rounding than a decode step on this CPU (kernels {kernels.isa() or 'ONNX Runtime'}; measured), so "
+        "verified tokens could differ from plain greedy ones; exact=False speculates anyway"
+    )
+
+
 def rejection_sample(p: np.ndarray, q: np.ndarray, proposed: int, sampler: Sampler) -> tuple[bool, int]:
     """Keep `proposed` (drawn from q) with probability min(1, p/q) at it, else draw from norm(max(p - q, 0)):
     the token is then distributed exactly as p."""
@@ -414,4 +420,5 @@ def from_options(
         check_draft(engine.manifest, d.manifest, f"draft bundle '{draft}'")
         spec = SpeculativeDecoder(DraftModel(d), k=DRAFT_K if k is None else k)
     spec.check(engine)
+    engine.exact_rows  # noqa: B018  (measured now, at start-up, if this bundle and CPU were never probed)
     return spec

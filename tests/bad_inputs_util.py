@@ -63,9 +63,9 @@ def cli(module: str, *args: str, env: dict[str, str] | None = None, **kw) -> sub
         f"from edge_runtime.cli.{module} import main; sys.exit(main())"
     )
     kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
     p = subprocess.Popen(
         [sys.executable, "-c", code, *args],
-        stderr=subprocess.PIPE,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         **kw,
     )

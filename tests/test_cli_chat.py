@@ -124,8 +124,16 @@ def test_chat_save_and_load(chat_bundle, tmp_path):
     s = [json.loads(x) for x in straight.stdout.strip().splitlines()]
     assert r[0]["notice"].startswith("loaded 2 messages")
     assert r[1]["text"] == s[1]["text"] and r[1]["stats"]["cached_tokens"] == s[1]["stats"]["cached_tokens"]
-    missing = _run(chat_bundle, "--chat", "--json", input=f"/load {tmp_path / 'nope'}\n")
-    assert missing.exit_code != 0 and "cannot read the messages" in missing.output
+    # A failed /load or /save costs the command, not the conversation: one notice, and the chat goes on.
+    missing = _run(
+        chat_bundle, "--chat", "--json", "--max-tokens", "4",
+        input=f"Good morrow\n/load {tmp_path / 'nope'}\n/save {tmp_path / 'no' / 'dir' / 'x'}\nAnd thou?\n",
+    )  # fmt: skip
+    assert missing.exit_code == 0, missing.output
+    m = [json.loads(x) for x in missing.stdout.strip().splitlines()]
+    assert m[1]["notice"].startswith("/load failed: cannot read the messages")
+    assert m[2]["notice"].startswith("/save failed: ")
+    assert m[3]["text"] == s[1]["text"] and m[3]["turn"] == 2  # the conversation was kept
 
 
 @pytest.mark.parametrize(

@@ -18,18 +18,21 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from edge_runtime.chat import ChatTemplate
 from edge_runtime.conversation import ConversationEncoder
-from edge_runtime.errors import SnapshotError
-from edge_runtime.generate import GenerationConfig, stream_generate
+from edge_runtime.errors import EdgeRuntimeError, SnapshotError
+from edge_runtime.generate import FinishReason, GenerationCancelled, GenerationConfig, close_cancelled, stream_generate
 from edge_runtime.session import RingOverflowWarning, Session
 from edge_runtime.tokenizer import Tokenizer
 
 from .prompt_input import check_utf8
+
+if TYPE_CHECKING:
+    from edge_runtime.constrain import Grammar  # llguidance loads only where a constraint is given
 
 PROMPT = "> "
 COMMANDS = {
@@ -45,6 +48,8 @@ class ChatOptions:
     system: str | None = None
     as_json: bool = False
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
+    grammar: Grammar | None = None  # --json-schema/--regex/--grammar/--choice: every reply obeys it
+    max_tokens_given: bool = False  # --max-tokens was set: a reply it cuts says so
 
 
 def _lines(interactive: bool) -> Iterator[str]:
@@ -53,12 +58,22 @@ def _lines(interactive: bool) -> Iterator[str]:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:
             pass
+        armed = False  # a Ctrl-C at the prompt clears the line; a second one in a row leaves
         while True:
             try:
-                yield input(PROMPT)
+                line = input(PROMPT)
             except EOFError:
                 click.echo()
                 return
+            except KeyboardInterrupt:
+                click.echo()
+                if armed:
+                    return
+                click.echo("(Ctrl-C again or Ctrl-D leaves)", err=True)
+                armed = True
+                continue
+            armed = False
+            yield line
     stream = getattr(sys.stdin, "buffer", sys.stdin)
     for number, raw in enumerate(stream, start=1):
         line = raw.decode("utf-8", errors="surrogateescape") if isinstance(raw, bytes) else raw
@@ -84,24 +99,38 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
             _notice(f"unknown command {command!r}; /help lists them (a message starting with / needs a space)", opts)
             continue
         if command in _NAMES:
-            began = _command(command, arg.strip(), session, history, template.clock, opts)
+            try:
+                began = _command(command, arg.strip(), session, history, template.clock, opts)
+            except (EdgeRuntimeError, OSError) as e:  # a failed /save or /load costs the command, not the chat
+                _notice(f"{command} failed: {_reason(e)}", opts)
+                continue
             if began is not None:
                 template = template.at(began)
             continue
         history.append({"role": "user", "content": line})
         text = template.render([*head, *history], add_generation_prompt=True)
         conversation = encoder.encode(text)  # re-encodes from the last special token: time ~ the turn
-        rest = session.match(conversation)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RingOverflowWarning)
-            reply, stats = _turn(session, tok, rest, config, echo=not opts.as_json)
+            reply, stats, stopped, cached = _turn(
+                session, tok, conversation, config, opts.grammar, echo=not opts.as_json
+            )
         for w in caught:  # a turn longer than the window: StreamingLLM keeps going, the user is told in one line
             _notice(str(w.message), opts)
+        # What was shown is the reply: the next turn's session.match rolls the ring back to exactly that
+        # (a Ctrl-C may land after tokens were fed that the user never saw).
         history.append({"role": "assistant", "content": reply})
+        if stopped and not opts.as_json:
+            _notice("reply stopped; the conversation keeps what was shown", opts)
+        elif not opts.as_json and stats is not None and stats.finish_reason is FinishReason.LENGTH:  # JSON: in stats
+            why = "--max-tokens" if opts.max_tokens_given else "the window"
+            _notice(f"reply cut at {stats.generated_tokens} tokens by {why}", opts)
         if opts.as_json:
-            turn_stats = {**(stats.to_dict() if stats else {}), "cached_tokens": len(conversation) - len(rest)}
+            turn_stats = {**(stats.to_dict() if stats else {}), "cached_tokens": cached}
             info = {"held": session.held, "evicted": session.evicted, "position": session.position}
             click.echo(json.dumps({"text": reply, "turn": len(history) // 2, "stats": turn_stats, "session": info}))
+            if stopped:
+                raise KeyboardInterrupt  # a script's Ctrl-C ends it (exit 130), after its partial turn is printed
 
 
 _NAMES = {c.split()[0] for c in COMMANDS}
@@ -160,24 +189,52 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".messages.json")
 
 
-def _turn(session: Session, tok: Tokenizer, ids: list[int], config: GenerationConfig, *, echo: bool) -> tuple[str, Any]:
+def _turn(
+    session: Session,
+    tok: Tokenizer,
+    conversation: list[int],
+    config: GenerationConfig,
+    grammar: Grammar | None,
+    *,
+    echo: bool,
+) -> tuple[str, Any, bool, int]:
+    """Reply to the conversation: (the text shown, the stats, whether Ctrl-C stopped it, the tokens reused from
+    the ring). The session stays consistent wherever the Ctrl-C lands (session.py's sections), so the next
+    turn simply goes on."""
     parts: list[str] = []
     stats = None
-    stream = stream_generate(session, tok, ids, config)
+    stream = None
+    rest = conversation
     try:
+        rest = session.match(conversation)
+        stream = stream_generate(session, tok, rest, config, grammar=grammar)
         for ev in stream:
             parts.append(ev.text)
             stats = ev.stats or stats
             if echo:
                 click.echo(ev.text, nl=False)
                 sys.stdout.flush()
-    except KeyboardInterrupt:  # the reply is cut short; what was said stays in the conversation
-        stream.close()
-        if not echo:
-            raise
+    except KeyboardInterrupt as e:  # the reply is cut short; what was shown stays in the conversation
+        closed = e if isinstance(e, GenerationCancelled) else None
+        if closed is None and stream is not None:
+            closed = close_cancelled(stream)
+        if closed is not None:
+            parts.append(closed.final.text)  # text held back for a possible stop string
+            stats = closed.final.stats
+            if echo:
+                click.echo(closed.final.text, nl=False)
+        if echo:
+            click.echo()
+        return "".join(parts), stats, True, len(conversation) - len(rest)
     if echo:
         click.echo()
-    return "".join(parts), stats
+    return "".join(parts), stats, False, len(conversation) - len(rest)
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: '{e.filename}'" if e.filename else e.strerror
+    return str(e)
 
 
 def _notice(text: str, opts: ChatOptions) -> None:

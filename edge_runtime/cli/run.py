@@ -11,6 +11,7 @@ edge-run --bundle out/ --chat                          # multi-turn; from a pipe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from edge_runtime.targets import TargetProfile
 
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
+RAW_MAX_TOKENS = 64  # a raw prompt has no end of turn to stop at
 
 
 def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
@@ -92,7 +94,13 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
     "use into the cache (see edge-cache).",
 )
 @click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
-@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=None,
+    help=f"Most tokens a reply may have [default: --message/--chat to the end of the turn, at most the window; "
+    f"a raw prompt {RAW_MAX_TOKENS}].",
+)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
@@ -137,7 +145,7 @@ def main(
     bundle: Path | None,
     model: str | None,
     target: str,
-    max_tokens: int,
+    max_tokens: int | None,
     temperature: float,
     top_k: int,
     top_p: float,
@@ -179,16 +187,17 @@ def main(
         raise EdgeRuntimeError("--chat reads its messages from the terminal or stdin; drop --prompt/--message")
     # Checked before a model loads: a bad prompt costs no export and no session.
     constraint = _constraint(json_schema, regex, grammar_file, choice)  # a bad one: one line, nothing loaded
-    if chat and constraint is not None:
-        raise EdgeRuntimeError("--json-schema/--regex/--grammar/--choice constrain one reply; not with --chat")
     request = None if chat else prompt_input.resolve(prompt, prompt_file, message, system, DEFAULT_PROMPT)
     if template_kwargs and request is not None and not request.is_chat:
         raise EdgeRuntimeError("--chat-template-kwargs are the chat template's variables: give --message or --chat")
     if system is not None:
         system = prompt_input.check_utf8(system, "--system")
     # So are the sampling settings (--seed -1, --temperature 1e-308): before any line of progress.
+    # A chat reply runs to its end of turn; the window bounds it (a longer reply would evict its own start).
+    is_chat = chat or (request is not None and request.is_chat)
+    limit = max_tokens if max_tokens is not None else None if is_chat else RAW_MAX_TOKENS
     config = GenerationConfig(
-        max_tokens=max_tokens,
+        max_tokens=limit or 1,
         stop_strings=stop,
         sampling=SamplingParams(
             temperature=temperature,
@@ -222,8 +231,11 @@ def main(
         sampler.mark(None)
     if chat and spec is not None:
         raise EdgeRuntimeError("--speculative/--draft speed up one reply; not with --chat yet")
+    if limit is None:
+        config = dataclasses.replace(config, max_tokens=engine.geometry.window)
     if chat:
-        chat_repl.run(engine, tok, config, chat_repl.ChatOptions(system, as_json, template_kwargs))
+        options = chat_repl.ChatOptions(system, as_json, template_kwargs, constraint, max_tokens is not None)
+        chat_repl.run(engine, tok, config, options)
         return
     assert request is not None
     prompt_ids = _prompt_ids(engine, tok, request, template_kwargs)
@@ -279,6 +291,9 @@ def main(
             raise cancelled  # friendly_errors: "interrupted", exit status 130
         return
     click.echo()
+    if request.is_chat and final is not None and final.finish_reason == "length":
+        why = "--max-tokens" if max_tokens is not None else "the window"
+        click.echo(f"(reply cut at {final.generated_tokens} tokens by {why})", err=True)
     if stats and figures and energy:
         s = figures
         click.echo(
@@ -328,8 +343,6 @@ def _log_run(
     energy: Any,
 ) -> None:
     """One field-log record for this run, in the same shape edge-bench writes per trial."""
-    import dataclasses
-
     from edge_runtime.bench.environment import bundle_info, environment
     from edge_runtime.bench.fieldlog import append_record, make_record, new_run_id
     from edge_runtime.bench.figures import describe_meter
