@@ -83,6 +83,11 @@ class SensorReadError(TelemetryError):
     """A sensor read that failed after the meter was opened (device vanished, garbled value, command failed)."""
 
 
+class OutputError(EdgeRuntimeError):
+    """An output path that must not be written over or replaced (atomic_write.py): a directory, a block
+    device, a socket."""
+
+
 class ChatTemplateError(EdgeRuntimeError):
     """A conversation the bundle's chat template cannot render (or a bundle without one, or a broken template)."""
 

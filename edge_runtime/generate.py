@@ -37,6 +37,28 @@ if TYPE_CHECKING:
     from .speculative import SpeculativeDecoder
 
 
+# Bounds on stop strings (GenerationConfig, so edge-run --stop; edge-serve takes at most OpenAI's 4 of this
+# length). Matching is linear in each token's text, but each token's text goes through every stop string,
+# the held text is up to the longest one's length, and each costs a failure table when a request starts;
+# a bound keeps all three small on the engine's thread. Real stop sequences (an end-of-turn marker, a
+# delimiter, a closing tag) are far shorter and fewer.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 400
+
+
+def check_stop_strings(stops: Sequence[str]) -> None:
+    """EdgeRuntimeError naming the bound for too many, an empty or a too-long stop string."""
+    if len(stops) > MAX_STOP_STRINGS:
+        raise EdgeRuntimeError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    if any(not s for s in stops):
+        raise EdgeRuntimeError("stop strings must be non-empty")
+    longest = max(stops, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        raise EdgeRuntimeError(
+            f"stop strings are at most {MAX_STOP_CHARS} characters, got one of {len(longest)} ({longest[:20]!r}...)"
+        )
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     max_tokens: int = 128
@@ -47,8 +69,7 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise EdgeRuntimeError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(not s for s in self.stop_strings):
-            raise EdgeRuntimeError("stop strings must be non-empty")
+        check_stop_strings(self.stop_strings)
 
 
 class FinishReason(str, enum.Enum):
@@ -252,11 +273,18 @@ def generate_step(
 
 
 class StopMatcher:
-    """Finds stop strings across token boundaries; holds back text that may be the start of one."""
+    """Finds stop strings across token boundaries; holds back text that may be the start of one.
+
+    Time per `push` is linear in the pushed text, not in the stop strings' length (comparing each of a stop
+    string's prefixes with the held text is quadratic in it, on every token): each stop string keeps a
+    Knuth-Morris-Pratt state, the length of the longest suffix of the text so far that is a prefix of it.
+    Held back is the longest such suffix; a hit cuts before the earliest-starting occurrence."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = tuple(stops)
         self.pending = ""
+        self._fail = [_failure(s) for s in self.stops]
+        self._state = [0] * len(self.stops)
 
     def push(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was hit)."""
@@ -264,13 +292,41 @@ class StopMatcher:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[: min(hits)], ""
+        # Every state is at most len(pending) - len(text): the held text is the longest of them, so an
+        # occurrence starts inside `pending` and ends inside `text` (the held text alone had none).
+        end_offset = len(self.pending) - len(text) + 1
+        first = None
+        for j, (s, fail) in enumerate(zip(self.stops, self._fail, strict=True)):
+            q, n = self._state[j], len(s)
+            for i, c in enumerate(text):
+                while q and s[q] != c:
+                    q = fail[q - 1]
+                if s[q] == c:
+                    q += 1
+                if q == n:  # this stop string's first occurrence: no later one can start earlier
+                    start = end_offset + i - n
+                    first = start if first is None else min(first, start)
+                    break
+            self._state[j] = q
+        if first is not None:
+            out, self.pending = self.pending[:first], ""
+            self._state = [0] * len(self.stops)  # as if from an empty text, like the cleared `pending`
             return out, True
-        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        hold = max(self._state)
         out, self.pending = self.pending[: len(self.pending) - hold], self.pending[len(self.pending) - hold :]
         return out, False
+
+
+def _failure(s: str) -> list[int]:
+    """KMP's failure function: f[k] = length of the longest proper prefix of s[: k + 1] that is also its suffix."""
+    f, q = [0] * len(s), 0
+    for k in range(1, len(s)):
+        while q and s[k] != s[q]:
+            q = f[q - 1]
+        if s[k] == s[q]:
+            q += 1
+        f[k] = q
+    return f
 
 
 def stream_generate(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .atomic_write import write_file
 from .errors import CorruptSnapshotError, SnapshotMismatchError
 from .manifest import Manifest
 
@@ -69,7 +69,8 @@ class Snapshot:
         return named + [(f"value.{i}", v) for i, v in enumerate(self.values)]
 
     def save(self, path: str | Path) -> None:
-        """Write the snapshot to `path` (atomically: a reader never sees half a file)."""
+        """Write the snapshot to `path` (atomically: a reader never sees half a file; a device or FIFO is
+        written through, never replaced: atomic_write.py)."""
         arrays = [(name, np.ascontiguousarray(a)) for name, a in self._arrays()]
         payload = b"".join(a.tobytes() for _, a in arrays)
         count, chain, partial = self.evicted
@@ -87,12 +88,7 @@ class Snapshot:
             "payload_sha256": hashlib.sha256(payload).hexdigest(),
         }
         blob = json.dumps(header).encode()
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as f:
-            f.write(MAGIC + struct.pack("<Q", len(blob)) + blob)
-            f.write(payload)
-        os.replace(tmp, path)
+        write_file(path, [MAGIC + struct.pack("<Q", len(blob)) + blob, payload])
 
     @classmethod
     def load(cls, path: str | Path) -> Snapshot:

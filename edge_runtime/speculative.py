@@ -368,7 +368,7 @@ def speculation_off_message(engine: Engine) -> str:
     return (
         "speculation is off under greedy decoding: this bundle's graph computes a multi-row chunk with other "
         f"rounding than a decode step on this CPU (kernels {kernels.isa() or 'ONNX Runtime'}; measured), so "
-        "verified tokens could differ from plain greedy ones; exact=False speculates anyway"
+        "verified tokens could differ from plain greedy ones (the Python API's exact=False speculates anyway)"
     )
 
 

@@ -87,5 +87,46 @@ def test_the_servers_cache_continues_each_of_several_interleaved_conversations(t
     for n in range(1, 12):
         for turns in (a, c):  # two clients taking turns
             text = chatml.render(turns[:n])
-            assert cache.encode(text) == tok.encode(text, add_special_tokens=False)
-    assert all(e.reencoded < len(e.text) // 2 for e in cache._encoders)  # each continued its own
+            encoded = cache.encode(text)
+            assert encoded.ids == tok.encode(text, add_special_tokens=False)
+            cache.keep(encoded)  # served
+    assert encoded.reencoded < len(text) // 2 and len(cache) == 2  # each continued its own
+
+
+def _chatml_cache(tied_bundle, **kw):
+    b = open_bundle(tied_bundle)
+    tok = Tokenizer(b.tokenizer_file, b.manifest.tokenizer)
+    chatml = ChatTemplate("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}")
+    return ConversationCache(tok, **kw), chatml, tok
+
+
+def test_a_request_that_is_never_served_leaves_the_cache_as_it_was(tied_bundle):
+    cache, chatml, tok = _chatml_cache(tied_bundle)
+    served = cache.encode(chatml.render(_turns(4)))
+    cache.keep(served)
+    before = cache.nbytes
+    for i in range(9):  # refused (beyond the window, say): encoded, never kept
+        text = chatml.render([{"role": "user", "content": f"{i} " + "to be or not " * 20_000}])
+        assert cache.encode(text).ids == tok.encode(text, add_special_tokens=False)
+    assert len(cache) == 1 and cache.nbytes == before
+    again = cache.encode(chatml.render(_turns(5)))  # the served conversation still continues
+    assert again.reencoded < len(chatml.render(_turns(5))) // 2
+
+
+def test_the_cache_is_bounded_in_bytes_least_recently_kept_first(tied_bundle):
+    probe, chatml, tok = _chatml_cache(tied_bundle)
+    texts = [chatml.render([{"role": "user", "content": f"client {i}: " + "a rose " * 10_000}]) for i in range(6)]
+    probe.keep(probe.encode(texts[0]))
+    one = probe.nbytes  # the text and its ids
+    assert one > len(texts[0])
+    bound = 3 * one + one // 2
+    cache = ConversationCache(tok, size=8, max_bytes=bound)
+    for text in texts:
+        cache.keep(cache.encode(text))
+        assert cache.nbytes <= bound
+    assert len(cache) == 3
+    assert cache.encode(texts[-1]).reencoded < 100  # the last kept is still there: only its tail re-encoded
+    assert cache.encode(texts[0]).reencoded == len(texts[0])  # the first was evicted
+    huge = cache.encode(chatml.render([{"role": "user", "content": "a rose " * 40_000}]))
+    cache.keep(huge)  # over the whole bound: not kept, and nothing else evicted for it
+    assert len(cache) == 3 and cache.encode(texts[-1]).reencoded < 100

@@ -36,6 +36,8 @@ CASES = [
     ("max_tokens over the limit", CHAT, _chat(max_tokens=10**6), 400, "max_tokens_exceeded", "max_tokens"),
     ("stream not a bool", CHAT, _chat(stream="yes"), 400, "invalid_type", "stream"),
     ("stop not strings", CHAT, _chat(stop=[1]), 400, "invalid_type", "stop"),
+    ("stop too many", CHAT, _chat(stop=["a", "b", "c", "d", "e"]), 400, "invalid_value", "stop"),
+    ("stop too long", CHAT, _chat(stop=["ok", "x" * 1_000_000]), 400, "invalid_value", "stop"),
     ("n > 1", CHAT, _chat(n=2), 400, "unsupported_value", "n"),
     ("logit_bias not an object", CHAT, _chat(logit_bias=[5, 1]), 400, "invalid_type", "logit_bias"),
     ("logit_bias key not an id", CHAT, _chat(logit_bias={"the": 1}), 400, "invalid_value", "logit_bias"),
@@ -97,6 +99,29 @@ def test_bad_input_gets_its_error_and_the_server_goes_on(edge_server, name, path
     error = json.loads(data)["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
+    ok, reply = edge_server.post(CHAT, GOOD)
+    assert ok == 200 and reply["usage"]["completion_tokens"] == 2
+
+
+def test_refused_large_requests_leave_the_servers_memory_flat(edge_server):
+    """Requests refused for their length (413, beyond the window) are encoded first, but only served ones are
+    kept by the conversation cache: after the first (the allocator's high-water mark), six more ~2 MB ones
+    leave the server's RSS within allocator noise; a cache keeping them grows by tens of MiB each."""
+
+    def rss_mib() -> float:
+        with open(f"/proc/{edge_server.proc.pid}/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+    def refused(i: int) -> None:
+        body = _chat(messages=[{"role": "user", "content": f"{i} " + LONG * (2_000_000 // len(LONG))}])
+        status, _, data = edge_server.request("POST", CHAT, json.dumps(body).encode())
+        assert status == 413 and json.loads(data)["error"]["code"] == "context_length_exceeded"
+
+    refused(0)
+    before = rss_mib()
+    for i in range(1, 7):
+        refused(i)
+    assert rss_mib() - before < 120
     ok, reply = edge_server.post(CHAT, GOOD)
     assert ok == 200 and reply["usage"]["completion_tokens"] == 2
 

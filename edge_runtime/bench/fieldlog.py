@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import statistics
 import uuid
 from collections.abc import Mapping
@@ -86,7 +87,8 @@ def append_record(path: str | Path, record: Mapping[str, Any]) -> None:
                         f.write(b"\n")  # the previous record was cut short: keep it on its own line
             f.write(line)
             f.flush()
-            os.fsync(f.fileno())
+            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a device (/dev/null) refuses fsync: nothing to keep
+                os.fsync(f.fileno())
     except OSError as exc:
         raise EdgeRuntimeError(
             f"cannot append to field log '{path}': {exc.strerror or exc}; pass a writable --log path"

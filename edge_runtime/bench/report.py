@@ -8,13 +8,12 @@ their medians. Energy figures carry `source` "estimate" when no sensor produced 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edge_runtime.atomic_write import write_file
 from edge_runtime.errors import EdgeRuntimeError
 from edge_runtime.telemetry import EnergyReport
 
@@ -102,18 +101,10 @@ def build_report(run: BenchRun, target: Mapping[str, Any], env_root: Path | str 
 
 
 def write_json(report: Mapping[str, Any], path: str | Path) -> None:
-    """Write atomically (temp file + rename): a crash never leaves half a report."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; a report is kept and shared like a bundle (0644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically (temp file + rename): a crash never leaves half a report. A device or FIFO
+    (/dev/null, /dev/stdout) is written through, never replaced (atomic_write.py)."""
+    text = json.dumps(report, indent=2) + "\n"
+    write_file(path, [text.encode("utf-8")], mode=0o644)  # a report is kept and shared like a bundle (0644)
 
 
 def read_report(path: str | Path) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def run(
     draft_tokens: int | None,
 ) -> None:
     """Benchmark BUNDLE: fixed prompt and generation lengths, warm-up excluded, medians over trials."""
+    from edge_runtime.atomic_write import write_file
     from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.environment import bundle_info, environment
     from edge_runtime.bench.fieldlog import append_record, make_record, new_run_id
@@ -142,7 +143,7 @@ def run(
         page = power_html(
             result.named_reports(), estimate=m["estimate"], boundary=m["label"], summary=text, idle_watts=idle
         )
-        plot.write_text(page, encoding="utf-8")
+        write_file(plot, [page.encode("utf-8")], mode=0o644)
         click.echo(f"plot: {plot}", err=True)
     if log_file is not None:
         click.echo(f"field log: {settings.trials} records appended to {log_file}", err=True)
@@ -151,14 +152,18 @@ def run(
 def _check_writable(path: Path, flag: str) -> None:
     """Refuse an output the run could not write, before the run: found afterwards, the results are lost.
 
-    Probed by creating (and removing) a file beside it, which catches what permission bits do not
-    tell (read-only mounts, a full disk's inodes, root's bypassing of the bits); an existing file is
-    opened for appending, which changes nothing in it.
+    Probed by creating (and removing) a file beside the file to be written (beside the file a symlink
+    names), which catches what permission bits do not tell (read-only mounts, a full disk's inodes, root's
+    bypassing of the bits); an existing file is opened for appending, which changes nothing in it. A
+    device or FIFO (/dev/null, /dev/stdout) is written through, so nothing is created beside it and only
+    its permission is checked: opening a FIFO here would wait for a reader, or end the one it has.
     """
+    import errno
     import os
     import tempfile
 
-    from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.atomic_write import output_target
+    from edge_runtime.errors import EdgeRuntimeError, OutputError
 
     from .common import os_message
 
@@ -168,11 +173,18 @@ def _check_writable(path: Path, flag: str) -> None:
     if path.is_dir():
         raise EdgeRuntimeError(f"cannot write {flag} '{path}': it is a directory; give a file name")
     try:
-        if path.exists():
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=parent)
+        target, through = output_target(path)
+        if through:
+            if not os.access(path, os.W_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return
+        if target.exists():
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.probe-", dir=target.parent)
         os.close(fd)
         os.unlink(probe)
+    except OutputError as e:
+        raise EdgeRuntimeError(f"{flag}: {e}; nothing was run") from None
     except OSError as e:
         raise EdgeRuntimeError(f"cannot write {flag} '{path}': {os_message(e)}; nothing was run") from e
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from edge_runtime.atomic_write import output_target, write_file
 from edge_runtime.chat import ChatTemplate
 from edge_runtime.conversation import ConversationEncoder
 from edge_runtime.errors import EdgeRuntimeError, SnapshotError
@@ -156,10 +157,14 @@ def _command(
         _notice(f"{command} needs a file name", opts)
     elif command == "/save":
         path = Path(arg)
+        _, through = output_target(path)  # a directory, block device or socket: refused before any write
         session.save(path)
         saved = {"messages": history, "began": None if began is None else began.isoformat()}
-        _sidecar(path).write_text(json.dumps(saved), encoding="utf-8")
-        _notice(f"saved {len(history)} messages, {session.length} tokens to {path}", opts)
+        if through:  # a device or FIFO: no messages file beside it (/load could not pair one anyway)
+            _notice(f"saved {session.length} tokens to {path} (no messages file beside a device)", opts)
+        else:
+            write_file(_sidecar(path), [json.dumps(saved).encode("utf-8")])
+            _notice(f"saved {len(history)} messages, {session.length} tokens to {path}", opts)
     elif command == "/load":
         path = Path(arg)
         messages, when = _read_sidecar(_sidecar(path))

@@ -107,7 +107,7 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option("--min-p", type=float, default=0.0, show_default=True, help="0 = off.")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--stop", multiple=True, help="Stop string (repeatable; at most 16, each at most 400 characters).")
 @click.option("--json-schema", type=click.Path(path_type=Path), help="Constrain the output to this JSON schema file.")
 @click.option("--regex", default=None, help="Constrain the output to match this regular expression in full.")
 @click.option("--grammar", "grammar_file", type=click.Path(path_type=Path), help="Constrain to a Lark grammar file.")

@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edge_runtime.chat import normalize_messages
+from edge_runtime.conversation import Encoded
 from edge_runtime.errors import ChatTemplateError
 
 from .access import AccessRecord, record_of
@@ -52,9 +53,14 @@ async def chat_completions(request: Request) -> Response:
     req = parse_chat(await state.read_json(request), state.max_tokens)
     state.check_model(req.model)
     _check_bias(state, req.params)
-    ids, params, tool_format = await run_in_threadpool(_chat_prompt, state, req)
-    job = Job(ids, params, asyncio.get_running_loop(), arrival=arrival)
-    return await _respond(request, state, job, _ChatFormat(state, params, tool_format))
+    encoded, params, tool_format = await run_in_threadpool(_chat_prompt, state, req)
+    job = Job(encoded.ids, params, asyncio.get_running_loop(), arrival=arrival)
+
+    def served(finished: Finished) -> None:  # only then is the conversation worth its memory
+        if finished.completion_tokens:
+            state.conversations.keep(encoded)
+
+    return await _respond(request, state, job, _ChatFormat(state, params, tool_format), served)
 
 
 async def completions(request: Request) -> Response:
@@ -90,9 +96,10 @@ def _check_bias(state: ServerState, params: GenParams) -> None:
         )
 
 
-def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[list[int], GenParams, str | None]:
-    """The prompt ids, the generation parameters (with the tool-call constraint) and the tool-call format to parse
-    the reply with (None: no tools, or tool_choice "none")."""
+def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[Encoded, GenParams, str | None]:
+    """The prompt's ids (with what the conversation cache keeps once served), the generation parameters (with
+    the tool-call constraint) and the tool-call format to parse the reply with (None: no tools, or tool_choice
+    "none")."""
     if state.template is None:
         raise APIError(
             400,
@@ -112,15 +119,16 @@ def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[list[int], GenPa
         text = state.template.render(messages, add_generation_prompt=True, tools=tools, **req.template_kwargs)
     except ChatTemplateError as e:  # the template itself refused this conversation (raise_exception)
         raise APIError(422, str(e), param="messages", code="template_refused") from None
-    ids = state.conversations.encode(text)  # = tokenizer.encode(text, add_special_tokens=False), incrementally
-    if not ids:
+    # ids = tokenizer.encode(text, add_special_tokens=False), incrementally; cached only once served
+    encoded = state.conversations.encode(text)
+    if not encoded.ids:
         raise APIError(
             422,
             "the messages render to no tokens through this model's chat template",
             param="messages",
             code="empty_prompt",
         )
-    return ids, params, tool_format
+    return encoded, params, tool_format
 
 
 def _with_tools(
@@ -149,7 +157,10 @@ def _with_tools(
 # -- driving a job ---------------------------------------------------------------------------------
 
 
-async def _respond(request: Request, state: ServerState, job: Job, fmt: _Format) -> Response:
+async def _respond(
+    request: Request, state: ServerState, job: Job, fmt: _Format, served: Callable[[Finished], None] | None = None
+) -> Response:
+    """Submit `job` and answer with its events; `served` sees the closing event of a job that ran to its end."""
     state.scheduler.submit(job)  # APIError 503 when the queue is full
     record = record_of(request.scope)  # the access log's token counts
     watcher = asyncio.create_task(_watch_disconnect(request, job))
@@ -161,7 +172,7 @@ async def _respond(request: Request, state: ServerState, job: Job, fmt: _Format)
             watcher.cancel()  # StreamingResponse listens for the disconnect from here on
             return _JobStream(
                 job,
-                _sse(job, first, fmt, record),
+                _sse(job, first, fmt, record, served),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -173,6 +184,8 @@ async def _respond(request: Request, state: ServerState, job: Job, fmt: _Format)
             pieces.append(event)
             event = await job.events.get()
         record.finished(event)
+        if served is not None:
+            served(event)
         return JSONResponse(fmt.whole(pieces, event))
     except BaseException:
         job.cancel()  # an error response, or this handler cancelled: the worker stops at its next token
@@ -204,7 +217,13 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-async def _sse(job: Job, first: Piece | Finished, fmt: _Format, record: AccessRecord) -> AsyncIterator[bytes]:
+async def _sse(
+    job: Job,
+    first: Piece | Finished,
+    fmt: _Format,
+    record: AccessRecord,
+    served: Callable[[Finished], None] | None = None,
+) -> AsyncIterator[bytes]:
     try:
         for chunk in fmt.opening():
             yield _data(chunk)
@@ -216,6 +235,8 @@ async def _sse(job: Job, first: Piece | Finished, fmt: _Format, record: AccessRe
                     yield _data(chunk)
             elif isinstance(event, Finished):
                 record.finished(event)
+                if served is not None:
+                    served(event)
                 for chunk in fmt.closing(event):
                     yield _data(chunk)
                 break

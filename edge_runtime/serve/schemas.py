@@ -16,6 +16,7 @@ from typing import Any
 
 from edge_runtime.chat import template_variables
 from edge_runtime.errors import ChatTemplateError, EdgeRuntimeError
+from edge_runtime.generate import MAX_STOP_CHARS
 from edge_runtime.sampling import MIN_TEMPERATURE, SamplingParams
 
 from .errors import APIError, bad_request, invalid_type
@@ -140,6 +141,11 @@ def _stop(body: _Body) -> tuple[str, ...]:
         raise bad_request(f"'stop' takes at most {MAX_STOP} sequences, got {len(stops)}", param="stop")
     if any(not s for s in stops):
         raise bad_request("'stop' sequences must be non-empty", param="stop")
+    longest = max(len(s) for s in stops) if stops else 0
+    if longest > MAX_STOP_CHARS:  # each is compared with every token's text on the one engine thread
+        raise bad_request(
+            f"'stop' sequences are at most {MAX_STOP_CHARS} characters, got one of {longest}", param="stop"
+        )
     return tuple(stops)
 
 
