@@ -102,7 +102,13 @@ def test_sigint_anywhere_in_a_step_leaves_session_and_ring_consistent(tied_bundl
     stream: list[int] = []  # what the caller gave and saw, in order
     interrupted = 0
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    alarm = signal.signal(signal.SIGALRM, lambda *_: signal.raise_signal(signal.SIGINT))
+    armed = [False]  # a timer that fires once the turn is over must not interrupt the test itself
+
+    def ctrl_c(*_) -> None:
+        if armed[0]:
+            signal.raise_signal(signal.SIGINT)
+
+    alarm = signal.signal(signal.SIGALRM, ctrl_c)
     t0 = time.perf_counter()
     list(session.send([5, 6, 7], max_tokens=40, stop_ids=()))
     turn_s = time.perf_counter() - t0  # timers spread over a whole turn: prefill, decode and bookkeeping
@@ -114,11 +120,14 @@ def test_sigint_anywhere_in_a_step_leaves_session_and_ring_consistent(tied_bundl
                 stream = []
             user = rng.integers(3, 300, int(rng.integers(1, 12))).tolist()
             stream += user
-            signal.setitimer(signal.ITIMER_REAL, float(rng.uniform(1e-5, turn_s)))
             try:
+                armed[0] = True
+                signal.setitimer(signal.ITIMER_REAL, float(rng.uniform(1e-5, turn_s)))
                 for step in session.send(user, max_tokens=40, stop_ids=()):
                     stream.append(step.token)
+                armed[0] = False  # inside the try: an interrupt landing before this line is caught below
             except KeyboardInterrupt:
+                armed[0] = False
                 interrupted += 1
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
