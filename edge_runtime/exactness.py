@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .atomic_write import write_file
 from .cachedir import cache_dir
+from .errors import OutputError
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -154,12 +154,7 @@ def _write_cache(key: str, rows: int, widest: int) -> None:
     entries = dict(list(entries.items())[-256:])  # bounded: the newest bundles' answers
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-exact-")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"v": _VERSION, "entries": entries}, f)
-        os.replace(tmp, path)  # our own regular file: concurrent loaders see the old record or the new one
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        # one rename: concurrent loaders see the old record or the new one
+        write_file(path, [json.dumps({"v": _VERSION, "entries": entries}).encode()])
+    except (OSError, OutputError):
+        pass

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from signal import SIGINT, getsignal
+from threading import get_ident
 from types import FrameType
 from typing import Any
 
@@ -51,13 +53,14 @@ class atomic:
 
     def __enter__(self) -> None:
         global _depth, _previous
-        self.active = threading.get_ident() == _MAIN
+        self.active = get_ident() == _MAIN
         if not self.active:
             return
-        current = signal.getsignal(signal.SIGINT)
-        if current is not _handler and callable(current):
-            _previous = current
-            signal.signal(signal.SIGINT, _handler)
+        if not _depth:  # nested sections (the engine's step inside the session's) skip the handler check
+            current = getsignal(SIGINT)
+            if current is not _handler and callable(current):
+                _previous = current
+                signal.signal(SIGINT, _handler)
         _depth += 1
 
     def __exit__(self, *exc: object) -> None:
@@ -71,5 +74,5 @@ class atomic:
 
 def poll() -> None:
     """Inside a section: raise a Ctrl-C deferred so far now (the caller's `finally` still runs deferred)."""
-    if threading.get_ident() == _MAIN:
+    if get_ident() == _MAIN:
         _deliver()

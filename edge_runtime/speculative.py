@@ -177,7 +177,7 @@ class SpeculativeDecoder:
         rows = engine.exact_rows if self.exact and sampler.params.greedy else None
         self._cap = self.k if rows is None else min(self.k, rows - 1)
         if self._cap == 0:
-            warnings.warn(speculation_off_message(engine), SpeculationOffWarning, stacklevel=2)
+            warnings.warn(_speculation_off_message(), SpeculationOffWarning, stacklevel=2)
         if isinstance(source, Engine):
             session = Session(engine)
             with warnings.catch_warnings():  # a plain Engine prefill chunks a long prompt silently too
@@ -364,7 +364,7 @@ class _Walk:
         return accepted, self._step(logits, token)
 
 
-def speculation_off_message(engine: Engine) -> str:
+def _speculation_off_message() -> str:
     return (
         "speculation is off under greedy decoding: this bundle's graph computes a multi-row chunk with other "
         f"rounding than a decode step on this CPU (kernels {kernels.isa() or 'ONNX Runtime'}; measured), so "

@@ -11,27 +11,11 @@ import signal
 import time
 
 import numpy as np
-import pytest
 
 from edge_runtime.engine import LoadOptions, load
-from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.session import Session
 
 from .bad_inputs_util import cli
-from .tiny_models import demo_with_template
-
-TEMPLATE = (
-    "{% for m in messages %}{{ 'ROMEO' if m['role'] == 'assistant' else m['role'] | upper }}.\n"
-    "{{ m['content'] }}\n\n{% endfor %}{% if add_generation_prompt %}ROMEO.\n{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def chat_bundle(tmp_path_factory):
-    ck = demo_with_template(tmp_path_factory.mktemp("ck") / "demo", TEMPLATE)
-    out = tmp_path_factory.mktemp("b") / "b"
-    export(ExportOptions(checkpoint=ck, out=out, window=200))
-    return out
 
 
 class Terminal:
@@ -60,12 +44,13 @@ class Terminal:
         os.write(self.fd, text.encode())
 
 
-def test_ctrl_c_mid_reply_and_the_chat_goes_on(chat_bundle):
+def test_ctrl_c_mid_reply_and_the_chat_goes_on(serve_bundle):
     """A long reply is stopped by SIGINT once text has streamed; the chat says so, prompts again, and the two
     turns after it reply normally (no "driven outside this session" error), each cut by --max-tokens with a
     line saying so (the demo model seldom ends a turn); Ctrl-D then leaves with 0."""
     master, slave = pty.openpty()
-    args = ("--bundle", str(chat_bundle), "--target", "x86", "--chat", "--max-tokens", "2000", "--seed", "1")
+    # serve_bundle: the demo model with a chat template (conftest.py), shared with the edge-serve tests
+    args = ("--bundle", str(serve_bundle), "--target", "x86", "--chat", "--max-tokens", "2000", "--seed", "1")
     p = cli("run", *args, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     term = Terminal(master)

@@ -145,6 +145,8 @@ def test_chat_save_and_load(chat_bundle, tmp_path):
         (["--message", "ok", "--system", "\udcff"], "--system is not valid UTF-8"),
         (["--chat", "--prompt", "x"], "--chat reads its messages"),
         (["--prompt-file", "/nonexistent/p.txt"], "cannot read --prompt-file"),
+        (["--max-tokens", "0"], "max_tokens must be >= 1, got 0"),
+        (["--message", "hi", "--max-tokens", "0"], "max_tokens must be >= 1, got 0"),
     ],
 )
 def test_bad_prompt_options_are_one_line(chat_bundle, args, match):

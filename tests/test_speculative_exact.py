@@ -5,6 +5,8 @@ does not speculate and says so."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -45,8 +47,9 @@ RING = LoadOptions(sinks=4, window=40, slack=16)
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     root = tmp_path_factory.mktemp("kinds")
-    return {k: export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=root / k, window=200, **o)) and root / k
-            for k, o in KINDS.items()}  # fmt: skip
+    for kind, options in KINDS.items():
+        export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=root / kind, window=200, **options))
+    return {kind: root / kind for kind in KINDS}
 
 
 def grounded_prompt(vocab: int) -> list[int]:
@@ -107,18 +110,12 @@ def test_exact_speculation_over_three_session_turns(kind, bundles):
     for turn in range(3):
         user = grounded_prompt(vocab) if turn == 0 else rng.integers(3, vocab, 6).tolist() * 2
         want = [s.token for s in plain.send(user, max_tokens=50, stop_ids=())]
-        with pytest.warns(SpeculationOffWarning) if fast.engine.exact_rows == 1 else _nothing():
+        with pytest.warns(SpeculationOffWarning) if fast.engine.exact_rows == 1 else nullcontext():
             got = [s.token for s in fast.send(user, max_tokens=50, stop_ids=(), speculative=spec)]
         assert got == want, f"turn {turn}"
         assert fast.length == plain.length
     if fast.engine.exact_rows > 1:
         assert spec.stats.verify_steps > 0
-
-
-class _nothing:
-    def __enter__(self) -> None: ...
-
-    def __exit__(self, *exc: object) -> None: ...
 
 
 @pytest.mark.skipif(not EDGE, reason=f"{kernels.unavailable_reason()}")

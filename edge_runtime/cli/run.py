@@ -196,8 +196,8 @@ def main(
     # A chat reply runs to its end of turn; the window bounds it (a longer reply would evict its own start).
     is_chat = chat or (request is not None and request.is_chat)
     limit = max_tokens if max_tokens is not None else None if is_chat else RAW_MAX_TOKENS
-    config = GenerationConfig(
-        max_tokens=limit or 1,
+    config = GenerationConfig(  # an end-of-turn reply's bound (the window) is set once the bundle is loaded
+        max_tokens=RAW_MAX_TOKENS if limit is None else limit,
         stop_strings=stop,
         sampling=SamplingParams(
             temperature=temperature,
