@@ -296,3 +296,21 @@ def test_message_files_of_both_vintages_load_and_bad_ones_are_named(tmp_path):
         (tmp_path / name).write_text(text)
         with pytest.raises(SnapshotError, match=name):
             _read_sidecar(tmp_path / name)
+
+
+def test_a_chat_reply_runs_to_its_end_of_turn_within_the_default_bound(chat_bundle):
+    """No --max-tokens: a --message reply is not cut at a small fixed count but runs until the end of its turn,
+    at most min(CHAT_MAX_TOKENS, the window) (the demo model seldom ends a turn: it reaches the bound), and says
+    so on its own line; a raw prompt keeps RAW_MAX_TOKENS."""
+    from edge_runtime.cli.run import CHAT_MAX_TOKENS, RAW_MAX_TOKENS
+    from edge_runtime.engine import load
+
+    bound = min(CHAT_MAX_TOKENS, load(chat_bundle, target="x86").geometry.window)  # as edge-run --target x86 loads it
+    got = _json(_run(chat_bundle, "--message", "Speak on", "--json"))
+    assert got["stats"]["generated_tokens"] <= bound
+    if got["stats"]["finish_reason"] == "length":
+        assert got["stats"]["generated_tokens"] == bound
+        plain = _run(chat_bundle, "--message", "Speak on")
+        assert f"(reply cut at {bound} tokens by the default limit" in plain.stderr
+    raw = _json(_run(chat_bundle, "--prompt", "ROMEO.", "--json"))
+    assert raw["stats"]["generated_tokens"] <= RAW_MAX_TOKENS

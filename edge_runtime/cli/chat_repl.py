@@ -124,7 +124,7 @@ def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions
         if stopped and not opts.as_json:
             _notice("reply stopped; the conversation keeps what was shown", opts)
         elif not opts.as_json and stats is not None and stats.finish_reason is FinishReason.LENGTH:  # JSON: in stats
-            why = "--max-tokens" if opts.max_tokens_given else "the window"
+            why = "--max-tokens" if opts.max_tokens_given else "the default limit; --max-tokens N sets it"
             _notice(f"reply cut at {stats.generated_tokens} tokens by {why}", opts)
         if opts.as_json:
             turn_stats = {**(stats.to_dict() if stats else {}), "cached_tokens": cached}

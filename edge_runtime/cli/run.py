@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
 RAW_MAX_TOKENS = 64  # a raw prompt has no end of turn to stop at
+# A chat reply runs to its end of turn, bounded by the window (a longer reply would evict its own start) and,
+# while sampling defaults to greedy, by this: greedy decoding of a small model can loop ("Jupiter is
+# 142,000,000,000,000,..." ran to the 2,044-token window on SmolLM2-135M), and a loop should cost seconds.
+CHAT_MAX_TOKENS = 512
 
 
 def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
@@ -98,8 +102,8 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
     "--max-tokens",
     type=int,
     default=None,
-    help=f"Most tokens a reply may have [default: --message/--chat to the end of the turn, at most the window; "
-    f"a raw prompt {RAW_MAX_TOKENS}].",
+    help=f"Most tokens a reply may have [default: --message/--chat to the end of the turn, at most "
+    f"{CHAT_MAX_TOKENS} or the window; a raw prompt {RAW_MAX_TOKENS}].",
 )
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
@@ -193,10 +197,9 @@ def main(
     if system is not None:
         system = prompt_input.check_utf8(system, "--system")
     # So are the sampling settings (--seed -1, --temperature 1e-308): before any line of progress.
-    # A chat reply runs to its end of turn; the window bounds it (a longer reply would evict its own start).
     is_chat = chat or (request is not None and request.is_chat)
     limit = max_tokens if max_tokens is not None else None if is_chat else RAW_MAX_TOKENS
-    config = GenerationConfig(  # an end-of-turn reply's bound (the window) is set once the bundle is loaded
+    config = GenerationConfig(  # an end-of-turn reply's bound (CHAT_MAX_TOKENS or the window) is set once loaded
         max_tokens=RAW_MAX_TOKENS if limit is None else limit,
         stop_strings=stop,
         sampling=SamplingParams(
@@ -232,7 +235,7 @@ def main(
     if chat and spec is not None:
         raise EdgeRuntimeError("--speculative/--draft speed up one reply; not with --chat yet")
     if limit is None:
-        config = dataclasses.replace(config, max_tokens=engine.geometry.window)
+        config = dataclasses.replace(config, max_tokens=min(CHAT_MAX_TOKENS, engine.geometry.window))
     if chat:
         options = chat_repl.ChatOptions(system, as_json, template_kwargs, constraint, max_tokens is not None)
         chat_repl.run(engine, tok, config, options)
@@ -292,7 +295,7 @@ def main(
         return
     click.echo()
     if request.is_chat and final is not None and final.finish_reason == "length":
-        why = "--max-tokens" if max_tokens is not None else "the window"
+        why = "--max-tokens" if max_tokens is not None else "the default limit; --max-tokens N sets it"
         click.echo(f"(reply cut at {final.generated_tokens} tokens by {why})", err=True)
     if stats and figures and energy:
         s = figures
