@@ -2,12 +2,12 @@
 graph (speculative decoding's exact mode verifies no more rows than that).
 
 Whether a k-row chunk rounds like k one-row steps depends on every op of the graph and on the CPU: ONNX
-Runtime's float MatMul and MatMulNBits take another GEMM path for more than one row (on an Intel AMX Xeon a
-2-row chunk of the demo model's fp32 and int4 bundles is already 5e-6 and 3.8e-3 off), edge-runtime's own
-matmuls keep decode's sum order up to a documented row count (kernels.exact_rows), and a GPU's kernels are
-anyone's guess. So the answer is measured, never assumed: a short probe feeds the same tokens once as a chunk
-and once as decode steps and compares the logits' bits, for every width from 2 up. It runs once per bundle,
-CPU, kernel implementation, ONNX Runtime version and thread count; the result is kept in the cache directory.
+Runtime's float MatMul and MatMulNBits take another GEMM path for more than one row (the demo model's fp32
+and int4 bundles already differ at 2 rows), edge-runtime's own matmuls keep decode's sum order up to a
+documented row count (kernels.exact_rows), and a GPU's kernels are anyone's guess. So the answer is
+measured, never assumed: a short probe feeds the same tokens once as a chunk and once as decode steps and
+compares the logits' bits, for every width from 2 up. It runs once per bundle, CPU, kernel implementation,
+ONNX Runtime version and thread count; the result is kept in the cache directory.
 
 The probe runs on the engine itself: it saves the rows it will overwrite and the ring's bookkeeping first, and
 puts both back after, so a session in progress is untouched.

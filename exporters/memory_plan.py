@@ -20,7 +20,7 @@ once per case. What it still holds whole is named here, part by part, so a refus
               layer's statistics and the pruned model whole; AWQ under --mixed sensitivity keeps its
               scaled Linears in float32
 
-The constants were fitted to the phases measured on the Llama-3.2-1B shape (README "Export at scale").
+The constants were fitted to the phases measured on the Llama-3.2-1B shape (docs/benchmarks/export-at-scale.md).
 """
 
 from __future__ import annotations

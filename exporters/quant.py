@@ -138,7 +138,7 @@ class QuantConfig:
     mixed: MixedPlan = MixedPlan.NONE  # Linear groups kept INT8 per channel in an INT4 export
     mixed_bits: float = MIXED_CODE_BITS  # the sensitivity plan's budget (average Linear code bits, 4 < b <= 8)
     # --quant int8 Linears in blocks of this many input channels (llama.cpp's Q8_0 form at 32) instead of one
-    # scale per output channel: less error (README quality table) for 1 bit a weight of fp32 scales (about 0.5
+    # scale per output channel: less error (docs/benchmarks/quality.md) for 1 bit a weight of fp32 scales (about 0.5
     # more than MatMulNBits' per-channel form, which repeats each scale per 64-128 inputs), and MatMulNBits
     # instead of the faster per-channel MatMulQ8 under --kernel edge. None: per channel.
     int8_block: int | None = None

@@ -23,7 +23,7 @@ product estimates the squared error g's rounding adds to the residual stream, in
 layer and group. INT8 leaves ~1/16 of INT4's step, so the INT8 error is neglected and each group buys
 score(g) for 4 extra bits on each of its weights: groups are taken by score per weight, largest first,
 while they fit the budget. What the proxy leaves out: how later layers amplify or damp an error, and the
-nonlinear path of q/k through softmax; the held-out measurement (README) is what judges the plan.
+nonlinear path of q/k through softmax; the held-out measurement (docs/benchmarks/quality.md) is what judges the plan.
 """
 
 from __future__ import annotations

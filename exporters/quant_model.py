@@ -54,7 +54,7 @@ GPTQ_SINK_WEIGHT = 1.0
 GPTQ_ACT_ORDER = True
 # Damping, as a fraction of the mean diagonal, measured on SmolLM2-135M (held-out, llama-perplexity's protocol):
 # with every Linear INT4 the paper's 0.01 (+9.0%; 0.1 gives +17.2%); with --mixed sensitivity 0.1 (+4.2%;
-# 0.01 gives +5.3-5.5%): there the plan keeps the groups GPTQ fits worst at INT8 (README, issue 27).
+# 0.01 gives +5.3-5.5%): there the plan keeps the groups GPTQ fits worst at INT8 (docs/benchmarks/quality.md).
 GPTQ_DAMP = 0.01
 GPTQ_DAMP_MIXED = 0.1
 AWQ_SINK_WEIGHT = 0.0  # AWQ's scale-search loss: the sink rows' weight (InputStats.sink_weighted)

@@ -28,7 +28,7 @@ DEMO_CHECKPOINT = CHECKPOINTS_DIR / DEMO_MODEL
 # Checkpoints shipped with the package, by name, wherever it is installed: `edge-export demo`, `--model demo`.
 NAMED_CHECKPOINTS: dict[str, Path] = {"demo": DEMO_CHECKPOINT, DEMO_MODEL: DEMO_CHECKPOINT}
 # The calibration text for checkpoints that ship none: general technical English and Python code
-# (scripts/make_calibration_text.py; its source and licence in the README beside it).
+# (scripts/make_calibration_text.py; its source and licence in the README.md beside it).
 GENERAL_CALIBRATION = Path(__file__).resolve().parent / "calibration" / "general_en_code.txt"
 
 

@@ -9,7 +9,7 @@ every task once, modes interleaved (plain, lookup[, draft]) so a noisy, shared m
 alike; decode tokens/s is counted after the first token (as GenerationStats.decode_tps). Prints per task
 and mode the median decode tokens/s, its ratio to plain, the acceptance rate, tokens per target call,
 and whether the tokens equal plain decoding's (they must under greedy, up to the int4 kernels' chunk
-numerics: README, "Speculative decoding").
+numerics: docs/guides/speculative-decoding.md).
 """
 
 from __future__ import annotations

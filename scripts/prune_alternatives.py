@@ -1,5 +1,5 @@
-"""Two pruning structures measured against the refitted layer and not built (README, "Pruning with a
-quality budget"): attention sublayers dropped, and the vocabulary cut to its first N ids.
+"""Two pruning structures measured against the refitted layer and not built (docs/benchmarks/quality.md,
+"Pruning with a quality budget"): attention sublayers dropped, and the vocabulary cut to its first N ids.
 
     python scripts/prune_alternatives.py attention --checkpoint "$(python -m tests.real_model)" --drop 2 4 6 10
     python scripts/prune_alternatives.py vocab --checkpoint "$(python -m tests.real_model)" --ids 32768 24576 16384

@@ -6,8 +6,8 @@ Loads the bundle with that window (its sinks and slack), reports the pool's K/V 
 resident memory after the load, then fills the ring past its capacity with one prefill of random token
 ids (capacity + 64 tokens, the engine's own chunking), decodes 8 warm-up steps and times --steps more.
 One JSON line per run, with the CPU; run two bundles alternately (in separate processes) and compare
-ratios from the same run, never absolute figures across machines or sessions. The README's Gemma 3
-local-ring figures (docs/architecture.md §5.2) came from it.
+ratios from the same run, never absolute figures across machines or sessions. The Gemma 3
+local-ring figures (docs/benchmarks/capabilities.md, docs/architecture.md §5.2) came from it.
 """
 
 from __future__ import annotations

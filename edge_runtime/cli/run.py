@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
 RAW_MAX_TOKENS = 64  # a raw prompt has no end of turn to stop at
 # A chat reply runs to its end of turn, bounded by the window (a longer reply would evict its own start) and,
-# while sampling defaults to greedy, by this: greedy decoding of a small model can loop ("Jupiter is
-# 142,000,000,000,000,..." ran to the 2,044-token window on SmolLM2-135M), and a loop should cost seconds.
+# while sampling defaults to greedy, by this: greedy decoding of a small model can loop (a number repeated
+# until the window is full), and a loop should cost seconds, not the whole window.
 CHAT_MAX_TOKENS = 512
 
 
