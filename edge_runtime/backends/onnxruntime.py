@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from edge_runtime import kernels
@@ -114,16 +113,9 @@ class OrtBackend:
 
     def kernel_ops(self) -> set[str]:
         """The edge-runtime ops (kernels.DOMAIN) the graph runs, subgraphs included."""
-        model = onnx.load(str(self.graph_file), load_external_data=False)
-        ops: set[str] = set()
-        graphs = [model.graph]
-        while graphs:
-            g = graphs.pop()
-            for node in g.node:
-                if node.domain == kernels.DOMAIN:
-                    ops.add(node.op_type)
-                graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
-        return ops
+        from edge_runtime.onnx_graph import graph_ops, read_graph
+
+        return {op for domain, op in graph_ops(read_graph(self.graph_file)) if domain == kernels.DOMAIN}
 
     def _bind_kv(self, io: ort.IOBinding, kv: list[tuple[ort.OrtValue, ort.OrtValue]]) -> None:
         for i, (k, v) in enumerate(kv):

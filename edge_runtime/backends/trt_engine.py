@@ -131,15 +131,15 @@ def builder_flags(precision: tuple[str, ...], weight_types: set[str]) -> list[st
 def graph_weight_types(onnx_path: Path) -> set[str]:
     """Element types of the constants the graph's DequantizeLinear nodes read ("int4", "int8"): the weight-only
     precision as the bundle's Q/DQ express it. Reads the graph only, not its external weights."""
-    import onnx
+    from edge_runtime.onnx_graph import INT4, INT8, UINT8, read_graph
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    types = {i.name: i.data_type for i in model.graph.initializer}
-    names = {onnx.TensorProto.INT4: "int4", onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
+    graph = read_graph(onnx_path)
+    types = graph.initializer_types
+    names = {INT4: "int4", INT8: "int8", UINT8: "uint8"}
     return {
-        names.get(types[n.input[0]], "other")
-        for n in model.graph.node
-        if n.op_type == "DequantizeLinear" and n.input[0] in types
+        names.get(types[n.inputs[0]], "other")
+        for n in graph.nodes
+        if n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in types
     }
 
 
