@@ -13,7 +13,11 @@ chunk instead of sampling them one decode step at a time, so constrained output 
 
 Every problem with the constraint itself (invalid JSON in a schema, an invalid or unsatisfiable schema, a
 schema keyword llguidance does not implement, a regex or Lark syntax error) is a one-line `ConstraintError`
-raised when the constraint is compiled: before anything is prefilled or generated.
+raised when the constraint is compiled: before anything is prefilled or generated. Some constraints only
+show they cannot be followed once bound to a tokenizer: a required property that recurses without end, or
+`(a{1000}){1000}`, put llguidance past its limits on the first forced tokens. Constraint probes those before
+the prompt is fed; a matcher that fails later (its limits mid-output) raises too, never ends the output as
+if it were complete (the mask then allows only EOS, and an empty reply passed for a valid one).
 """
 
 from __future__ import annotations
@@ -59,6 +63,16 @@ def _one_line(message: str) -> str:
     return re.sub(r"\s+", " ", " ".join(kept))[:400]
 
 
+def _utf8(text: str, what: str) -> str:
+    """Command-line text arrives with undecodable bytes as lone surrogates (PEP 383), a JSON `"\\ud800"` escape
+    too: llguidance cannot take them (a UnicodeEncodeError from its binding), so they are named here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConstraintError(f"invalid {what}: not valid UTF-8 (character {e.start}); give text") from None
+    return text
+
+
 def _check(kind: str, text: str) -> Grammar:
     llg = _llg()
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text)
@@ -88,7 +102,10 @@ def json_schema(schema: Mapping[str, Any] | str) -> Grammar:
             raise ConstraintError(f"invalid JSON schema: not JSON: {e}") from None
     if not isinstance(schema, Mapping):
         raise ConstraintError(f"invalid JSON schema: must be an object, got {type(schema).__name__}")
-    text = _llg().LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS)
+    try:
+        text = _llg().LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS)
+    except (ValueError, TypeError, RecursionError) as e:  # a value JSON cannot hold (a lone surrogate), nesting
+        raise ConstraintError(f"invalid JSON schema: {_one_line(str(e))}") from None
     return _check("json_schema", text)
 
 
@@ -99,18 +116,20 @@ def json_object() -> Grammar:
 
 def regex(pattern: str) -> Grammar:
     """Output that matches `pattern` in full (Rust regex syntax, close to Python's re without look-around)."""
-    return _check("regex", _llg().LLMatcher.grammar_from_regex(pattern))
+    return _check("regex", _llg().LLMatcher.grammar_from_regex(_utf8(pattern, "regular expression")))
 
 
 def lark(source: str) -> Grammar:
     """Output of a Lark grammar in llguidance's dialect (`start:` rule; `%json {...}` embeds a JSON schema)."""
-    return _check("lark", _llg().LLMatcher.grammar_from_lark(source))
+    return _check("lark", _llg().LLMatcher.grammar_from_lark(_utf8(source, "Lark grammar")))
 
 
 def choice(options: Sequence[str]) -> Grammar:
     """Exactly one of `options`."""
     if isinstance(options, str) or not options or not all(isinstance(o, str) and o for o in options):
         raise ConstraintError("invalid choice: give at least one non-empty string to choose among")
+    for o in options:
+        _utf8(o, "choice")
     return _check("choice", _llg().LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options)))
 
 
@@ -169,6 +188,7 @@ class Constraint:
         self.grammar, self.vocab_size = grammar, vocab_size
         self.matcher = llg.LLMatcher(tokenizer, grammar.text, log_level=0)
         self._seen = 0
+        self._foreign = False  # the last tokens fed were outside the grammar (a caller's own)
         words = (max(vocab_size, tokenizer.vocab_size) + 31) // 32
         self._bitmask = np.zeros(words, np.int32)
         self._keep = np.empty(vocab_size, np.uint32)
@@ -176,6 +196,20 @@ class Constraint:
         self._fill_mask()  # an unsatisfiable grammar shows here, before anything is generated
         if self.matcher.is_error() or not self._bitmask.any():
             raise ConstraintError(_describe(grammar.kind, self.matcher.get_error() or "no token can start the output"))
+        probe = self.matcher.deep_copy()  # ... or in the first forced tokens (an endless required recursion)
+        forced = probe.compute_ff_tokens()
+        if forced:
+            probe.consume_tokens(forced)
+        self._check_matcher(probe)
+
+    def _check_matcher(self, matcher: Any) -> None:
+        if matcher.is_error():
+            what = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression"}
+            first = (matcher.get_error() or "").strip().splitlines()[:1] or ["no reason given"]
+            raise ConstraintError(
+                f"the {what.get(self.grammar.kind, self.grammar.kind)} cannot be followed (no finite output "
+                f"satisfies it, or it is past llguidance's limits): {_one_line(first[0])}"
+            )
 
     @classmethod
     def for_engine(cls, engine: Any, grammar: Grammar) -> Constraint:
@@ -199,6 +233,8 @@ class Constraint:
             new = list(reply[self._seen :])
             # A token outside the grammar can only come from a caller feeding its own: the matcher then stays in
             # its error state and the mask allows EOS alone, so the stream ends rather than running unconstrained.
+            # Tokens the grammar allows that still fail are llguidance's limits: __call__ raises on those.
+            self._foreign = self._foreign or self.matcher.validate_tokens(new) < len(new)
             self.matcher.consume_tokens(new)
             self._seen = len(reply)
 
@@ -208,6 +244,7 @@ class Constraint:
         if self.matcher.is_error() or self.matcher.is_stopped():
             return []
         ff = list(self.matcher.compute_ff_tokens())
+        self._check_matcher(self.matcher)
         if ff and self.matcher.consume_tokens(ff):
             self._seen += len(ff)
             return ff
@@ -222,6 +259,8 @@ class Constraint:
         if logits.dtype != np.float32 or not logits.flags.c_contiguous:
             logits = np.ascontiguousarray(logits, dtype=np.float32)
         self._fill_mask()
+        if not self._foreign:
+            self._check_matcher(self.matcher)  # past its limits mid-output: an error, not an EOS-only mask
         # Branch-free on the float bits (a masked copy costs 10x more on a mask of mixed words):
         # kept entries AND 0xFFFFFFFF, banned ones become -inf's bit pattern.
         bits = np.unpackbits(self._bitmask.view(np.uint8), count=self.vocab_size, bitorder="little")

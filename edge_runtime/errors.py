@@ -92,6 +92,11 @@ class ChatTemplateError(EdgeRuntimeError):
     """A conversation the bundle's chat template cannot render (or a bundle without one, or a broken template)."""
 
 
+class ChatTemplateLimitError(ChatTemplateError):
+    """A chat template that went over a render bound (steps, seconds, size: chat.py): a template that loops or
+    builds a huge value, refused whatever the conversation."""
+
+
 class SessionError(EdgeRuntimeError):
     """A conversation session asked to do what its ring cannot (session.py)."""
 

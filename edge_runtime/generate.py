@@ -52,6 +52,11 @@ def check_stop_strings(stops: Sequence[str]) -> None:
         raise EdgeRuntimeError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
     if any(not s for s in stops):
         raise EdgeRuntimeError("stop strings must be non-empty")
+    for s in stops:  # a command line's undecodable bytes arrive as lone surrogates: such a stop never matches
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise EdgeRuntimeError(f"stop string {s[:20]!a} is not valid UTF-8 (character {e.start})") from None
     longest = max(stops, key=len, default="")
     if len(longest) > MAX_STOP_CHARS:
         raise EdgeRuntimeError(

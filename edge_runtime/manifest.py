@@ -146,6 +146,28 @@ class TokenizerSpec:
     special_tokens: dict[str, str] = field(default_factory=dict)
 
 
+TEMPLATE_SOURCES = ("checkpoint", "gguf", "file")
+# provenance[TEMPLATE_ORIGIN_KEY]: a TemplateOrigin as a dict, or null for a bundle without a template. In
+# provenance, not TokenizerSpec: the runtime never needs it, and runtimes that predate it read these bundles.
+TEMPLATE_ORIGIN_KEY = "chat_template"
+
+
+@dataclass(frozen=True)
+class TemplateOrigin:
+    """Where a bundle's chat template came from: the checkpoint's own files ("checkpoint": chat_template.jinja
+    or tokenizer_config.json), a GGUF's metadata ("gguf": the .gguf file), or a file given at export
+    ("file": `edge-export --chat-template`, the path as given). `sha256`: of the template text in UTF-8, the
+    bytes of the bundle's template file."""
+
+    source: str  # one of TEMPLATE_SOURCES
+    path: str
+    sha256: str
+
+    def describe(self) -> str:
+        what = {"checkpoint": "the checkpoint's", "gguf": "the GGUF's", "file": "--chat-template"}
+        return f"{what.get(self.source, self.source)} '{self.path}'"
+
+
 @dataclass(frozen=True)
 class ValidationCase:
     name: str
@@ -182,6 +204,19 @@ class Manifest:
     def to_json(self) -> str:
         return json.dumps(with_digest(dataclasses.asdict(self)), indent=2) + "\n"
 
+    @property
+    def chat_template_origin(self) -> TemplateOrigin | None:
+        """Where the chat template came from; None for a bundle without one, or one exported before the
+        origin was recorded (tokenizer.chat_template tells the two apart)."""
+        record = self.provenance.get(TEMPLATE_ORIGIN_KEY)
+        if record is None:
+            return None
+        where = f"{MANIFEST_FILE}: provenance.{TEMPLATE_ORIGIN_KEY}"
+        origin = _build(TemplateOrigin, record, where)
+        if origin.source not in TEMPLATE_SOURCES:
+            raise BundleError(f"{where}: source {origin.source!r} is not one of {', '.join(TEMPLATE_SOURCES)}")
+        return origin
+
     @classmethod
     def from_dict(cls, data: Any, source: str = MANIFEST_FILE) -> Manifest:
         if not isinstance(data, dict):
@@ -196,6 +231,7 @@ class Manifest:
         _check_digest(data, source, required=version >= 2)
         manifest = _build(cls, {k: v for k, v in data.items() if k != DIGEST_KEY}, source)
         _check_files(manifest, source)
+        _check_shapes(manifest, source)
         return manifest
 
     @classmethod
@@ -272,6 +308,64 @@ def _check_files(m: Manifest, source: str) -> None:
             raise BundleError(f"{source}: file name {name!r} is not a plain name inside the bundle directory")
         if name not in m.files:
             raise BundleError(f"{source}: '{name}' has no checksum in 'files'; re-export the bundle")
+
+
+# Bounds no real model comes near: a manifest past them is edited or corrupt, and would have the runtime
+# allocate for it (a vocab_size of 10^12) before anything else fails.
+_LIMITS = {"num_layers": 4096, "hidden_size": 1 << 20, "vocab_size": 1 << 24, "head_dim": 1 << 14}
+_ACTIVATION_DTYPES = ("float32", "float16")
+
+
+def _check_shapes(m: Manifest, source: str) -> None:
+    """The dims the runtime allocates and binds by, checked against each other and against the graph's own
+    I/O shapes: an edited manifest (one with a recomputed digest) is one line here, not a numpy or ONNX
+    Runtime traceback when the buffers are made or the graph first runs."""
+    model, graph = m.model, m.graph
+
+    def bad(why: str) -> BundleError:
+        return BundleError(f"{source}: {why}; re-export the bundle")
+
+    for key, limit in _LIMITS.items():
+        value = getattr(model, key)
+        if not 1 <= value <= limit:
+            raise bad(f"model.{key} = {value!r} is outside [1, {limit}]")
+    n = model.num_layers
+    for key in ("num_heads", "num_kv_heads", "intermediate_size"):
+        values = getattr(model, key)
+        if len(values) != n or any(not 0 <= v <= 1 << 20 for v in values):
+            raise bad(f"model.{key} must list {n} counts (one a layer), got {values!r:.80}")
+    r = model.rotary_dim
+    if not (0 < r <= model.head_dim and r % 2 == 0 and len(model.rope_inv_freq) == r // 2):
+        raise bad(f"model.rotary_dim {r!r} must be even, at most head_dim {model.head_dim}, and rope_inv_freq hold "
+                  f"half of it ({len(model.rope_inv_freq)} values)")  # fmt: skip
+    local = model.local_rope_inv_freq
+    if (local is not None and len(local) != r // 2) or (model.local_window is not None and model.local_window < 1):
+        raise bad("model.local_window / local_rope_inv_freq do not fit the model's rotary_dim")
+    if graph.activation_dtype not in _ACTIVATION_DTYPES:
+        raise bad(f"graph.activation_dtype {graph.activation_dtype!r:.40} is not one of {_ACTIVATION_DTYPES}")
+    kv_dtype = graph.kv.get("dtype", graph.activation_dtype)
+    if not isinstance(kv_dtype, str) or kv_dtype not in KV_DTYPES:
+        raise bad(f"graph.kv.dtype {kv_dtype!r:.40} is not one of {', '.join(KV_DTYPES)}")
+    extra = KV_DTYPES[kv_dtype][1]
+    for side, specs in (("inputs", graph.inputs), ("outputs", graph.outputs)):
+        for name, spec in specs.items():
+            shape = spec.get("shape") if isinstance(spec, dict) else None
+            if not (isinstance(shape, list) and all(_dim(d) for d in shape)):
+                raise bad(f"graph.{side}['{name}'] must be an object with a 'shape' list of dims, got {spec!r:.80}")
+            head, _, layer = name.partition(".")
+            if head in ("past_key", "past_value", "present_key", "present_value", "new_key", "new_value"):
+                i = int(layer) if layer.isdigit() else -1
+                if not 0 <= i < n:
+                    raise bad(f"graph.{side}['{name}'] names no layer of the {n}")
+                want = [1, model.num_kv_heads[i], None, model.head_dim + extra]
+                if len(shape) != 4 or any(w is not None and d != w for d, w in zip(shape, want, strict=True)):
+                    raise bad(f"graph.{side}['{name}'] has shape {shape}, the model's dims give [1, "
+                              f"{model.num_kv_heads[i]}, capacity, {model.head_dim + extra}]")  # fmt: skip
+
+
+def _dim(d: Any) -> bool:
+    """A graph dimension: a size, or a symbolic name."""
+    return isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .engine import Engine
-from .errors import EdgeRuntimeError, RingOverflowError, SessionError
+from .errors import CorruptSnapshotError, EdgeRuntimeError, RingOverflowError, SessionError
 from .generate import generate_steps
 from .interrupts import atomic
 from .manifest import Manifest
@@ -356,6 +356,7 @@ class Session:
         geometry)."""
         g = self.geometry
         snap.check(bundle_checksum(self.manifest), (g.sinks, g.window, g.slack), self.engine.ring.position_offset)
+        self._check_fits(snap)
         with atomic():
             self.engine.backend.kv_to_host()  # rows the snapshot lacks keep the cache's bytes, as on the CPU
             self.engine.pool.scatter_rows(snap.rows, snap.keys, snap.values)
@@ -367,12 +368,41 @@ class Session:
             self._epoch += 1
             self._expect = snap.tokens
 
+    def _check_fits(self, snap: Snapshot) -> None:
+        """Refuse a snapshot whose arrays or bookkeeping this session's ring cannot hold (a crafted file with a
+        valid checksum and this bundle's identity) before anything changes: a half-done restore is no state."""
+        ring, pool = self.engine.ring, self.engine.pool
+
+        def bad(why: str) -> CorruptSnapshotError:
+            return CorruptSnapshotError(f"snapshot does not fit this session: {why}")
+
+        for name, a, shape in (("row_pos", snap.row_pos, (ring.rows,)), ("row_ids", snap.row_ids, self._row_ids.shape)):
+            if a.shape != shape or a.dtype.kind != "i":
+                raise bad(f"{name} is {a.dtype}{list(a.shape)}, this ring's {list(shape)} int64")
+        if snap.rows.dtype.kind != "i" or not np.array_equal(snap.rows, np.flatnonzero(snap.row_pos >= 0)):
+            raise bad("its rows are not the rows holding a token")
+        if not snap.tokens <= snap.written or len(snap.evicted[2]) >= _BLOCK or len(snap.evicted[1]) not in (0, 16):
+            raise bad(f"tokens {snap.tokens}, written {snap.written} or its evicted digest are inconsistent")
+        if snap.pending is not None and snap.pending >= self.manifest.model.vocab_size:
+            raise bad(f"pending token {snap.pending} is outside the vocabulary")
+        if len(snap.keys) != len(pool.keys) or len(snap.values) != len(pool.values):
+            raise bad(f"{len(snap.keys)} layers of keys, this model has {len(pool.keys)}")
+        for i, buffers in enumerate(zip(pool.keys, pool.values, snap.keys, snap.values, strict=True)):
+            k = buffers[0]
+            want = (*k.shape[:2], len(pool._layer_rows(i, snap.rows)), *k.shape[3:])
+            for a in buffers[2:]:
+                if a.shape != want or a.dtype != k.dtype:
+                    raise bad(f"layer {i} holds {a.dtype}{list(a.shape)}, this cache {k.dtype}{list(want)}")
+
     def save(self, path: str | Path) -> None:
         self.snapshot().save(path)
 
     def load(self, path: str | Path) -> None:
-        """Restore a snapshot file (CorruptSnapshotError, SnapshotMismatchError: nothing changed)."""
-        self.restore(Snapshot.load(path))
+        """Restore a snapshot file (CorruptSnapshotError, SnapshotMismatchError: nothing changed). The file is
+        bounded by what this session's cache can hold: a larger one is refused before its payload is read."""
+        ring = self.engine.ring
+        bound = self.engine.pool.kv_nbytes() + 8 * (2 * ring.rows + self._row_ids.size)
+        self.restore(Snapshot.load(path, max_payload=bound))
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def atomic_directory(out: Path, *, overwrite: bool) -> Iterator[Path]:
         raise ExportError(f"cannot write into '{out.parent}': {e.strerror or e}") from e
     lock = lock_directory(tmp)  # tells the next export that this partial is alive
     try:
-        with _cleanup_on_termination():
+        with cleanup_on_termination():
             try:
                 yield tmp
                 for f in tmp.iterdir():  # data on disk before the rename makes it visible
@@ -191,8 +191,10 @@ def _os_message(e: OSError, out: Path) -> str:
 
 
 @contextlib.contextmanager
-def _cleanup_on_termination() -> Iterator[None]:
-    """While the body runs, SIGTERM/SIGHUP with their default (fatal) action raise ExportTerminated."""
+def cleanup_on_termination() -> Iterator[None]:
+    """While the body runs, SIGTERM/SIGHUP with their default (fatal) action raise ExportTerminated, so the
+    body's own cleanup (a `finally` that removes its temporary directory) runs. Nested uses keep the outer one's
+    handler (it is no longer the default), which raises the same."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be installed from the main thread
         return

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_runtime.bounded_read import read_text_bounded
 from edge_runtime.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from edge_runtime.models import Architecture, LayerWeights, ModelArgs, ModelWeights, get_arch
 from edge_runtime.models.base import WeightFolds
@@ -38,6 +39,9 @@ class Checkpoint:
         return path if path.is_file() else None
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few KB
+
+
 def read_config(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
@@ -45,12 +49,14 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory '{directory}' does not exist")
     path = directory / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"'{directory}' has no config.json; is it a Hugging Face checkpoint directory?") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    if not path.exists():
+        raise CheckpointError(f"'{directory}' has no config.json; is it a Hugging Face checkpoint directory?")
+    try:  # a regular file of a config's size: a FIFO would block, /dev/zero never end
+        config = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, "config", ConfigError))
+    except json.JSONDecodeError as e:
         raise ConfigError(f"'{path}' is not valid JSON: {e}") from e
+    except RecursionError:
+        raise ConfigError(f"'{path}' is nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"'{path}' must hold a JSON object")
     return config

@@ -338,25 +338,31 @@ def checkpoint_dir(path: Path, *, out: Path | None = None, progress: Progress = 
     The directory sits beside `out` (the output's filesystem, where the user expects the space) and
     is named and locked like the bundle writer's partials (`.OUT.partial-PID-RAND`), so if this
     process is killed outright the next export to `out` removes it as a dead exporter's leftover.
+    SIGTERM and SIGHUP remove it at once, as they do the bundle's partial (bundle_writer.py): it lives through
+    the whole export (the weights phase included, before the bundle's partial exists) and is as large as the
+    model in float32.
     float32, not bf16: dequantized Q4/Q8 values need more than bf16's 8 mantissa bits and an F16
     GGUF loses 3 bits in bf16, so only float32 hands the exporter exactly the weights in the file.
     """
     if not is_gguf(path):
         yield path
         return
+    from .bundle_writer import cleanup_on_termination
     from .partials import lock_directory, partial_name
 
-    lock = None
-    if out is not None and out.parent.is_dir():
-        tmp = partial_name(out)
-        tmp.mkdir()
-        lock = lock_directory(tmp)
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-"))
-    try:
-        convert_gguf(path, tmp, dtype="f32", progress=progress)
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if lock is not None:
-            os.close(lock)
+    with cleanup_on_termination():  # before the directory exists: a signal in between leaves nothing
+        tmp, lock = None, None
+        try:
+            if out is not None and out.parent.is_dir():
+                tmp = partial_name(out)
+                tmp.mkdir()
+                lock = lock_directory(tmp)
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-"))
+            convert_gguf(path, tmp, dtype="f32", progress=progress)
+            yield tmp
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if lock is not None:
+                os.close(lock)

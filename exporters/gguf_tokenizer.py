@@ -121,8 +121,8 @@ def build_tokenizer(gg: GGUFFile) -> tuple[Tokenizer, dict[str, Any]]:
         "pad_token": token("padding_token_id"),
         "clean_up_tokenization_spaces": False,
     }
-    template = gg.meta("tokenizer.chat_template")
-    if isinstance(template, str):
+    template = gg.meta("tokenizer.chat_template", kind="str")  # another type: one line, not a bundle without one
+    if template is not None:
         config["chat_template"] = template
     return tok, config
 

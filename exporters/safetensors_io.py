@@ -13,12 +13,14 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 
+from edge_runtime.bounded_read import open_regular, read_text_bounded
 from edge_runtime.errors import CheckpointError, CorruptCheckpointError
 
 _DTYPES: dict[str, np.dtype] = {
@@ -34,6 +36,7 @@ _DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"),
 }
 _MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's own limit
+_MAX_INDEX = 64 << 20  # a 400B model's index is ~1 MB
 
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -50,21 +53,30 @@ class SafetensorsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            size = self.path.stat().st_size
-            with self.path.open("rb") as f:
+            # a regular file only, checked before a byte is read: a FIFO would block the export forever
+            with open_regular(self.path, "safetensors file", CheckpointError) as f:
+                size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 if len(head) < 8:
                     raise self._corrupt(f"file is {size} bytes, shorter than the 8-byte header length")
                 (n,) = struct.unpack("<Q", head)
                 if n > _MAX_HEADER or 8 + n > size:
-                    raise self._corrupt(f"header length {n} does not fit in a {size}-byte file (truncated?)")
+                    # not the length itself: those are the file's first 8 bytes, and the path may be a
+                    # symlink to a file that is not the user's to show (the first bytes of a key, a password)
+                    raise self._corrupt(f"its header length (first 8 bytes) does not fit in a {size}-byte file")
                 header_bytes = f.read(n)
         except OSError as e:
             raise CheckpointError(f"cannot read '{self.path}': {e.strerror or e}") from e
         try:
             header = json.loads(header_bytes)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise self._corrupt(f"header is not valid JSON ({e})") from e
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            if isinstance(e, json.JSONDecodeError):
+                why = str(e)  # a position, never the text
+            elif isinstance(e, UnicodeDecodeError):
+                why = f"byte {e.start} is not UTF-8"
+            else:
+                why = "nested too deeply"
+            raise self._corrupt(f"header is not valid JSON ({why})") from e
         if not isinstance(header, dict):
             raise self._corrupt("header is not a JSON object")
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
@@ -209,10 +221,12 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
 
     def _open_index(self, index: Path) -> None:
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            text = read_text_bounded(index, _MAX_INDEX, "safetensors index", CorruptCheckpointError)
+            weight_map = json.loads(text)["weight_map"]
             assert isinstance(weight_map, dict)
-        except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
-            raise CorruptCheckpointError(f"'{index}' is not a valid index (needs a 'weight_map' object): {e}") from e
+        except (ValueError, KeyError, TypeError, AssertionError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else e
+            raise CorruptCheckpointError(f"'{index}' is not a valid index (needs a 'weight_map' object): {why}") from e
         by_file: dict[str, set[str]] = {}
         for name, file in weight_map.items():
             if not isinstance(file, str):
@@ -228,7 +242,7 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
             by_file.setdefault(file, set()).add(name)
         for file, names in sorted(by_file.items()):
             path = self.directory / file
-            if not path.is_file():
+            if not path.exists():  # one that is there but not a file (a FIFO, a device): SafetensorsFile says so
                 raise CheckpointError(f"shard '{file}' named in '{index.name}' is missing from '{self.directory}'")
             self._add(SafetensorsFile(path), expect=names)
 

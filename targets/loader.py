@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from edge_runtime.bounded_read import read_text_bounded
 from edge_runtime.errors import ProfileSchemaError, UnknownTargetError
 from edge_runtime.targets.schema import TargetProfile, parse_profile
 
@@ -19,13 +20,54 @@ def known_targets() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
 
 
-def _read_yaml(path: Path) -> Any:
+# Target detection reads every built-in profile at each start; libyaml's parser (where PyYAML was built with
+# it) reads them several times faster. Only for the shipped files: a user's file keeps the pure-Python
+# parser's error messages.
+_BUILTIN_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# A user's profile file: a few dozen lines. Read only if a regular file this small (a FIFO would block,
+# /dev/zero never end), and with few aliases: YAML's anchors let a kilobyte file stand for billions of nodes
+# ("billion laughs"), and the built-in profiles use none.
+MAX_PROFILE_BYTES = 1 << 20
+MAX_ALIASES = 16
+
+
+class _ProfileLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a document with more than MAX_ALIASES aliases as it is composed."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise ProfileSchemaError(f"{self.name}: more than {MAX_ALIASES} YAML aliases (*name); a target "
+                                         "profile needs none")  # fmt: skip
+        return super().compose_node(parent, index)
+
+
+def _read_yaml(path: Path, *, builtin: bool = False) -> Any:
+    if builtin:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UnknownTargetError(f"cannot read target profile {path}: {exc.strerror or exc}") from exc
+    else:
+        text = read_text_bounded(path, MAX_PROFILE_BYTES, "target profile", UnknownTargetError)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UnknownTargetError(f"cannot read target profile {path}: {exc.strerror or exc}") from exc
-    try:
-        return yaml.safe_load(text)
+        if builtin:
+            return yaml.load(text, Loader=_BUILTIN_LOADER)
+        loader = _ProfileLoader(text)
+        loader.name = str(path)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except RecursionError:  # thousands of nested [ or {
+        raise ProfileSchemaError(f"{path}: nested too deeply to be a target profile") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -45,7 +87,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 def _load_builtin(name: str) -> TargetProfile:
     path = BUILTIN_DIR / f"{name}.yaml"
-    profile = parse_profile(_read_yaml(path), str(path))
+    profile = parse_profile(_read_yaml(path, builtin=True), str(path))
     if profile.name != name:
         raise ProfileSchemaError(f"{path}: 'name' = {profile.name!r} must equal the file name {name!r}")
     return profile
@@ -67,7 +109,7 @@ def _load_file(path: Path) -> TargetProfile:
             # the base's mixed-precision plan is for its INT4 default: a file that changes to int8 or none
             # drops it, as `edge-export --quant int8` does, rather than inherit a plan it cannot have
             data["mixed_precision"] = "none"
-        data = _merge(_read_yaml(BUILTIN_DIR / f"{base}.yaml"), data)
+        data = _merge(_read_yaml(BUILTIN_DIR / f"{base}.yaml", builtin=True), data)
     return parse_profile(data, str(path))
 
 
@@ -84,7 +126,7 @@ def load_target(name_or_path: str | os.PathLike[str]) -> TargetProfile:
     spec = os.fspath(name_or_path)
     if isinstance(name_or_path, os.PathLike) or _looks_like_path(spec):
         path = Path(spec).expanduser()
-        if not path.is_file():
+        if not path.exists():  # there but not a file (a FIFO, a directory): _read_yaml says so
             raise UnknownTargetError(
                 f"target profile file {spec!r} does not exist; pass an existing YAML file "
                 f"or a built-in target: {', '.join(known_targets())}"

@@ -170,3 +170,32 @@ def test_the_config_check_reads_no_tensor(bad):
         m.setattr(safetensors_io.SafetensorsFile, "get", no_reading)
         with pytest.raises(WeightMappingError, match="head_dim = 32"):
             load_checkpoint(bad)
+
+
+def test_a_symlinked_weights_file_is_refused_without_echoing_its_first_bytes(bad, tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"HUNTER2!" + b"x" * 100)  # read as a header length, these 8 bytes were printed
+    (bad / WEIGHTS).unlink()
+    (bad / WEIGHTS).symlink_to(secret)
+    line = _export_refused(bad, tmp_path, "header length (first 8 bytes) does not fit")
+    assert str(struct.unpack("<Q", b"HUNTER2!")[0]) not in line and "HUNTER" not in line
+
+
+@pytest.mark.parametrize("name", [WEIGHTS, "config.json", "model.safetensors.index.json"])
+def test_a_fifo_in_the_checkpoint_is_refused_not_waited_on(bad, tmp_path, name):
+    import os
+
+    header, _ = _read(bad / WEIGHTS)
+    if name == "model.safetensors.index.json":
+        (bad / name).write_text(json.dumps({"weight_map": {n: WEIGHTS for n in header if n != "__metadata__"}}))
+        name = WEIGHTS  # the index names a shard that is a FIFO
+    (bad / name).unlink()
+    os.mkfifo(bad / name)  # nobody writes it: opening it for reading would block the export for ever
+    r = CliRunner().invoke(export_cli, [str(bad), "-o", str(tmp_path / "out"), "--window", "64"])
+    one_line_error(r, "is not a regular file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_deeply_nested_config_is_one_line(bad, tmp_path):
+    (bad / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    _export_refused(bad, tmp_path, "config.json", "nested too deeply")

@@ -106,8 +106,8 @@ def test_a_graph_producing_nan_is_one_line_not_empty_text(nan_bundle, mode):
 def test_a_graph_producing_nan_while_streaming_is_one_error_line(nan_bundle):
     r = _run(nan_bundle, "--stream")
     assert r.exit_code == 1 and "Traceback" not in r.output
-    target, error = r.stderr.strip().splitlines()
-    assert target.startswith("target 'x86'") and error.startswith("Error: the model produced non-finite logits")
+    (error,) = r.stderr.strip().splitlines()  # the target paragraph only under --verbose
+    assert error.startswith("Error: the model produced non-finite logits")
 
 
 @pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")

@@ -5,8 +5,12 @@ disagrees with the tensors' shapes. Each is refused in one line, before any work
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -228,6 +232,7 @@ def _export_refused(path: Path, tmp_path: Path, *needles: str) -> str:
             ("'tokenizer.ggml.token_type' is an array of STRING, expected an array of integers",),
         ),
         ({"tokenizer__ggml__model": (7, V.UINT32)}, ("'tokenizer.ggml.model' is UINT32, expected STRING",)),
+        ({"tokenizer__chat_template": (7, V.UINT32)}, ("'tokenizer.chat_template' is UINT32, expected STRING",)),
         ({"tokenizer__ggml__pre": (1.5, V.FLOAT32)}, ("'tokenizer.ggml.pre' is FLOAT32, expected STRING",)),
         ({"tokenizer__ggml__merges": ([1, 2], V.ARRAY)}, ("'tokenizer.ggml.merges' is an array of INT32",)),
         ({"tokenizer__ggml__merges": (["ab"], V.ARRAY)}, ("merge 0 of 'tokenizer.ggml.merges' is 'ab'",)),
@@ -266,3 +271,45 @@ def test_a_head_dim_the_tensors_disagree_with_is_refused_before_dequantizing(hf,
 
     monkeypatch.setattr(GGUFFile, "tensor", no_dequantizing)
     _export_refused(path, tmp_path, "m.gguf", "config.json: head_dim = 32", "which means head_dim 16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: the GGUF's float32 conversion is a temporary directory too
+# ---------------------------------------------------------------------------------------------
+
+# SIGHUP at its default action, as an exporter in a terminal or under systemd has it (a runner started with
+# nohup hands it on ignored, and the exporter rightly leaves an ignored signal alone).
+# SIGINT gets Python's own handler, as a terminal's Ctrl-C finds it (bad_inputs_util.cli says why).
+_EXPORT = (
+    "import signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from edge_runtime.cli.export import main; sys.exit(main())"
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_terminating_signal_in_the_weights_phase_removes_the_conversion(hf, tmp_path, monkeypatch, sig):
+    """The conversion directory (`.out.partial-PID-RAND`, the model in float32) exists from before the bundle's
+    own partial: a signal while the weights are quantized must remove it as well."""
+    path = _gguf_with(hf, tmp_path / "m.gguf", monkeypatch)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _EXPORT, str(path), "-o", str(tmp_path / "out"), "--quant", "int4"],
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        err = b""
+        while b"estimated peak memory" not in err:  # printed just before the weights are quantized
+            line = p.stderr.readline()
+            assert line, err.decode()
+            err += line
+        assert [d for d in tmp_path.iterdir() if d.name.startswith(".out.partial-")]  # the conversion, alive
+        p.send_signal(sig)
+        _, rest = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + sig, (err + rest).decode()
+    assert b"Traceback" not in rest
+    assert sorted(d.name for d in tmp_path.iterdir()) == ["m.gguf"]

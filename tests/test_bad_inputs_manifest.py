@@ -149,3 +149,47 @@ def test_a_kv_update_mode_this_runtime_does_not_know_is_one_line(b):
         CliRunner().invoke(run_cli, ["--bundle", str(b), "--target", "x86", "--json", "--prompt", "To be"]),
         "graph.kv.update 'teleport' is not one this runtime knows (in_place_scatter, host_copy)",
     )
+
+
+def _set(*path: object) -> Callable[[dict], None]:
+    """An edit setting the value at path[:-1] to path[-1]."""
+    *keys, value = path
+
+    def edit(d: dict) -> None:
+        for key in keys[:-1]:
+            d = d[key]
+        d[keys[-1]] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (_set("model", "num_layers", 7), "model.num_heads must list 7"),
+        (_set("model", "num_kv_heads", []), "model.num_kv_heads must list"),
+        (_set("model", "vocab_size", -1), "model.vocab_size = -1 is outside"),
+        (_set("model", "vocab_size", 10**12), "model.vocab_size"),
+        (_set("model", "head_dim", 7), "model.rotary_dim"),
+        (_set("model", "num_kv_heads", 0, 7), "graph.inputs['past_key.0'] has shape"),
+        (_set("model", "rotary_dim", 7), "model.rotary_dim 7 must be even"),
+        (_set("model", "rope_inv_freq", []), "rope_inv_freq hold half"),
+        (_set("graph", "activation_dtype", "x"), "graph.activation_dtype 'x'"),
+        (_set("graph", "kv", "dtype", []), "graph.kv.dtype []"),
+        (_set("graph", "inputs", "past_key.0", "x"), "graph.inputs['past_key.0'] must be an object"),
+        (_set("graph", "inputs", "past_key.0", {}), "graph.inputs['past_key.0'] must be an object"),
+        (_set("graph", "inputs", "past_key.0", "shape", 7), "graph.inputs['past_key.0'] must be an object"),
+        (_set("graph", "inputs", "past_key.0", "shape", []), "graph.inputs['past_key.0'] has shape []"),
+        (_set("graph", "inputs", "past_key.9", {"shape": [1, 2, "capacity", 8]}), "names no layer"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_an_edited_manifest_with_wrong_types_or_dims_is_one_line(b, edit, needle):
+    """Fields the runtime allocates and binds by, of the wrong type or disagreeing with each other, with the
+    digest recomputed: one line naming the field, not a numpy, ONNX Runtime or KeyError traceback."""
+    _rewrite(b, edit)
+    with pytest.raises(BundleError, match="re-export the bundle"):
+        open_bundle(b, verify=False)
+    one_line_error(
+        CliRunner().invoke(run_cli, ["--bundle", str(b), "--target", "x86", "--json", "--prompt", "To be"]), needle
+    )

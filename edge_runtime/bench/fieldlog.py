@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edge_runtime.bounded_read import read_bounded
 from edge_runtime.errors import EdgeRuntimeError
 
 from .figures import ENERGY_PREFIX, MAIN_FIGURES, get
@@ -105,14 +106,17 @@ class LogContents:
     truncated_tail: int | None = None  # bytes of a last record cut short (no newline, not JSON)
 
 
+# A record is about a kilobyte: a year of a run a minute is ~500 MB. A larger log is refused rather than read
+# whole (rotate it), and a FIFO or /dev/zero is not read at all.
+MAX_LOG_BYTES = 1 << 30
+
+
 def read_log(path: str | Path) -> LogContents:
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise EdgeRuntimeError(
-            f"cannot read field log '{path}': {exc.strerror or exc}; pass a file written with --log"
-        ) from exc
+        data = read_bounded(path, MAX_LOG_BYTES, "field log")
+    except EdgeRuntimeError as exc:
+        raise EdgeRuntimeError(f"{exc}; pass a file written with --log") from None
     out = LogContents(path)
     lines = data.split(b"\n")
     for number, raw in enumerate(lines, start=1):

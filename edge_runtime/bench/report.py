@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.atomic_write import write_file
+from edge_runtime.bounded_read import read_text_bounded
 from edge_runtime.errors import EdgeRuntimeError
 from edge_runtime.telemetry import EnergyReport
 
@@ -107,22 +108,35 @@ def write_json(report: Mapping[str, Any], path: str | Path) -> None:
     write_file(path, [text.encode("utf-8")], mode=0o644)  # a report is kept and shared like a bundle (0644)
 
 
+# A report is tens of KB (trials, per-phase figures): a larger file is not one, and is not read whole.
+MAX_REPORT_BYTES = 16 << 20
+
+
 def read_report(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EdgeRuntimeError(f"report '{path}' does not exist; write one with edge-bench --json-out") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    if not path.exists():
+        raise EdgeRuntimeError(f"report '{path}' does not exist; write one with edge-bench --json-out")
+    try:  # a regular file only: a FIFO would block, /dev/zero never end
+        data = json.loads(read_text_bounded(path, MAX_REPORT_BYTES, "report"))
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise EdgeRuntimeError(
             f"report '{path}' is not valid JSON ({exc}); pass an edge-bench --json-out file"
         ) from exc
     version = data.get("report_version") if isinstance(data, dict) else None
     if version != REPORT_VERSION:
         raise EdgeRuntimeError(
-            f"report '{path}' has report_version {version!r}; this edge-bench reads version {REPORT_VERSION} "
+            f"report '{path}' has report_version {version!r:.40}; this edge-bench reads version {REPORT_VERSION} "
             "(re-run edge-bench to get one)"
         )
+    # What compare() reads, of the types it reads them as: an edited report is one line, not a KeyError
+    shape = {"median": dict, "measurement": dict, "settings": dict}
+    bad = [k for k, t in shape.items() if not isinstance(data.get(k), t)]
+    m = data.get("measurement")
+    if not bad and not (isinstance(m.get("estimate"), bool) and isinstance(m.get("boundary"), str)):
+        bad = ["measurement.estimate/boundary"]
+    if bad:
+        raise EdgeRuntimeError(f"report '{path}' lacks {', '.join(bad)} (or holds another type); pass an edge-bench "
+                               "--json-out file")  # fmt: skip
     return data
 
 
@@ -171,7 +185,7 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[dict[str, 
     """Rows (figure, A, B, B/A) over the medians, and warnings where the two are not like for like."""
     rows = []
     for path, label, unit, better in MAIN_FIGURES:
-        va, vb = get(a["median"], path), get(b["median"], path)
+        va, vb = (_number(get(r["median"], path)) for r in (a, b))
         ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va != 0 else None
         est = path.startswith(ENERGY_PREFIX) and (a["measurement"]["estimate"] or b["measurement"]["estimate"])
         row = {"figure": path, "label": label, "unit": unit, "better": better, "a": va, "b": vb, "ratio": ratio}
@@ -186,6 +200,11 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[dict[str, 
         if a["settings"].get(key) != b["settings"].get(key):
             warnings.append(f"settings differ: {key} {a['settings'].get(key)} vs {b['settings'].get(key)}")
     return rows, warnings
+
+
+def _number(v: Any) -> float | int | None:
+    """A figure as compare prints it: a number, else None (n/a), whatever an edited report holds there."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def format_compare(rows: list[dict[str, Any]], warnings: list[str], name_a: str, name_b: str) -> str:

@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from edge_runtime.atomic_write import output_target, write_file
-from edge_runtime.chat import ChatTemplate
-from edge_runtime.conversation import ConversationEncoder
+from edge_runtime.bounded_read import read_text_bounded
 from edge_runtime.errors import EdgeRuntimeError, SnapshotError
-from edge_runtime.generate import FinishReason, GenerationCancelled, GenerationConfig, close_cancelled, stream_generate
-from edge_runtime.session import RingOverflowWarning, Session
-from edge_runtime.tokenizer import Tokenizer
 
 from .prompt_input import check_utf8
 
+# edge-run imports this module with its options; what a conversation runs on (numpy, onnxruntime, jinja2,
+# tokenizers) loads when one starts, so `edge-run --help` and one-shot replies do not wait for it.
 if TYPE_CHECKING:
     from edge_runtime.constrain import Grammar  # llguidance loads only where a constraint is given
+    from edge_runtime.generate import GenerationConfig
+    from edge_runtime.session import Session
+    from edge_runtime.tokenizer import Tokenizer
 
 PROMPT = "> "
 COMMANDS = {
@@ -82,6 +83,11 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 
 def run(engine: Any, tok: Tokenizer, config: GenerationConfig, opts: ChatOptions) -> None:
+    from edge_runtime.chat import ChatTemplate
+    from edge_runtime.conversation import ConversationEncoder
+    from edge_runtime.generate import FinishReason
+    from edge_runtime.session import RingOverflowWarning, Session
+
     # The conversation's templates read the time it began (ChatTemplate.at): a date in the system header
     # would otherwise change at midnight and make the whole conversation new to the ring.
     template = ChatTemplate.for_bundle(engine.bundle).with_variables(opts.template_kwargs).at(datetime.now())
@@ -175,18 +181,31 @@ def _command(
     return None
 
 
-def _read_sidecar(path: Path) -> tuple[list[Any], datetime | None]:
+# A messages file larger than this is not one /save wrote for a conversation this runtime can hold: refused
+# before it is read (a symlink to a huge file would otherwise be read whole, twice over as JSON).
+MAX_MESSAGES_BYTES = 64 << 20
+
+
+def _read_sidecar(path: Path) -> tuple[list[dict[str, str]], datetime | None]:
     """(messages, when the conversation began) saved by /save; a bare list is an older file without the time."""
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = json.loads(read_text_bounded(path, MAX_MESSAGES_BYTES, "the messages file", SnapshotError))
         if isinstance(saved, list):
-            return saved, None
-        messages, began = saved["messages"], saved.get("began")
-        when = None if began is None else datetime.fromisoformat(began)
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise SnapshotError(f"cannot read the messages saved in '{path}': {type(e).__name__}: {e}") from e
+            messages, when = saved, None
+        else:
+            messages, began = saved["messages"], saved.get("began")
+            when = None if began is None else datetime.fromisoformat(began)
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        raise SnapshotError(f"cannot read the messages saved in '{path}': {why:.200}") from e
     if not isinstance(messages, list):
         raise SnapshotError(f"'{path}' does not hold a list of messages")
+    for i, m in enumerate(messages):  # what /save writes: the template must not be the first to see a bad one
+        if not (isinstance(m, dict) and set(m) == {"role", "content"} and isinstance(m["content"], str)):
+            raise SnapshotError(f'\'{path}\': message {i} is not {{"role": ..., "content": "..."}}: {m!r:.60}')
+        if m["role"] not in ("user", "assistant"):
+            raise SnapshotError(f"'{path}': message {i} has role {m['role']!r:.40}; a chat saves user and assistant")
+        check_utf8(m["content"], f"'{path}': message {i}")  # a JSON \ud800 escape: no tokenizer takes it
     return messages, when
 
 
@@ -206,6 +225,8 @@ def _turn(
     """Reply to the conversation: (the text shown, the stats, whether Ctrl-C stopped it, the tokens reused from
     the ring). The session stays consistent wherever the Ctrl-C lands (session.py's sections), so the next
     turn simply goes on."""
+    from edge_runtime.generate import GenerationCancelled, close_cancelled, stream_generate
+
     parts: list[str] = []
     stats = None
     stream = None

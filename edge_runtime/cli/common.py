@@ -17,6 +17,7 @@ import click
 from edge_runtime.errors import EdgeRuntimeError
 
 debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+verbose_option = click.option("--verbose", "-v", is_flag=True, help="Say how the target profile was chosen.")
 
 
 class TemplateVariables(click.ParamType):
@@ -25,15 +26,19 @@ class TemplateVariables(click.ParamType):
     name = "JSON"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, Any]:
-        from edge_runtime.chat import template_variables
-        from edge_runtime.errors import ChatTemplateError
-
         if isinstance(value, dict):
             return value
         try:
-            return template_variables(json.loads(value), "the value")
+            variables = json.loads(value)
         except json.JSONDecodeError as e:
             self.fail(f"not JSON ({e.msg} at character {e.pos}): {value!r:.60}", param, ctx)
+        if variables == {}:  # the default: nothing to check, and no jinja2 import for a raw prompt
+            return {}
+        from edge_runtime.chat import template_variables
+        from edge_runtime.errors import ChatTemplateError
+
+        try:
+            return template_variables(variables, "the value")
         except ChatTemplateError as e:
             self.fail(str(e), param, ctx)
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from edge_runtime.errors import EdgeRuntimeError, RingOverflowError
+from edge_runtime.errors import ConstraintError, EdgeRuntimeError, RingOverflowError
 from edge_runtime.generate import (
     StopMatcher,  # stream_generate's stop-string matcher, across token boundaries
     generate_steps,
@@ -208,6 +208,9 @@ class Scheduler:
         except RingOverflowError as e:  # raised by the session before it fed anything
             self.metrics.rejected.labels("context_length").inc()
             job.post(Failure(APIError(413, str(e), param="messages", code="context_length_exceeded")))
+        except ConstraintError as e:  # a schema or regex llguidance cannot follow: the client's, not the model's
+            self.pool.forget(slot)  # it may have failed mid-reply: what the session holds is not slot.tokens
+            job.post(Failure(APIError(400, str(e), param="response_format", code="unsatisfiable_constraint")))
         except EdgeRuntimeError as e:  # corrupt output and the like: the model's fault, not the client's
             self.pool.forget(slot)
             log.error("generation failed on slot %d: %s", slot.index, e)
@@ -215,6 +218,11 @@ class Scheduler:
 
     def _generate(self, job: Job, slot: Any, rest: list[int], t_start: float) -> None:
         p, m, session = job.params, self.metrics, slot.session
+        # The bias first: a constraint's mask then has the last word over what may follow. Built before the power
+        # sampler starts: a constraint refused here must not leave it running for the next request to trip on.
+        processors: list[Any] = [LogitBias(dict(p.logit_bias))] if p.logit_bias else []
+        if p.grammar is not None:
+            processors.append(_constraint(session, p.grammar))
         power = self.power
         if power is not None:
             power.start()
@@ -225,10 +233,6 @@ class Scheduler:
         first = last = t_start
         cached = 0
         # The open loop on the session (it feeds only `rest`); max_tokens, EOS and stop strings end it here.
-        # The bias first: a constraint's mask then has the last word over what may follow.
-        processors: list[Any] = [LogitBias(dict(p.logit_bias))] if p.logit_bias else []
-        if p.grammar is not None:
-            processors.append(_constraint(session, p.grammar))
         spec = self.speculative
         before = replace(spec.stats) if spec is not None else None
         steps = generate_steps(
