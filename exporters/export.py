@@ -6,6 +6,7 @@ manifest = export(ExportOptions(checkpoint=Path("models/checkpoints/shakespeare-
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import platform
 import tempfile
@@ -26,6 +27,7 @@ from edge_runtime.errors import ExportError, ValidationError
 from edge_runtime.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
+    TEMPLATE_ORIGIN_KEY,
     CacheSpec,
     GraphSpec,
     Manifest,
@@ -40,6 +42,7 @@ from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, KvDtype, Precision, build_decoder, kv_dtype_problem
 from .external_data import ExternalDataWriter, save_with_external_data
+from .gguf_convert import is_gguf
 from .gguf_quant import SourceCodes
 from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
@@ -49,7 +52,7 @@ from .quant_graph import fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .scratch import Scratch
-from .tokenizer_export import bundle_tokenizer, read_json
+from .tokenizer_export import BundleTokenizer, TemplateFile, bundle_tokenizer, check_source_template, read_json
 from .validate import (
     CaseResult,
     ReferenceMemo,
@@ -91,6 +94,12 @@ class ExportOptions:
     source_codes: SourceCodes | None = None
     # Refuse before any work when the estimated peak RSS (memory_plan.py) is above this many bytes
     max_memory: int | None = None
+    # What the user named when `checkpoint` is a conversion of it (a .gguf file): the provenance's source, so
+    # the first-use cache can tell when that file is gone or changed
+    source: Path | None = None
+    # A chat template of the user's (`edge-export --chat-template`), read and checked before any work: the
+    # bundle's template in place of the checkpoint's (or a GGUF's), or where the source has none
+    chat_template: TemplateFile | None = None
 
 
 Progress = Callable[[str], None]
@@ -124,7 +133,7 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     # tables are 4.2 GB); a float one goes into the graph whole.
     stored_tables = opts.quant.enabled and not opts.quant.fp_embeddings
     ckpt = load_checkpoint(opts.checkpoint, stored_tables=stored_tables)
-    tokenizer = bundle_tokenizer(ckpt)
+    tokenizer = _tokenizer(ckpt, opts, progress)
     cache = _cache_spec(ckpt, opts)
     kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing
     if kv_problem:
@@ -195,7 +204,10 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
             generation=_generation_defaults(ckpt.path),
             quantization=prepared.record,
             validation=validation,
-            provenance=_provenance(ckpt, opts, time.perf_counter() - t_start, stages, estimate.total),
+            provenance={
+                **_provenance(ckpt, opts, time.perf_counter() - t_start, stages, estimate.total),
+                TEMPLATE_ORIGIN_KEY: dataclasses.asdict(o) if (o := tokenizer.template_origin) else None,
+            },
             files=files,
         )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
@@ -203,6 +215,23 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
     breakdown = ", ".join(f"{k} {v:.1f}s" for k, v in stages.seconds.items())
     progress(f"wrote {opts.out} in {time.perf_counter() - t_start:.1f}s ({breakdown}; peak RSS {rss:.0f} MiB)")
     return manifest
+
+
+def _tokenizer(ckpt: Checkpoint, opts: ExportOptions, progress: Progress) -> BundleTokenizer:
+    """The bundle's tokenizer, with --chat-template's file in place of the source's template where given."""
+    converted_from = opts.source if opts.source is not None and is_gguf(opts.source) else None
+    tokenizer = bundle_tokenizer(ckpt, converted_from=converted_from)
+    given = opts.chat_template
+    if given is None:
+        check_source_template(tokenizer)  # the runtime's bounds, before the export's work
+        return tokenizer
+    replaced = tokenizer.template_origin
+    progress(
+        f"chat template from --chat-template '{given.path}'"
+        + (f", replacing the one from {replaced.describe()}" if replaced else "")
+        + ("" if given.takes_system else " (it refuses a system message)")
+    )
+    return tokenizer.with_template(given)
 
 
 def _scratch(out: Path) -> Scratch | None:
@@ -431,7 +460,7 @@ def _provenance(
         # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
         "peak_rss_bytes": peak_rss_bytes(),
         "estimated_peak_rss_bytes": estimated_peak,  # memory_plan.py, before any work
-        "source": str(ckpt.path.resolve()),
+        "source": str((opts.source or ckpt.path).resolve()),
         "target": opts.target,
         "options": {
             "flavor": opts.flavor.value,

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from edge_runtime import kernels
 from edge_runtime.cli.export import main as export_cli
 from edge_runtime.errors import EdgeRuntimeError, ProfileSchemaError
-from edge_runtime.exporters import export as export_mod
+from edge_runtime.exporters import from_source as export_mod
 from edge_runtime.exporters.decoder import Flavor
 from edge_runtime.targets import load_target
 from edge_runtime.targets.export_settings import PORTABLE, settings_for

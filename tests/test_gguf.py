@@ -71,6 +71,9 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+TINY_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
 def _theta(config: dict) -> float:
     params = config.get("rope_parameters") or {}
     params = params.get("full_attention", params)  # Gemma 3 nests it by layer type
@@ -84,9 +87,11 @@ def write_gguf(
     linear_type=Q.Q8_0,
     arch: str | None = None,
     override_type: tuple[str, object] | None = None,
+    chat_template: str | None = TINY_TEMPLATE,
 ) -> None:
     """A GGUF of a tiny HF checkpoint: `linear_type` for 2-D weights (F32 norms, F16 embeddings
-    unless everything is F32), tokenizer metadata from its tokenizer.json."""
+    unless everything is F32), tokenizer metadata from its tokenizer.json; `chat_template` None writes none
+    (as Gemma 3 270M's GGUF has none)."""
     config = json.loads((ckpt / "config.json").read_text())
     model_type = config["model_type"]
     arch = arch or {"gemma3_text": "gemma3"}.get(model_type, model_type)
@@ -120,7 +125,8 @@ def write_gguf(
     w.add_bos_token_id(config["bos_token_id"])
     w.add_eos_token_id(config["eos_token_id"])
     w.add_add_bos_token(True)
-    w.add_chat_template("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if rope.get("rope_type") == "llama3":  # convert_hf_to_gguf.py writes the scaling as divisors
         orig, low, high = rope["original_max_position_embeddings"], rope["low_freq_factor"], rope["high_freq_factor"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edge_runtime import __version__, bundle_cache
+from edge_runtime import __version__, bundle_cache, first_use
 from edge_runtime.cli import run as run_mod
 from edge_runtime.cli.cache import main as cache_cli
 from edge_runtime.cli.export import main as export_cli
@@ -40,18 +40,18 @@ def test_the_demo_model_has_a_name_wherever_the_package_is(tmp_path, monkeypatch
 def test_edge_run_model_demo_exports_the_bundled_checkpoint(monkeypatch):
     seen = []
 
-    def fake_ensure(checkpoint, profile):
+    def fake_ensure(checkpoint, profile, progress):
         seen.append(checkpoint)
         raise EdgeRuntimeError("stop here")
 
-    monkeypatch.setattr(run_mod, "ensure_bundle", fake_ensure)
+    monkeypatch.setattr(first_use, "ensure_bundle", fake_ensure)
     r = CliRunner().invoke(run_mod.main, ["--model", "demo", "--target", "x86", "--max-tokens", "1"])
     assert r.exit_code == 1 and "stop here" in r.output
     assert seen == [DEMO_CHECKPOINT]
 
 
 def test_edge_export_demo_by_name(monkeypatch, tmp_path):
-    from edge_runtime.exporters import export as export_mod
+    from edge_runtime.exporters import from_source
 
     seen = []
 
@@ -59,7 +59,7 @@ def test_edge_export_demo_by_name(monkeypatch, tmp_path):
         seen.append(opts)
         raise EdgeRuntimeError("stop here")
 
-    monkeypatch.setattr(export_mod, "export", fake_export)
+    monkeypatch.setattr(from_source, "export", fake_export)
     r = CliRunner().invoke(export_cli, ["demo", "-o", str(tmp_path / "out")])
     assert r.exit_code == 1 and "stop here" in r.output
     assert seen[0].checkpoint == DEMO_CHECKPOINT

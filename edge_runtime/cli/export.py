@@ -223,6 +223,15 @@ def main() -> None:
     help="Refuse the export up front, with the estimate, when its estimated peak memory is above SIZE (bytes, or "
     "with a K, M or G suffix: 1024-based, e.g. 6G). The estimate is printed either way.",
 )
+@click.option(
+    "--chat-template",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="The bundle's chat template: a Jinja file (UTF-8, at most 1 MiB) in place of the checkpoint's or GGUF's, "
+    "or for one that has none. Checked before any work by rendering a two-turn conversation; the manifest records "
+    "where the template came from (edge-export inspect).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @click.option(
     "--build-engine",
@@ -254,14 +263,14 @@ def build(
     gguf_codes: str | None,
     kv_dtype: str,
     max_memory: int | None,
+    chat_template: Path | None,
     overwrite: bool,
     build_engine: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
     bundle in OUT. Without --target the defaults are portable; --target T applies the device profile's."""
-    from edge_runtime.errors import ExportError
-    from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision, kv_dtype_problem
-    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision
+    from edge_runtime.exporters.export import ExportOptions
     from edge_runtime.exporters.quant import MatMulKernel, MixedPlan, QuantConfig, QuantMethod
     from edge_runtime.models import resolve_checkpoint
 
@@ -277,6 +286,9 @@ def build(
     _check_options(window=window, block=block, quant=s.quant, table_bits=str(s.table_bits))
     _check_output(source, out, overwrite=overwrite)
     engine_target = _engine_target(target) if build_engine else None  # refused before the export, not after
+    from edge_runtime.exporters.tokenizer_export import read_template_file
+
+    template = read_template_file(chat_template) if chat_template is not None else None  # before any work
     opts = ExportOptions(
         checkpoint=source,
         out=out,
@@ -303,46 +315,22 @@ def build(
         calibration=calib,
         kv_dtype=KvDtype(kv_dtype),
         max_memory=max_memory,
+        chat_template=template,
     )
-    kv_problem = kv_dtype_problem(None, opts.flavor, opts.quant, opts.kv_dtype)  # before a .gguf is converted
-    if kv_problem:
-        raise ExportError(kv_problem)
-    from edge_runtime.exporters import gguf_quant
-    from edge_runtime.exporters.gguf_convert import checkpoint_dir, is_gguf
+    from edge_runtime.exporters.from_source import export_source, summary_line
+    from edge_runtime.exporters.gguf_quant import GGUFCodes
 
-    gguf_source = is_gguf(source)
-    pruning = prune is not None or prune_budget is not None or prune_layers > 0
-    # A plan from the profile (not typed) gives way to a GGUF's codes where the file has codes to keep:
-    # llama.cpp's exact weights beat any requantization of them. Known once the file's types are read.
-    profile_plan = gguf_source and mixed is None and opts.quant.mixed is not MixedPlan.NONE
-    with_plan = opts.quant
-    if profile_plan and gguf_codes != "requantize":
-        opts = dataclasses.replace(opts, quant=dataclasses.replace(opts.quant, mixed=MixedPlan.NONE))
-    declined = gguf_quant.plan_import(  # an impossible explicit --gguf-codes keep fails here, before any work
-        gguf_quant.GGUFCodes(gguf_codes) if gguf_codes else None,
-        opts.quant,
-        gguf_source=gguf_source,
-        trt=opts.flavor is Flavor.TRT,
-        prune=pruning,
-    )
     t0 = time.perf_counter()
 
     def progress(msg: str) -> None:
         click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True)
 
-    # A .gguf file is converted into a temporary HF directory beside OUT, removed afterwards.
-    with checkpoint_dir(source, out=out, progress=progress) as hf_dir:
-        if gguf_source:
-            codes = gguf_quant.declined(declined) if declined else gguf_quant.read_codes(source, opts.quant)
-            if profile_plan and opts.quant is not with_plan:
-                if gguf_quant.linears_kept(codes):
-                    progress(f"target {s.target}'s mixed_precision {s.mixed} does not apply to kept GGUF codes "
-                             "(--gguf-codes requantize applies it)")  # fmt: skip
-                else:  # no Linear codes to keep (F16, Q4_1, K-quants): requantized, with the plan
-                    opts = dataclasses.replace(opts, quant=with_plan)
-            progress(gguf_quant.summary(codes))
-            opts = dataclasses.replace(opts, source_codes=codes)
-        manifest = export(dataclasses.replace(opts, checkpoint=hf_dir), progress=progress)
+    manifest = export_source(
+        opts,
+        gguf_codes=GGUFCodes(gguf_codes) if gguf_codes else None,
+        plan_from_profile=mixed is None,
+        progress=progress,
+    )
     click.echo(summary_line(out, manifest))
     if engine_target is not None:
         from edge_runtime.backends.trt_engine import engine_for_target
@@ -415,24 +403,6 @@ def _settings(
     return s  # a typed --mixed is checked against the quantization by QuantConfig
 
 
-def summary_line(out: Path, manifest: Manifest) -> str:
-    """One line saying what was written: flavor, weights, size, validation, held-out perplexity, target."""
-    from edge_runtime.bundle import stored_bytes
-
-    size = sum(stored_bytes(p) for p in out.iterdir())
-    ppl = manifest.quantization.get("heldout_ppl")
-    target = manifest.provenance.get("target")
-    pr = manifest.quantization.get("pruning", {})
-    cal = pr.get("calibration_ppl")
-    return (
-        f"{out}: {manifest.graph.flavor}/{manifest.graph.weight_dtype}, {size / 1e6:.1f} MB, "
-        f"validation max rel err {manifest.validation.max_rel_err:.2e} (tolerance {manifest.validation.tolerance:g})"
-        + (f", pruned {pr['removed']:.1%} (calib. ppl {cal['unpruned']:.3f} -> {cal['pruned']:.3f})" if cal else "")
-        + (f", held-out ppl {ppl['original']:.3f} -> {ppl['exported']:.3f}" if ppl else "")
-        + (f", for target {target}" if target else "")
-    )
-
-
 def _check_options(*, window: int | None, block: int | None, quant: str, table_bits: str) -> None:
     """Options that would otherwise be silently ignored (--window 0 meant "the default")."""
     from edge_runtime.errors import ExportError
@@ -469,6 +439,7 @@ def _check_output(checkpoint: Path, out: Path, *, overwrite: bool) -> None:
 def inspect(bundle: Path, no_verify: bool) -> None:
     """Print a bundle's manifest summary and verify its checksums."""
     from edge_runtime.bundle import open_bundle
+    from edge_runtime.sampling_defaults import model_defaults
 
     b = open_bundle(bundle, verify=not no_verify, memo=False)  # the explicit check hashes every byte
     m = b.manifest
@@ -483,6 +454,8 @@ def inspect(bundle: Path, no_verify: bool) -> None:
         f"cache       sinks {m.cache.sinks}, window {m.cache.window}, slack {m.cache.slack} "
         f"(KV update: {m.graph.kv['update']})",
         f"tokenizer   bos {m.tokenizer.bos_token_id}, eos {m.tokenizer.eos_token_ids}",
+        f"chat        {_template_line(m)}",
+        f"sampling    {model_defaults(m.generation).describe()}; flags and request fields win",
         *_quantization_lines(m.quantization),
         f"validation  max rel err {m.validation.max_rel_err:.2e} <= {m.validation.tolerance:g} "
         f"({len(m.validation.cases)} cases, {m.validation.seconds:.1f}s)",
@@ -498,6 +471,39 @@ def inspect(bundle: Path, no_verify: bool) -> None:
     verdict = "not verified (--no-verify)" if no_verify else "all sha256 match"
     lines.append(f"files       {', '.join(m.files)}: {verdict}")
     click.echo("\n".join(lines))
+
+
+@main.command("targets", short_help="List the device profiles and what each implies on this machine.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout, for machines.")
+@click.option(
+    "--measurements",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Export times measured by scripts/bench_export_time.py [default: the one it wrote into the cache "
+    "directory, if any].",
+)
+@debug_option
+@friendly_errors
+def targets(as_json: bool, measurements: Path | None) -> None:
+    """List the device profiles (--target NAME): flavor, quantization, block, kernels used here, cache, meters,
+    memory budget, export time per 100M parameters where measured; * marks what --target auto picks here."""
+    import json
+
+    from edge_runtime.targets.listing import listing, to_json, to_text
+
+    result = listing(measurements)
+    click.echo(json.dumps(to_json(result), indent=2) if as_json else to_text(result))
+
+
+def _template_line(m: Manifest) -> str:
+    """Where the bundle's chat template came from, or why it has none."""
+    if m.tokenizer.chat_template is None:
+        return "no chat template (raw prompts only; re-export with --chat-template FILE)"
+    origin = m.chat_template_origin
+    if origin is None:  # exported before the origin was recorded
+        return f"template {m.tokenizer.chat_template}, origin not recorded"
+    return f"template {m.tokenizer.chat_template} from {origin.describe()} (sha256 {origin.sha256[:12]})"
 
 
 def _quantization_lines(q: dict) -> list[str]:
