@@ -18,6 +18,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .cachedir import cache_dir
 from .errors import EdgeRuntimeError
@@ -42,20 +43,35 @@ def bundles_dir() -> Path:
 def checkpoint_key(checkpoint: Path) -> str:
     """12 hex digits identifying a checkpoint's content, cheaply: the small files' bytes, and per weight file
     its name, size and the sha256 of its first and last MiB (the first holds a safetensors file's whole
-    header: every tensor's name, dtype, shape and offsets). Independent of paths and timestamps."""
+    header: every tensor's name, dtype, shape and offsets). Independent of paths and timestamps. A .gguf
+    file is its own one weight file (its first MiB holds the metadata and the tensor table's start)."""
     h = hashlib.sha256()
+    if checkpoint.is_file():
+        _hash_ends(h, checkpoint)
+        return h.hexdigest()[:12]
     for name in _SMALL_FILES:
         f = checkpoint / name
         if f.is_file():
             h.update(f"{name}:".encode() + hashlib.sha256(f.read_bytes()).digest())
     for f in sorted(checkpoint.glob("*.safetensors")):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}:".encode())
-        with f.open("rb") as fh:
-            h.update(hashlib.sha256(fh.read(_EDGE_MIB)).digest())
-            fh.seek(max(0, size - _EDGE_MIB))
-            h.update(hashlib.sha256(fh.read(_EDGE_MIB)).digest())
+        _hash_ends(h, f)
     return h.hexdigest()[:12]
+
+
+def _hash_ends(h: Any, f: Path) -> None:  # h: a hashlib object
+    size = f.stat().st_size
+    h.update(f"{f.name}:{size}:".encode())
+    with f.open("rb") as fh:
+        h.update(hashlib.sha256(fh.read(_EDGE_MIB)).digest())
+        fh.seek(max(0, size - _EDGE_MIB))
+        h.update(hashlib.sha256(fh.read(_EDGE_MIB)).digest())
+
+
+def is_source(path: Path) -> bool:
+    """Whether `path` is something a first-use export reads: a checkpoint directory or a .gguf file."""
+    if path.is_dir():
+        return (path / "config.json").is_file()
+    return path.is_file() and path.suffix.lower() == ".gguf"
 
 
 def first_use_name(
@@ -63,7 +79,7 @@ def first_use_name(
 ) -> str:
     from . import __version__
 
-    parts = [checkpoint.name, flavor, quant]
+    parts = [checkpoint.stem if checkpoint.is_file() else checkpoint.name, flavor, quant]
     if quant.startswith("int4"):
         parts.append(f"b{block}")
         if mixed != "none":
@@ -80,7 +96,7 @@ class CachedBundle:
     name: str
     path: Path
     size_bytes: int
-    source: str  # the checkpoint it was exported from (the manifest's provenance), "" if unreadable
+    source: str  # the checkpoint or .gguf it was exported from (the manifest's provenance), "" if unreadable
     version: str  # edge-runtime version that wrote it, from the name
     key: str  # the checkpoint content key, from the name
     complete: bool  # has a manifest (an export killed mid-way leaves a partial, not listed as complete)
@@ -94,7 +110,7 @@ class CachedBundle:
         if self.version != __version__:
             return f"written by edge-runtime {self.version or 'unknown'}, this is {__version__}"
         src = Path(self.source) if self.source else None
-        if src is None or not (src / "config.json").is_file():
+        if src is None or not is_source(src):
             return f"its checkpoint {self.source or '(unknown)'} is gone"
         if checkpoint_key(src) != self.key:
             return f"its checkpoint {self.source} has changed since"
@@ -113,10 +129,13 @@ def tree_bytes(path: Path) -> int:
 
 
 def _source(path: Path) -> str:
-    try:
-        data = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    from .bounded_read import read_bounded
+    from .manifest import MANIFEST_MAX_BYTES
+
+    try:  # bounded, regular files only: a FIFO or a huge file in the cache must not hang or swamp `ls`
+        data = json.loads(read_bounded(path / "manifest.json", MANIFEST_MAX_BYTES, "manifest"))
         return str(data.get("provenance", {}).get("source", ""))
-    except (OSError, ValueError, AttributeError):
+    except (EdgeRuntimeError, ValueError, AttributeError, RecursionError):
         return ""
 
 
@@ -150,6 +169,10 @@ def remove(bundle: CachedBundle) -> None:
 
 def find(name: str) -> CachedBundle:
     """The cached bundle called `name` (exactly, or the one whose name starts with it)."""
+    # An empty prefix starts every name (`edge-cache rm ''` removed the only bundle), a path or a hidden name is
+    # no bundle's name: refused before anything is listed, let alone removed.
+    if not name.strip() or name != name.strip() or name.startswith(".") or any(c in name for c in "/\\\0"):
+        raise EdgeRuntimeError(f"{name!r} is not a cached bundle's name; give one as `edge-cache ls` prints it")
     bundles = list_bundles()
     exact = [b for b in bundles if b.name == name]
     matches = exact or [b for b in bundles if b.name.startswith(name)]

@@ -230,19 +230,30 @@ def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> L
     )
 
 
+class TargetMismatchWarning(UserWarning):
+    """A bundle loaded under another target than the one it was exported for."""
+
+
 def load(
     bundle_dir: str | Path, opts: LoadOptions | None = None, *, target: str | TargetProfile | None = None
 ) -> Engine:
-    """Open, verify and load a bundle, optionally for a target (a profile, a name, a YAML path or "auto").
+    """Open, verify and load a bundle, optionally for a target (a profile, a name, a YAML path or "auto": the
+    target the bundle was exported for where it fits this machine, else detected; targets/choose.py).
 
     Raises an EdgeRuntimeError subclass naming the problem (bad checksum, version, geometry, budget).
     """
     opts = opts or LoadOptions()
     bundle = open_bundle(bundle_dir, verify=opts.verify)
     if isinstance(target, str):
-        from .targets import resolve_target
+        import warnings
 
-        target = resolve_target(target).profile
+        from .targets.choose import choose_target
+
+        own = bundle.manifest.provenance.get("target")
+        choice = choose_target(target, own if isinstance(own, str) else None)
+        if choice.warning:
+            warnings.warn(choice.warning, TargetMismatchWarning, stacklevel=2)
+        target = choice.profile
     if target is not None:
         opts = apply_target(opts, target, bundle)
     return Engine(bundle, opts)

@@ -78,9 +78,10 @@ def test_an_auto_detected_orin_without_tensorrt_runs_on_onnxruntime_cpu():
 
 def test_edge_run_on_an_auto_detected_orin_generates_on_cpu(tied_bundle, monkeypatch):
     """The device path end to end: detection says Orin Nano, TensorRT is absent, edge-run still answers."""
-    import edge_runtime.targets as targets
+    import edge_runtime.targets.choose as choose
 
-    monkeypatch.setattr(targets, "resolve_target", lambda spec: Detection(load_target("orin-nano"), "detected"))
+    orin = Detection(load_target("orin-nano"), "detected")
+    monkeypatch.setattr(choose, "resolve_target", lambda spec, root=None: orin)
     with pytest.warns(TensorRTFallbackWarning, match="orin-nano"):
         r = CliRunner().invoke(run_cli, ["--bundle", str(tied_bundle), "--target", "auto", "--max-tokens", "4"])
     assert r.exit_code == 0, r.output

@@ -33,7 +33,10 @@ def chat_bundle(tmp_path_factory):
 
 
 def _run(bundle, *args, input=None):
-    return CliRunner().invoke(run_cli, ["--bundle", str(bundle), "--target", "x86", *args], input=input)
+    """edge-run greedy (the model's defaults sample) unless the arguments say otherwise: the last flag wins."""
+    return CliRunner().invoke(
+        run_cli, ["--bundle", str(bundle), "--target", "x86", "--temperature", "0", *args], input=input
+    )
 
 
 def _json(result):
@@ -300,17 +303,22 @@ def test_message_files_of_both_vintages_load_and_bad_ones_are_named(tmp_path):
 
 def test_a_chat_reply_runs_to_its_end_of_turn_within_the_default_bound(chat_bundle):
     """No --max-tokens: a --message reply is not cut at a small fixed count but runs until the end of its turn,
-    at most min(CHAT_MAX_TOKENS, the window) (the demo model seldom ends a turn: it reaches the bound), and says
-    so on its own line; a raw prompt keeps RAW_MAX_TOKENS."""
-    from edge_runtime.cli.run import CHAT_MAX_TOKENS, RAW_MAX_TOKENS
+    at most the window when sampling (the model's defaults) and min(GREEDY_CHAT_MAX_TOKENS, the window) when
+    greedy (the demo model seldom ends a turn: it reaches the bound), and says so on its own line; a raw prompt
+    keeps RAW_MAX_TOKENS."""
+    from edge_runtime.cli.run import GREEDY_CHAT_MAX_TOKENS, RAW_MAX_TOKENS
     from edge_runtime.engine import load
 
-    bound = min(CHAT_MAX_TOKENS, load(chat_bundle, target="x86").geometry.window)  # as edge-run --target x86 loads it
-    got = _json(_run(chat_bundle, "--message", "Speak on", "--json"))
-    assert got["stats"]["generated_tokens"] <= bound
-    if got["stats"]["finish_reason"] == "length":
-        assert got["stats"]["generated_tokens"] == bound
-        plain = _run(chat_bundle, "--message", "Speak on")
-        assert f"(reply cut at {bound} tokens by the default limit" in plain.stderr
+    window = load(chat_bundle, target="x86").geometry.window  # as edge-run --target x86 loads it
+    for flags, bound in (
+        (["--temperature", "0"], min(GREEDY_CHAT_MAX_TOKENS, window)),
+        (["--temperature", "0.8", "--seed", "3"], window),
+    ):
+        got = _json(_run(chat_bundle, "--message", "Speak on", "--json", *flags))
+        assert got["stats"]["generated_tokens"] <= bound
+        if got["stats"]["finish_reason"] == "length":
+            assert got["stats"]["generated_tokens"] == bound
+            plain = _run(chat_bundle, "--message", "Speak on", *flags)
+            assert f"(reply cut at {bound} tokens by the default limit" in plain.stderr
     raw = _json(_run(chat_bundle, "--prompt", "ROMEO.", "--json"))
     assert raw["stats"]["generated_tokens"] <= RAW_MAX_TOKENS

@@ -242,7 +242,7 @@ def test_edge_run_errors_are_one_line(bundle, args, message):
 def test_edge_run_with_no_bundle_exports_the_demo_model_once(tmp_path, monkeypatch):
     """The README's main job: the demo model, exported on first use in the target's quantization."""
     monkeypatch.setenv("EDGE_RUNTIME_CACHE", str(tmp_path))
-    args = ["--target", "x86", "--max-tokens", "4", "--json"]
+    args = ["--target", "x86", "--max-tokens", "4", "--temperature", "0", "--json"]
     r = CliRunner().invoke(run_cli, args)
     assert r.exit_code == 0, r.output
     (bundle,) = (tmp_path / "bundles").iterdir()

@@ -1,6 +1,6 @@
 """`edge-bench`: benchmark a bundle on this device, compare two reports, summarize a field log.
 
-edge-bench BUNDLE --target auto [--prompt-tokens 128 --gen-tokens 128 --trials 3 --warmup 1]
+edge-bench BUNDLE | --bundle BUNDLE | --model MODEL  [--target auto --prompt-tokens 128 --gen-tokens 128 --trials 3]
            [--idle-seconds 30] [--json-out report.json] [--plot power.html] [--log field.jsonl]
            [--speculative lookup | --draft BUNDLE [--draft-tokens K]]
 edge-bench compare A.json B.json
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .common import debug_option, friendly_errors, speculative_options
+from .common import debug_option, friendly_errors, speculative_options, verbose_option
 
 if TYPE_CHECKING:
     from edge_runtime.engine import Engine
@@ -37,8 +37,22 @@ def main() -> None:
 
 
 @main.command("run")
-@click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
+@click.argument("bundle_arg", metavar="[BUNDLE]", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export); or give it first."
+)
+@click.option(
+    "--model",
+    default=None,
+    help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for this "
+    "machine's target on first use into the cache (see edge-cache).",
+)
+@click.option(
+    "--target",
+    default="auto",
+    show_default=True,
+    help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
+)
 @click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Prompt length (a fixed passage).")
 @click.option("--gen-tokens", type=int, default=128, show_default=True, help="Tokens generated (EOS ignored).")
 @click.option("--trials", type=int, default=3, show_default=True, help="Measured runs; the report gives medians.")
@@ -52,10 +66,13 @@ def main() -> None:
 @click.option("--plot", type=click.Path(path_type=Path), help="Write an HTML page with the power-over-time plot.")
 @click.option("--log", "log_file", type=click.Path(path_type=Path), help="Append one record per trial (JSONL).")
 @speculative_options
+@verbose_option
 @debug_option
 @friendly_errors
 def run(
-    bundle: Path,
+    bundle_arg: Path | None,
+    bundle: Path | None,
+    model: str | None,
     target: str,
     prompt_tokens: int,
     gen_tokens: int,
@@ -72,10 +89,11 @@ def run(
     speculative: str | None,
     draft: Path | None,
     draft_tokens: int | None,
+    verbose: bool,
 ) -> None:
-    """Benchmark BUNDLE: fixed prompt and generation lengths, warm-up excluded, medians over trials."""
+    """Benchmark BUNDLE (or --bundle, or --model exported on first use): fixed prompt and generation lengths,
+    warm-up excluded, medians over trials."""
     from edge_runtime.atomic_write import write_file
-    from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.environment import bundle_info, environment
     from edge_runtime.bench.fieldlog import append_record, make_record, new_run_id
     from edge_runtime.bench.figures import describe_meter
@@ -84,25 +102,31 @@ def run(
     from edge_runtime.bench.runner import BenchSettings, run_bench
     from edge_runtime.engine import LoadOptions
     from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.first_use import resolve_run
     from edge_runtime.manifest import MANIFEST_FILE, Manifest
     from edge_runtime.speculative import from_options
-    from edge_runtime.targets import resolve_target
     from edge_runtime.telemetry import EnergyReport
 
     settings = BenchSettings(prompt_tokens, gen_tokens, trials, warmup, idle_seconds, sample_hz)
     if threads is not None and threads < 0:  # before the target line and the load: one line, nothing run
         raise EdgeRuntimeError(f"threads must be 1 or more (0 or none: one per core), got {threads}")
-    detection = resolve_target(target)
-    # A TensorRT target: ONNX Runtime CPU where auto-detected (with a warning), refused where named.
-    profile = runtime_profile(detection.profile, auto_detected=target == "auto")
+    if bundle_arg is not None and bundle is not None:
+        raise EdgeRuntimeError("give the bundle once: as the first argument or as --bundle")
+    bundle = bundle_arg or bundle
     for flag, out in (("--json-out", json_out), ("--plot", plot), ("--log", log_file)):
         if out is not None:
             _check_writable(out, flag)
-    click.echo(detection.reason, err=True)
+    # The bundle runs under the target it was exported for unless --target names another.
+    chosen = resolve_run(bundle, model, target, progress=lambda msg: click.echo(msg, err=True))
+    if verbose:
+        click.echo(chosen.reason, err=True)
+    if chosen.warning:
+        click.echo(f"warning: {chosen.warning}", err=True)
+    profile, bundle = chosen.profile, chosen.bundle
     manifest = Manifest.read(bundle / MANIFEST_FILE)
     opts = LoadOptions(sinks=sinks, window=window, threads=threads)
     env, info, run_id = environment(), bundle_info(bundle, manifest), new_run_id()
-    target_info = {"name": profile.name, "source": profile.source, "detection": detection.reason}
+    target_info = {"name": profile.name, "source": profile.source, "detection": chosen.reason}
 
     def log_trial(i: int, figures: dict, energy: EnergyReport) -> None:
         assert log_file is not None

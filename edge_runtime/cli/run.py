@@ -1,8 +1,8 @@
 """`edge-run`: stream a completion from a bundle (or a checkpoint, exported on first use).
 
 edge-run                                   # the bundled demo model, target auto-detected
-edge-run --model demo                      # the same by name; --model DIR: a checkpoint, exported on first use
-edge-run --prompt "ROMEO." --max-tokens 64 --temperature 0.8 --top-p 0.95 --seed 1 --stats
+edge-run --model demo                      # the same by name; --model DIR or FILE.gguf: exported on first use
+edge-run --prompt "ROMEO." --max-tokens 64 --temperature 0 --stats   # sampling defaults: the model's (--verbose)
 edge-run --bundle out/ --json
 edge-run --bundle out/ --message "What is the capital of France?" --system "Be brief."   # via the chat template
 echo "a long prompt" | edge-run --bundle out/          # or --prompt -, or --prompt-file FILE
@@ -15,68 +15,27 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from . import chat_repl, prompt_input
-from .common import debug_option, friendly_errors, require_stdout, speculative_options, template_kwargs_option
-
-if TYPE_CHECKING:
-    from edge_runtime.targets import TargetProfile
+from .common import (
+    debug_option,
+    friendly_errors,
+    require_stdout,
+    speculative_options,
+    template_kwargs_option,
+    verbose_option,
+)
 
 DEFAULT_PROMPT = "ROMEO.\nWhat light"
 RAW_MAX_TOKENS = 64  # a raw prompt has no end of turn to stop at
+MAX_CONSTRAINT_BYTES = 4 << 20  # --json-schema / --grammar files: edge-serve's whole request body limit
 # A chat reply runs to its end of turn, bounded by the window (a longer reply would evict its own start) and,
-# while sampling defaults to greedy, by this: greedy decoding of a small model can loop (a number repeated
-# until the window is full), and a loop should cost seconds, not the whole window.
-CHAT_MAX_TOKENS = 512
-
-
-def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
-    """The bundle for `checkpoint` in the target's export settings (targets/export_settings.py), from the
-    cache (bundle_cache.py); exported (and validated) on first use."""
-    from edge_runtime import bundle_cache, kernels
-    from edge_runtime.errors import CheckpointError
-    from edge_runtime.targets.export_settings import settings_for
-
-    if not (checkpoint / "config.json").is_file():
-        raise CheckpointError(f"'{checkpoint}' is not a Hugging Face checkpoint directory (no config.json)")
-    # The device exports its own bundle, so the edge kernels are used exactly where they run here.
-    s = settings_for(profile, edge_kernels_here=kernels.available())
-    block = s.block or (32 if s.flavor == "ort" else 128)
-    out = bundle_cache.bundles_dir() / bundle_cache.first_use_name(
-        checkpoint, s.flavor, s.quant, block, s.kernel, s.table_bits, s.mixed
-    )
-    if (out / "manifest.json").is_file():
-        return out
-    from edge_runtime.exporters.decoder import Flavor
-    from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.exporters.quant import MatMulKernel, MixedPlan, QuantConfig, QuantMethod
-
-    from .export import summary_line
-
-    click.echo(f"exporting {checkpoint.name} for target {profile.name} on first use into {out}", err=True)
-    qconfig = QuantConfig(
-        method=QuantMethod.parse(s.quant),
-        block=block,
-        table_bits=s.table_bits,
-        kernel=MatMulKernel(s.kernel),
-        mixed=MixedPlan(s.mixed),
-    )
-    opts = ExportOptions(
-        checkpoint=checkpoint,
-        out=out,
-        flavor=Flavor(s.flavor),
-        quant=qconfig,
-        sinks=s.sinks,
-        window=s.window,
-        fit_window=True,
-        target=profile.name,
-    )
-    manifest = export(opts, progress=lambda msg: click.echo(f"  {msg}", err=True))
-    click.echo(f"  {summary_line(out, manifest)}", err=True)
-    return out
+# under greedy decoding, by this: greedy decoding of a small model can loop (a phrase repeated until the
+# window is full), and a loop should cost seconds, not the whole window.
+GREEDY_CHAT_MAX_TOKENS = 512
 
 
 @click.command()
@@ -94,22 +53,27 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
 @click.option(
     "--model",
     default=None,
-    help="A Hugging Face checkpoint directory, or a bundled model's name (demo); exported for the target on first "
-    "use into the cache (see edge-cache).",
+    help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for this "
+    "machine's target on first use into the cache (see edge-cache).",
 )
-@click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
+@click.option(
+    "--target",
+    default="auto",
+    show_default=True,
+    help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
+)
 @click.option(
     "--max-tokens",
     type=int,
     default=None,
-    help=f"Most tokens a reply may have [default: --message/--chat to the end of the turn, at most "
-    f"{CHAT_MAX_TOKENS} or the window; a raw prompt {RAW_MAX_TOKENS}].",
+    help=f"Most tokens a reply may have [default: --message/--chat to the end of the turn, within the window "
+    f"({GREEDY_CHAT_MAX_TOKENS} when greedy); a raw prompt {RAW_MAX_TOKENS}].",
 )
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
-@click.option("--min-p", type=float, default=0.0, show_default=True, help="0 = off.")
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--temperature", type=float, default=None, help="0 = greedy [default: the model's; see --verbose].")
+@click.option("--top-k", type=int, default=None, help="0 = off [default: the model's].")
+@click.option("--top-p", type=float, default=None, help="1 = off [default: the model's].")
+@click.option("--min-p", type=float, default=None, help="0 = off [default: the model's].")
+@click.option("--repetition-penalty", type=float, default=None, help="1 = off [default: the model's].")
 @click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable; at most 16, each at most 400 characters).")
 @click.option("--json-schema", type=click.Path(path_type=Path), help="Constrain the output to this JSON schema file.")
@@ -137,6 +101,7 @@ def ensure_bundle(checkpoint: Path, profile: TargetProfile) -> Path:
     "--log", "log_file", type=click.Path(path_type=Path), help="Append this run's figures to a field log (JSONL)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, stats) instead of streaming.")
+@verbose_option
 @debug_option
 @friendly_errors
 def main(
@@ -150,11 +115,11 @@ def main(
     model: str | None,
     target: str,
     max_tokens: int | None,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    repetition_penalty: float,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    repetition_penalty: float | None,
     seed: int | None,
     stop: tuple[str, ...],
     json_schema: Path | None,
@@ -171,17 +136,17 @@ def main(
     stats: bool,
     log_file: Path | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Generate text on this device. With no arguments: the bundled demo model, target auto-detected."""
-    from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.figures import format_energy, format_speed, run_figures
     from edge_runtime.bench.runner import PhaseMarks, open_sampler
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.first_use import resolve_run
     from edge_runtime.generate import GenerationCancelled, GenerationConfig, close_cancelled, stream_generate
-    from edge_runtime.models import DEMO_CHECKPOINT, resolve_checkpoint
     from edge_runtime.sampling import SamplingParams
-    from edge_runtime.targets import resolve_target
+    from edge_runtime.sampling_defaults import SamplingDefaults, model_defaults
     from edge_runtime.tokenizer import Tokenizer
 
     require_stdout()
@@ -199,24 +164,21 @@ def main(
     # So are the sampling settings (--seed -1, --temperature 1e-308): before any line of progress.
     is_chat = chat or (request is not None and request.is_chat)
     limit = max_tokens if max_tokens is not None else None if is_chat else RAW_MAX_TOKENS
-    config = GenerationConfig(  # an end-of-turn reply's bound (CHAT_MAX_TOKENS or the window) is set once loaded
-        max_tokens=RAW_MAX_TOKENS if limit is None else limit,
-        stop_strings=stop,
-        sampling=SamplingParams(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-        ),
+    given = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed
     )
-    detection = resolve_target(target)
-    # A TensorRT target: ONNX Runtime CPU where auto-detected (with a warning), refused where named.
-    profile = runtime_profile(detection.profile, auto_detected=target == "auto")
-    if not as_json:
-        click.echo(detection.reason, err=True)
-    bundle_dir = bundle or ensure_bundle(resolve_checkpoint(model) if model else DEMO_CHECKPOINT, profile)
+    SamplingDefaults(SamplingParams(), "").resolve(**given)  # a bad value: one line now, not after an export
+    config = GenerationConfig(  # the model's sampling defaults and an end-of-turn reply's bound: once loaded
+        max_tokens=RAW_MAX_TOKENS if limit is None else limit, stop_strings=stop
+    )
+    # The bundle runs under the target it was exported for unless --target names another; a model (the demo by
+    # default) is exported on first use for this machine's target.
+    chosen = resolve_run(bundle, model or (None if bundle else "demo"), target, progress=_progress)
+    if verbose:
+        click.echo(chosen.reason, err=True)
+    if chosen.warning:
+        click.echo(f"warning: {chosen.warning}", err=True)
+    profile, bundle_dir = chosen.profile, chosen.bundle
     # Power is sampled only when a figure needs it: phases load, prefill, decode (as in edge-bench).
     sampler = open_sampler(profile)[0] if stats or log_file else None
     if sampler is not None:
@@ -234,8 +196,13 @@ def main(
         sampler.mark(None)
     if chat and spec is not None:
         raise EdgeRuntimeError("--speculative/--draft speed up one reply; not with --chat yet")
+    defaults = model_defaults(engine.manifest.generation)
+    config = dataclasses.replace(config, sampling=defaults.resolve(**given))
+    if verbose:
+        click.echo(f"sampling defaults: {defaults.describe()}", err=True)
     if limit is None:
-        config = dataclasses.replace(config, max_tokens=min(CHAT_MAX_TOKENS, engine.geometry.window))
+        bound = GREEDY_CHAT_MAX_TOKENS if config.sampling.greedy else engine.geometry.window
+        config = dataclasses.replace(config, max_tokens=min(bound, engine.geometry.window))
     if chat:
         options = chat_repl.ChatOptions(system, as_json, template_kwargs, constraint, max_tokens is not None)
         chat_repl.run(engine, tok, config, options)
@@ -313,6 +280,10 @@ def main(
         raise cancelled
 
 
+def _progress(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
 def _prompt_ids(engine: Any, tok: Any, request: prompt_input.PromptInput, variables: dict[str, Any]) -> list[int]:
     if request.is_chat:
         from edge_runtime.chat import ChatTemplate
@@ -388,10 +359,11 @@ def _constraint(json_schema: Path | None, regex: str | None, grammar: Path | Non
         return constrain.regex(regex)
     path = json_schema or grammar
     assert path is not None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConstraintError(f"cannot read '{path}': {e}") from None
+    from edge_runtime.bounded_read import read_text_bounded
+
+    # a regular file only (a FIFO would block, /dev/zero never end) and bounded: a schema or grammar is kilobytes
+    what = "--json-schema" if json_schema else "--grammar"
+    text = read_text_bounded(path, MAX_CONSTRAINT_BYTES, what, ConstraintError)
     return constrain.json_schema(text) if json_schema else constrain.lark(text)
 
 

@@ -7,10 +7,12 @@ the scheduler's worker thread's alone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from edge_runtime.chat import ChatTemplate
 from edge_runtime.conversation import ConversationCache
 from edge_runtime.engine import Engine
+from edge_runtime.sampling_defaults import SamplingDefaults, model_defaults
 from edge_runtime.tokenizer import Tokenizer
 
 from . import access, routes
@@ -55,6 +58,8 @@ class ServerState:
     # (gpt-4o-mini, ...) work unchanged. On: another name is a 404 model_not_found.
     strict_model: bool = False
     max_body: int = DEFAULT_MAX_BODY
+    # What a request's absent sampling fields mean: the model's defaults (sampling_defaults.py)
+    sampling: SamplingDefaults = field(default_factory=lambda: model_defaults(None))
     created: int = field(default_factory=lambda: int(time.time()))
     extra: dict[str, Any] = field(default_factory=dict)  # /v1/models' extra fields (target, cache geometry)
     # Recent conversations' ids: a request re-encodes only what its conversation added (conversation.py).
@@ -81,14 +86,49 @@ class ServerState:
         if length is not None and length.isdigit() and int(length) > self.max_body:
             raise _too_large(self.max_body)
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body:
-                raise _too_large(self.max_body)
         try:
-            return json.loads(body, parse_constant=_no_constant)
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > self.max_body:
+                    raise _too_large(self.max_body)
+        except ClientDisconnect:  # nobody reads the answer, but it is the client's doing: a 400, not a traceback
+            cut = "the request body was cut off: the client closed the connection"
+            raise APIError(400, cut, code="incomplete_body") from None
+        try:
+            data = json.loads(body, parse_constant=_no_constant)
+        except RecursionError:
+            raise _too_deep() from None
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        _check_decoded(data)
+        return data
+
+
+MAX_JSON_DEPTH = 64  # a conversation with tools nests ~10 deep; past this, Python's recursion limit is near
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_decoded(data: Any) -> None:
+    """A parsed body nested past MAX_JSON_DEPTH, or with a lone surrogate (`"\\ud800"` is valid JSON but no
+    text): refused here, before the template, the tokenizer or a regex engine fails on it with a 500."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise APIError(
+                    400, f"the request body holds a lone surrogate ({value[:40]!a}...): not text", code="invalid_json"
+                )
+            continue
+        if isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise _too_deep()
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items)
+
+
+def _too_deep() -> APIError:
+    return APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
 
 
 def _too_large(limit: int) -> APIError:
@@ -191,13 +231,14 @@ class _Guard:
         path = scope["path"]
         route = next((r for r in ROUTES if path == r or path.startswith(r + "/")), "other")
         status = 500
+        started = False
         t0 = time.perf_counter()
         record = access.start(scope)
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         try:
@@ -208,6 +249,15 @@ class _Guard:
                 await JSONResponse(error.body(), status_code=401)(scope, receive, send_wrapper)
                 return
             await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when --shutdown-timeout is over (a request waiting in the queue, or
+            # generating): its own answer would be a plain-text 500. A stream already begun just ends.
+            if started:
+                raise
+            error = APIError(503, "the server is shutting down; retry the request", code="shutting_down")
+            await JSONResponse(error.body(), status_code=503, headers={"Connection": "close"})(
+                scope, receive, send_wrapper
+            )
         finally:
             elapsed = time.perf_counter() - t0
             m = self.state.metrics

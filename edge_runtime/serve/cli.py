@@ -36,9 +36,15 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--model",
     default=None,
-    help="A Hugging Face checkpoint directory or a bundled model's name (demo); exported for the target on first use.",
+    help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for this "
+    "machine's target on first use into the cache (see edge-cache).",
 )
-@click.option("--target", default="auto", show_default=True, help="Target profile name, YAML path, or 'auto'.")
+@click.option(
+    "--target",
+    default="auto",
+    show_default=True,
+    help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless --api-key).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option(
@@ -210,14 +216,14 @@ class ServeOptions:
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime import __version__
-    from edge_runtime.backends.tensorrt import runtime_profile
     from edge_runtime.bench.runner import open_sampler
     from edge_runtime.chat import ChatTemplate
     from edge_runtime.engine import LoadOptions, load
-    from edge_runtime.errors import ChatTemplateError, EdgeRuntimeError
+    from edge_runtime.errors import ChatTemplateError
+    from edge_runtime.first_use import resolve_run
+    from edge_runtime.sampling_defaults import model_defaults
     from edge_runtime.snapshot import bundle_checksum
     from edge_runtime.speculative import from_options
-    from edge_runtime.targets import resolve_target
     from edge_runtime.tokenizer import Tokenizer
 
     from .app import ServerState
@@ -227,18 +233,14 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
 
     bundle, model, slots, max_tokens, model_id = opts.bundle, opts.model, opts.slots, opts.max_tokens, opts.model_id
     log = logging.getLogger("edge_serve")
-    detection = resolve_target(opts.target)
-    # A TensorRT target: ONNX Runtime CPU where auto-detected (with a warning), refused where named.
-    profile = runtime_profile(detection.profile, auto_detected=opts.target == "auto")
-    log.info(detection.reason)
-    if model is not None:
-        if model.lower().endswith(".gguf"):
-            raise EdgeRuntimeError(f"export the GGUF first (edge-export {model} -o DIR), then edge-serve --bundle DIR")
-        from edge_runtime.cli.run import ensure_bundle
-        from edge_runtime.models import resolve_checkpoint
-
-        bundle = ensure_bundle(resolve_checkpoint(model), profile)
-    assert bundle is not None
+    # The bundle runs under the target it was exported for unless --target names another; a model is exported
+    # on first use for this machine's target, its progress logged.
+    chosen = resolve_run(bundle, model, opts.target, progress=log.info)
+    log.debug(chosen.reason)
+    if chosen.warning:
+        log.warning(chosen.warning)
+    profile, bundle = chosen.profile, chosen.bundle
+    log.info("target %s", profile.name)
     engine = load(bundle, LoadOptions(sinks=opts.sinks, window=opts.window, threads=opts.threads), target=profile)
     check_budget(engine, slots, profile.memory_budget_bytes)
     sc = opts.speculative
@@ -271,6 +273,8 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     )
     name = model_id or (Path(model).name if model is not None else bundle.name)
     g = engine.geometry
+    defaults = model_defaults(engine.manifest.generation)
+    log.info("sampling defaults: %s; request fields win", defaults.describe())
     need, _ = memory_needed(engine, slots)
     metrics.describe(
         model=name,
@@ -293,6 +297,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         fingerprint=f"edge-runtime-{__version__}-{bundle_checksum(engine.manifest)[:12]}",
         max_tokens=max_tokens,
         api_key=opts.api_key,
+        sampling=defaults,
         extra={
             "target": profile.name,
             "cache": {"sinks": g.sinks, "window": g.window},

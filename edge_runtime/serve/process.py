@@ -34,12 +34,14 @@ class ServerProcess:
     """`edge-serve --bundle B ARGS --port P` on a free loopback port, returned once /health answers 200;
     until `stop()`. Its output goes to `log`, kept for failure messages."""
 
-    def __init__(self, bundle: Path, *args: str, log: Path, startup_s: float = 90.0):
+    def __init__(self, bundle: Path | None, *args: str, log: Path, startup_s: float = 90.0):
+        """`bundle` None: ARGS name the model (`--model M`, exported on first use)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = [*serve_command(), "--bundle", str(bundle), "--port", str(self.port), *args]
+        source = ["--bundle", str(bundle)] if bundle is not None else []
+        cmd = [*serve_command(), *source, "--port", str(self.port), *args]
         self._log_file = log.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + startup_s

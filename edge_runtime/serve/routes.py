@@ -50,7 +50,7 @@ EXTENSION = "edge_runtime"  # our own fields (slot, timings, energy) live under 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.serve
     arrival = time.perf_counter()
-    req = parse_chat(await state.read_json(request), state.max_tokens)
+    req = parse_chat(await state.read_json(request), state.max_tokens, state.sampling)
     state.check_model(req.model)
     _check_bias(state, req.params)
     encoded, params, tool_format = await run_in_threadpool(_chat_prompt, state, req)
@@ -66,7 +66,7 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.serve
     arrival = time.perf_counter()
-    req = parse_completion(await state.read_json(request), state.max_tokens)
+    req = parse_completion(await state.read_json(request), state.max_tokens, state.sampling)
     state.check_model(req.model)
     _check_bias(state, req.params)
     if isinstance(req.prompt, str):

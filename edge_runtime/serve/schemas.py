@@ -18,6 +18,7 @@ from edge_runtime.chat import template_variables
 from edge_runtime.errors import ChatTemplateError, EdgeRuntimeError
 from edge_runtime.generate import MAX_STOP_CHARS
 from edge_runtime.sampling import MIN_TEMPERATURE, SamplingParams
+from edge_runtime.sampling_defaults import SamplingDefaults
 
 from .errors import APIError, bad_request, invalid_type
 
@@ -86,7 +87,7 @@ class _Body:
             raise bad_request(f"'{name}' must be {bounds}, got {v}", param=name)
         return v
 
-    def float(self, name: str, default: float) -> float:
+    def float(self, name: str, default: float | None) -> float | None:
         v = self.data.get(name)
         if v is None:
             return default
@@ -149,31 +150,37 @@ def _stop(body: _Body) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _sampling(body: _Body) -> SamplingParams:
-    temperature = body.float("temperature", 1.0)  # OpenAI's default: sampling at T = 1
-    if not 0 <= temperature <= 2:
+# OpenAI's meaning of absent fields (sampling at T = 1); the server passes the model's defaults instead
+OPENAI_SAMPLING = SamplingDefaults(SamplingParams(temperature=1.0), "OpenAI's default")
+
+
+def _sampling(body: _Body, defaults: SamplingDefaults) -> SamplingParams:
+    """The request's fields over the model's defaults (sampling_defaults.py), as Ollama and llama-server do,
+    not OpenAI's T = 1: a field left out means "as the model is meant to be run"."""
+    temperature = body.float("temperature", None)
+    if temperature is not None and not 0 <= temperature <= 2:
         raise bad_request(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
-    if temperature < MIN_TEMPERATURE:  # greedy in effect; the sampler refuses such values outright
+    if temperature is not None and temperature < MIN_TEMPERATURE:  # greedy in effect; the sampler refuses these
         temperature = 0.0
-    top_p = body.float("top_p", 1.0)
-    if not 0 < top_p <= 1:
+    top_p = body.float("top_p", None)
+    if top_p is not None and not 0 < top_p <= 1:
         raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
     # llama.cpp's extensions, accepted under the same names.
-    top_k = body.int("top_k", 0, lo=0)
-    min_p = body.float("min_p", 0.0)
-    penalty = body.float("repetition_penalty", 1.0)
+    top_k = body.int("top_k", None, lo=0)
+    min_p = body.float("min_p", None)
+    penalty = body.float("repetition_penalty", None)
     seed = body.int("seed", None)
     if seed is not None and seed < 0:
         seed %= 2**64  # OpenAI takes any int64; numpy seeds must be >= 0
     try:
-        return SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, repetition_penalty=penalty, seed=seed
+        return defaults.resolve(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=penalty, seed=seed
         )
     except EdgeRuntimeError as e:
         raise bad_request(str(e)) from None
 
 
-def _common(body: _Body, max_tokens_limit: int, logprobs: int | None) -> GenParams:
+def _common(body: _Body, max_tokens_limit: int, logprobs: int | None, defaults: SamplingDefaults) -> GenParams:
     n = body.int("n", 1)
     if n != 1:
         raise APIError(
@@ -203,12 +210,11 @@ def _common(body: _Body, max_tokens_limit: int, logprobs: int | None) -> GenPara
     include_usage = False
     if options is not None:
         include_usage = _Body(options).bool("include_usage", False)
-    return GenParams(
-        max_tokens, _sampling(body), _stop(body), logprobs, stream, include_usage, logit_bias=_logit_bias(body)
-    )
+    sampling = _sampling(body, defaults)
+    return GenParams(max_tokens, sampling, _stop(body), logprobs, stream, include_usage, logit_bias=_logit_bias(body))
 
 
-def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
+def parse_chat(data: Any, max_tokens_limit: int, defaults: SamplingDefaults = OPENAI_SAMPLING) -> ChatRequest:
     body = _Body(data)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -227,7 +233,7 @@ def parse_chat(data: Any, max_tokens_limit: int) -> ChatRequest:
         logprobs = body.int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     elif body.get("top_logprobs") is not None:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    params = replace(_common(body, max_tokens_limit, logprobs), grammar=grammar)
+    params = replace(_common(body, max_tokens_limit, logprobs, defaults), grammar=grammar)
     tool_choice = body.get("tool_choice")
     if tool_choice is not None and not tools:
         raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
@@ -254,7 +260,9 @@ def _response_format(value: Any) -> Any:
         raise bad_request(str(e), param="response_format") from None
 
 
-def parse_completion(data: Any, max_tokens_limit: int) -> CompletionRequest:
+def parse_completion(
+    data: Any, max_tokens_limit: int, defaults: SamplingDefaults = OPENAI_SAMPLING
+) -> CompletionRequest:
     body = _Body(data)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -269,7 +277,7 @@ def parse_completion(data: Any, max_tokens_limit: int) -> CompletionRequest:
     body.neutral("echo", lambda v: v is False, "the prompt is not echoed")
     body.neutral("suffix", lambda v: v == "", "no insertion")
     logprobs = body.int("logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
-    return CompletionRequest(body.str("model"), prompt, _common(body, max_tokens_limit, logprobs))
+    return CompletionRequest(body.str("model"), prompt, _common(body, max_tokens_limit, logprobs, defaults))
 
 
 # -- responses -------------------------------------------------------------------------------------
