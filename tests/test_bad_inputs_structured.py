@@ -68,6 +68,9 @@ def test_edge_run_refuses_in_one_line(tied_bundle, tmp_path):
         r = CliRunner().invoke(run_cli, [*common, *args, "--json"])
         one_line_error(r, "cannot be followed")
         assert r.stdout == ""  # no JSON result: nothing was generated
+        plain = CliRunner().invoke(run_cli, [*common, *args])
+        one_line_error(plain, "cannot be followed")
+        assert plain.stdout == ""  # refused before the raw prompt is echoed
 
 
 def test_edge_serve_answers_400(edge_server):

@@ -192,6 +192,10 @@ def main(
     from edge_runtime.speculative import from_options
 
     spec = from_options(engine, speculative, draft, draft_tokens, threads)  # bad ones: one line, before any output
+    if constraint is not None:  # one the model's tokens cannot follow: refused before the prompt is echoed
+        from edge_runtime.constrain import Constraint
+
+        Constraint.for_engine(engine, constraint)
     if sampler is not None:
         sampler.mark(None)
     if chat and spec is not None:
