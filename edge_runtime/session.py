@@ -1,4 +1,4 @@
-"""Session: one conversation living in an engine's StreamingLLM ring across calls (issue 18).
+"""Session: one conversation living in an engine's StreamingLLM ring across calls.
 
     session = Session(engine)
     for step in session.send(turn_ids, max_tokens=64): ...   # feeds only turn_ids; the reply stays

@@ -1,4 +1,4 @@
-"""Speculative decoding (issue 21): propose k tokens cheaply, verify them in one target call.
+"""Speculative decoding: propose k tokens cheaply, verify them in one target call.
 
     spec = SpeculativeDecoder(PromptLookup())                  # or "lookup"; DraftModel(load(draft_dir))
     generate(engine_or_session, tok, prompt, config, speculative=spec); spec.stats.acceptance

@@ -1,7 +1,7 @@
 """Decoder blocks of the `ort` flavor, written as the few large nodes ONNX Runtime's CPU kernels fuse.
 
 Same math as blocks.py (the `trt` flavor keeps those portable ops); per-node cost, not memory, held
-decode back on small models (issue 7), so a layer is 10 nodes while the ring is a linear cache:
+decode back on small models, so a layer is 10 nodes while the ring is a linear cache:
 
   - residual add + RMSNorm as one com.microsoft::SkipSimplifiedLayerNormalization,
   - q/k/v and gate/up each as one matmul over stacked weights (one MatMulNBits: on the 135M shape the

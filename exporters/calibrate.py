@@ -191,7 +191,7 @@ class LinearInputs:
 class LayerInputStream:
     """Each layer's LayerInputs in order, computed when asked for: the reference runs with the layers
     outermost (every calibration sequence through layer i, then all through i + 1), so it holds one
-    layer's weights and statistics and the sequences' residual streams, not the model (issue 23). A
+    layer's weights and statistics and the sequences' residual streams, not the model. A
     consumer that quantizes layer i before asking for i + 1 (quant_model.quantize_model) holds only that.
     The statistics equal a sequence-by-sequence forward's bit for bit (each sum runs over the sequences
     in the same order). `seconds`: the time spent computing them so far."""

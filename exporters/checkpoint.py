@@ -81,7 +81,7 @@ def _bind_lazily(
 ) -> ModelWeights:
     """The weight map bound on the file's stored bytes (names and shapes checked, nothing widened), then every
     tensor checked finite one at a time (the load still refuses a NaN, naming it), the tables kept as float32
-    or in the file (`stored_tables`), and the layers widened on demand (issue 23: a 1B model's float32
+    or in the file (`stored_tables`), and the layers widened on demand (a 1B model's float32
     layers are 4.9 GB, an 8B model's tables 4.2 GB), each through the architecture's `folds`."""
     raw = arch.weights.bind(args, tensors.keys(), tensors.raw)
     names: list[dict[str, str]] = []

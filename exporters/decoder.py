@@ -116,7 +116,7 @@ def build_decoder(
     """`quantized`: integer forms of `weights` (which must be `quantized.weights`), else float weights.
     `kv_dtype`: the KV cache's element type (ExportError where the graph's attention cannot take it).
     `sink`: where each initializer's bytes go as it is made (external_data.ExternalDataWriter): the model
-    then holds external-data references, not the weights (issue 23)."""
+    then holds external-data references, not the weights."""
     problem = kv_dtype_problem(args, flavor, None if quantized is None else quantized.config, kv_dtype)
     if problem:
         raise ExportError(problem)

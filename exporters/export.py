@@ -106,7 +106,7 @@ Progress = Callable[[str], None]
 
 
 class _Stages:
-    """Seconds per export stage, for the manifest and the closing progress line (issue 23: where the time goes)."""
+    """Seconds per export stage, for the manifest and the closing progress line (where the time goes)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -348,7 +348,7 @@ def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: Pr
             )
             save_with_external_data(twin.model, graph, DATA_FILE, writer=writer)
         del twin  # a GB of the builder's garbage (a float layer, packing temporaries) sits in cycles until
-        LazyLayers.release_all()  # collected, and the session's 1.1 GB would come on top of it (issue 23)
+        LazyLayers.release_all()  # collected, and the session's 1.1 GB would come on top of it
         gc.collect()
         return _session(str(graph), built)  # the session keeps its own map of the (then unlinked) data file
 

@@ -46,7 +46,7 @@ def alignment(nbytes: int) -> int:
 
 class ExternalDataWriter:
     """The data file, written as tensors come: each tensor of at least `size_threshold` bytes goes to its aligned
-    offset and leaves only its external-data reference in the TensorProto (issue 23: a graph builder hands
+    offset and leaves only its external-data reference in the TensorProto (a graph builder hands
     each initializer here as it makes it, so the graph never holds the model's bytes). Tensors placed in the
     order save_with_external_data walks them land at the offsets it would give them: the same file."""
 

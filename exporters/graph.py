@@ -35,7 +35,7 @@ class TensorSink(Protocol):
 
 
 class _Streamed(list):
-    """Initializers handed to a sink on append: their bytes written out, references kept (issue 23)."""
+    """Initializers handed to a sink on append: their bytes written out, references kept."""
 
     def __init__(self, sink: TensorSink):
         super().__init__()

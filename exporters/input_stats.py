@@ -6,7 +6,7 @@ Two forms of the same statistics:
   --mixed sensitivity's energies; exact, and what every input up to SAMPLE_ROWS wide keeps;
 - a row sample (float32, SAMPLE_ROWS x K): every stride-th row after each sequence's first, with the
   first rows kept exactly. Where a consumer needs only ||X D^T||^2 for candidate weight errors D (AWQ's
-  scale search, the manifest's output errors), inputs wider than the sample take it instead (issue 23):
+  scale search, the manifest's output errors), inputs wider than the sample take it instead:
   the Llama-3.1-8B shape's down_proj input is 14,336 wide, so its Gram matrix is 1.6 GB and each AWQ
   candidate's loss costs 4096 x 14336^2 x 2 = 1.7 TFLOP; the sample is 117 MB and 0.24 TFLOP. Below that
   width the Gram matrix is both smaller and cheaper, so small models' statistics are unchanged.

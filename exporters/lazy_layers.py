@@ -1,5 +1,5 @@
 """Decoder layers made on demand: a checkpoint's weights read from its file one layer at a
-time (issue 23), instead of every layer widened to float32 at once.
+time, instead of every layer widened to float32 at once.
 
     layers = LazyLayers(n, make)        # make(i) -> LayerWeights
     for lw in layers: ...               # layer i is built when reached; only the latest one is kept

@@ -1,5 +1,5 @@
 """What an export will hold in memory at its peak, estimated from the checkpoint's shapes before any work
-(issue 23; `edge-export --max-memory`). docs/architecture.md §6.1 explains the parts.
+(`edge-export --max-memory`). docs/architecture.md §6.1 explains the parts.
 
 The export streams: layers are read and widened one at a time (LazyLayers), INT4 codes are held two to a
 byte, initializers go to the data file as the graph builder makes them, and validation reads each layer

@@ -1,4 +1,4 @@
-"""Sequential reconstruction of a pruned model (issue 27 item 4; docs/architecture.md §6).
+"""Sequential reconstruction of a pruned model (docs/architecture.md §6).
 
 One-shot reconstruction (prune.reconstruct) refits every layer's o_proj / down_proj on the *unpruned*
 model's activations, so from the second layer on each refit is fitted to inputs its layer never sees:

@@ -193,7 +193,7 @@ class QuantConfig:
 class QuantizedMatrix:
     """Integer form of a Linear weight `[out, in]`: `w ~= codes * scales` block-wise along `in`.
 
-    INT4 codes are held two to a byte while the export carries them (issue 23: an 8B model's are 3.5 GB
+    INT4 codes are held two to a byte while the export carries them (an 8B model's are 3.5 GB
     packed, 7 GB as int8) and unpacked when read; codes outside [-8, 7] (a sign-flipped GGUF block) stay int8.
     `spill` moves codes, scales and zero points to a Scratch file, read back on each use."""
 
@@ -270,7 +270,7 @@ class QuantizedMatrix:
 
 class QuantizedTable(RowTable):
     """What ModelWeights holds for a quantized matrix (a Linear, the embedding table, the LM head): a
-    RowTable (tables.py) carrying its integer form in `.qm` (issue 23: an 8B layer's Linears are 0.9 GB
+    RowTable (tables.py) carrying its integer form in `.qm` (an 8B layer's Linears are 0.9 GB
     and a 128k-vocabulary table 1-2 GB as float32). The graph builder reads `.qm` (QuantizedModel.lookup);
     the reference reads rows and logit blocks dequantized from it."""
 
@@ -356,7 +356,7 @@ def round_codes(w: np.ndarray, scales: np.ndarray, bits: int, zeros: np.ndarray 
 
 
 # Rows rounded at a time by quantize_rtn: rows are independent, and a whole embedding table at once (263M
-# values on a 1B model) would make float64 temporaries of several GB (issue 23).
+# values on a 1B model) would make float64 temporaries of several GB.
 RTN_CHUNK_ELEMENTS = 1 << 22
 
 

@@ -28,7 +28,7 @@ from .quant import quantize_rtn
 # The search's loss is measured on at most this many output rows of each Linear (every k-th): an unbiased
 # estimate, since each row's error is independent of the others' (blocks run along the input). Only wider
 # models' Linears are thinned (SmolLM2-135M's widest has 1536 rows): the Llama-3.1-8B shape's gate_proj
-# has 14,336, and its 20 candidates would cost 20 x 14336 x 4096 x 2048 x 2 = 4.8 TFLOP (issue 23).
+# has 14,336, and its 20 candidates would cost 20 x 14336 x 4096 x 2048 x 2 = 4.8 TFLOP.
 LOSS_ROWS = 2048
 FOLD_BLOCK_ELEMENTS = 1 << 22
 ALPHAS = tuple(np.round(np.arange(20) * 0.05, 2))  # 0, 0.05, ..., 0.95 as in the AWQ paper
@@ -78,7 +78,7 @@ def search_scales(
 
 def folded(w: np.ndarray, col: np.ndarray, row: np.ndarray | None = None) -> np.ndarray:
     """float32 w * col (per input channel) / row (per output channel), each product in float64 as a whole
-    array would have it, a block of rows at a time: an 8B gate_proj is 0.47 GB in float64 (issue 23)."""
+    array would have it, a block of rows at a time: an 8B gate_proj is 0.47 GB in float64."""
     out = np.empty(w.shape, np.float32)
     step = max(1, FOLD_BLOCK_ELEMENTS // max(w.shape[1], 1))
     for r in range(0, w.shape[0], step):

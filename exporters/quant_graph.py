@@ -88,7 +88,7 @@ def pack_nbits(qm: QuantizedMatrix, name: str) -> tuple[np.ndarray, np.ndarray, 
     n, k = qm.shape
     blk = nbits_block(qm, name)
     b = np.empty((n, k * qm.bits // 8), np.uint8)
-    # A part of the rows at a time: widening a 128k-vocabulary table's codes whole took 1.2 GB (issue 23).
+    # A part of the rows at a time: widening a 128k-vocabulary table's codes whole took 1.2 GB.
     step = max(1, PACK_PART_ELEMENTS // k)
     for r in range(0, n, step):
         rows = slice(r, min(r + step, n))
@@ -185,7 +185,7 @@ class NBitsWeights:
         if self.accuracy_level != 0 or self.kernel is MatMulKernel.EDGE or n <= FP32_TABLE_PART_ROWS:
             return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk, qm)
         # MatMulNBits computing in fp32 dequantizes its whole B on every call, which for a 1B model's LM head
-        # is a 1 GB float32 temporary (the accuracy_level 0 twin's peak, issue 23): run the head in parts of
+        # is a 1 GB float32 temporary (the accuracy_level 0 twin's peak): run the head in parts of
         # rows, each its own node over its own copy of those rows' codes, and concatenate the logits.
         b = pack_nbits(qm, prefix)[0]
         parts = []

@@ -8,7 +8,7 @@ unless kept in float), with the per-tensor error record the manifest carries.
 `qm.weights` holds a QuantizedTable (quant.py) in place of each quantized matrix: the float matrix's
 shape over no bytes, its integer form in `.qm`, its dequantized rows read on demand. The graph's weight
 format finds the integer form from it (`lookup`), so blocks.py hands it the same fields it would hand
-FloatWeights, and the reference dequantizes a layer as it runs it (issue 23: an 8B layer's Linears are
+FloatWeights, and the reference dequantizes a layer as it runs it (an 8B layer's Linears are
 0.9 GB as float32, and the graph builder needs none of those values).
 """
 
@@ -112,7 +112,7 @@ def quantize_model(
     once (its time is left out of `quantize_seconds`). `imported`: tensors whose
     integer form is given (a GGUF's codes, gguf_quant.py), used as they are where they dequantize to
     exactly the checkpoint's weights. `scratch`: where each layer's codes go once it is quantized (read
-    back as they are used), so the codes of the whole model are never held (issue 23)."""
+    back as they are used), so the codes of the whole model are never held."""
     t0 = time.perf_counter()
     method, bits, block = config.method, config.method.linear_bits, config.block
     damp = gptq_damp(config)
@@ -197,7 +197,7 @@ def quantize_model(
     group_of = {f: g for g, parts in GROUPS.items() for f in parts}
 
     # Each layer's inputs are asked for as the layer is reached: from a LayerInputStream they are computed
-    # then (issue 23), and dropped once the layer is quantized.
+    # then, and dropped once the layer is quantized.
     # AWQ's scaled layers: whole where the sensitivity plan re-reads their floats, else only their small
     # vectors (`small`).
     scaled: list[LayerWeights] = []
@@ -269,7 +269,7 @@ def quantize_model(
         progress(f"  --mixed {config.mixed.value}: INT8 per channel for {', '.join(extra['mixed']['int8_groups'])}")
 
     def layer(i: int) -> LayerWeights:
-        """Layer i's norms and biases with its Linears' integer forms (issue 23: a 1B model's Linears are
+        """Layer i's norms and biases with its Linears' integer forms (a 1B model's Linears are
         4.9 GB as float32): a reader that needs their values dequantizes them (reference.py)."""
         return copy_layer(small[i], **{f: QuantizedTable(forms[(i, f)]) for f in LINEARS})
 

@@ -155,7 +155,7 @@ class ReferenceModel:
             return LayerWeights(**{f.name: conv(widen(getattr(lw, f.name))) for f in fields(LayerWeights)})
 
         source = weights.layers
-        if lazy and isinstance(source, LazyLayers):  # built (and converted) a layer at a time, each forward (issue 23)
+        if lazy and isinstance(source, LazyLayers):  # built (and converted) a layer at a time, each forward
             self.layers: Sequence[LayerWeights] = LazyLayers(len(source), lambda i: layer(source[i]))
         else:
             self.layers = [layer(lw) for lw in source]
@@ -329,7 +329,7 @@ class StreamingReference:
         """Logits [T, V] for a whole stream known in advance, from a fresh cache: what step() gives token by
         token, computed layer by layer (each token still attends exactly what step() keeps for it). A layer's
         weights are then read once per stream instead of once per token, which is what makes validating a
-        model whose layers are built on demand (LazyLayers, issue 23) affordable."""
+        model whose layers are built on demand (LazyLayers) affordable."""
         m = self.model
         retained = self.plan(len(tokens))
         x = m.embed_rows(np.asarray(tokens, np.int64))

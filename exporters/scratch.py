@@ -1,5 +1,5 @@
 """Arrays an export has finished making but will read again, kept in an unlinked scratch file instead of
-the process's memory (issue 23)."""
+the process's memory."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from edge_runtime.errors import ExportError
 
 class Scratch:
     """An unlinked file beside the export's output for arrays it has finished making but will read again
-    (issue 23: an 8B model's INT4 codes and scales are 5 GB). Each is written once and read back whole
+    (an 8B model's INT4 codes and scales are 5 GB). Each is written once and read back whole
     when used (or a block of rows: `load_rows`); the page cache, not the process, holds them in between,
     and the file goes with its last reader (or the process) without a name left on disk."""
 

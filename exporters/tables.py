@@ -1,4 +1,4 @@
-"""Matrices held without their float values (issue 23): an embedding table or LM head read from the
+"""Matrices held without their float values: an embedding table or LM head read from the
 checkpoint (a 128k-vocabulary table of an 8B model is 2.1 GB as float32, and a quantized export only
 ever reads one a block of rows at a time), and a quantized model's matrices (quant.QuantizedTable: the
 graph builder needs their integer form, only the reference their values).

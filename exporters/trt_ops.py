@@ -3,7 +3,7 @@
 Source: onnx/onnx-tensorrt `docs/operators.md`. The 10.3 revision was not available offline, so this
 list is the intersection of the 8.4 and 10.15 support tables (an op supported in both was supported
 in between), minus the ops only newer parsers import (10.14+: Attention, RotaryEmbedding,
-RMSNormalization, TensorScatter). DequantizeLinear is listed for the quantized weights of issue 5
+RMSNormalization, TensorScatter). DequantizeLinear is listed for the quantized weights
 (INT8, and INT4 since 10.0; zero-point must be 0). Not verified against a TensorRT install here.
 """
 

@@ -1,6 +1,6 @@
 """Validate a built graph on ONNX Runtime CPU against the float64 StreamingLLM reference.
 
-The grid (docs/architecture.md §5, issue 3): prefills of 1, 7 and 64 tokens each followed by decode steps,
+The grid (docs/architecture.md §5): prefills of 1, 7 and 64 tokens each followed by decode steps,
 with a cache large enough to stay under capacity (= dense attention); and a small ring (S=4, W=16)
 driven through a 64-token chunked prefill and decode past several wraps. Every logits row of every
 call is compared; the figure is max |graph - reference| / max |reference| per case.

@@ -1,4 +1,4 @@
-"""What a decoder layer is, said once; each forward lowers it (issue 26, item 1).
+"""What a decoder layer is, said once; each forward lowers it.
 
 Every supported architecture's layer is two residual sublayers, attention then the gated MLP, each
 

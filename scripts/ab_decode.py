@@ -1,4 +1,4 @@
-"""Decode step time of bundles and onnxruntime-genai folders, side by side in one process (issue 7).
+"""Decode step time of bundles and onnxruntime-genai folders, side by side in one process.
 
     python scripts/ab_decode.py BUNDLE [BUNDLE ...] [--genai FOLDER] [--window N] [--rounds 8]
 

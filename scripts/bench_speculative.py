@@ -1,4 +1,4 @@
-"""Speculative decoding against plain decoding, side by side in one run (issue 21).
+"""Speculative decoding against plain decoding, side by side in one run.
 
     python scripts/bench_speculative.py BUNDLE [--draft DRAFT_BUNDLE] [--rounds 15] [--max-tokens 160]
                                         [--threads 2] [--json out.json]

@@ -1,4 +1,4 @@
-"""Side-by-side speed against llama.cpp (llama-bench) on random-weight checkpoints of real shapes (issue 7).
+"""Side-by-side speed against llama.cpp (llama-bench) on random-weight checkpoints of real shapes.
 
     python scripts/bench_vs_llamacpp.py --llama-cpp DIR [--shape smollm2-135m | --checkpoint NAME=CKPT_DIR]
                                         [--precision int4 ...] [--rounds 3] [--pure] [--work /tmp/edge-vs-llamacpp]
@@ -19,7 +19,7 @@ For each shape and precision (fp32 / F32, int8 / Q8_0, int4 block 32 / Q4_0) it
      `llama-bench -p 0 -n M -d N` (generation at depth N: decode after the prompt, as ours is measured),
      each `-t T -o json`; `--kv-dtype fp16|q8` builds our bundle with that cache and gives llama-bench
      `-ctk/-ctv f16|q8_0` (our default fp32 cache runs against its default f16); `--prompt-tokens 2000`
-     is issue 28's long-context row (repeat the option for rows at several depths),
+     is the long-context row (repeat the option for rows at several depths),
   4. reports medians, ratios ours / llama.cpp (of the medians, and the median of per-round ratios, which
      cancels slow drift of a shared machine), peak RSS of each process, weight bytes read per token
      (ours: as in bench_vs_ortgenai.py; GGUF: every tensor, except `token_embd` when a separate `output`
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-reps", type=int, default=3, help="llama-bench -r [3]")
     ap.add_argument("--prompt-tokens", type=int, action="append",
                     help="prompt length, so the context depth decode is measured at (llama-bench -d); repeat for "
-                    "rows at several depths (2000: issue 28's long-context row) [128]")  # fmt: skip
+                    "rows at several depths (2000: the long-context row) [128]")  # fmt: skip
     ap.add_argument("--kv-dtype", action="append", choices=tuple(KV_TYPES),
                     help="our KV cache (edge-export --kv-dtype) against llama.cpp's -ctk/-ctv: fp32 against its "
                     "default f16, fp16 against f16, q8 against q8_0; repeat for one row each [fp32]")  # fmt: skip

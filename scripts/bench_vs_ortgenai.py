@@ -1,4 +1,4 @@
-"""Side-by-side speed against onnxruntime-genai on random-weight checkpoints of real shapes (issue 7).
+"""Side-by-side speed against onnxruntime-genai on random-weight checkpoints of real shapes.
 
     python scripts/bench_vs_ortgenai.py [--shape smollm2-135m] [--skip-1b] [--precision fp32 ...]
                                         [--our-kernel edge|mlas] [--rounds 3] [--work /tmp/edge-vs-genai]
@@ -25,7 +25,7 @@ For each shape (default: smollm2-135m and llama-3.2-1b; `--skip-1b` drops the 1B
      and per round), which cancels most of this shared machine's drift between rounds.
 
 `--prompt-tokens` may be repeated: each value is a row at that context depth (decode runs after the
-whole prompt; 2000 is issue 28's long-context row). `--kv-dtype fp16|q8` (repeatable) builds our bundles
+whole prompt; 2000 is the long-context row). `--kv-dtype fp16|q8` (repeatable) builds our bundles
 with that KV cache (`edge-export --kv-dtype`, edge kernels and int8/int4 only); onnxruntime-genai keeps its
 own (fp32 on CPU). The KV cache column is ours measured (the pool's K/V arrays) and theirs computed from
 its graph's past_key_values dtype and max_length.
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=2, help="timed generations per process [2]")
     ap.add_argument("--prompt-tokens", type=int, action="append",
                     help="prompt length, so the context depth decode is measured at; repeat for rows at several "
-                    "depths (2000: issue 28's long-context row) [128]")  # fmt: skip
+                    "depths (2000: the long-context row) [128]")  # fmt: skip
     ap.add_argument("--kv-dtype", action="append", choices=KV_DTYPES,
                     help="our KV cache (edge-export --kv-dtype; fp16/q8 need --our-kernel edge and int8/int4); "
                     "repeat for one row each [fp32]")  # fmt: skip

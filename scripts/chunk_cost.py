@@ -1,4 +1,4 @@
-"""What a speculative verification of n rows costs, in plain decode steps (issue 21).
+"""What a speculative verification of n rows costs, in plain decode steps.
 
     python scripts/chunk_cost.py BUNDLE_DIR [--rows 1 2 3 4 5 8] [--rounds 15] [--context 300] [--threads 2]
 

@@ -1,4 +1,4 @@
-"""Export memory, time and size at real model shapes, ours beside llama.cpp's converter + quantizer (issue 23).
+"""Export memory, time and size at real model shapes, ours beside llama.cpp's converter + quantizer.
 
     python scripts/make_shape_checkpoints.py --out /tmp/edge-shapes --shape smollm2-135m --shape llama-3.2-1b
     python scripts/export_scale.py --shapes /tmp/edge-shapes --shape smollm2-135m --shape llama-3.2-1b \\

@@ -1,4 +1,4 @@
-"""Can GroupQueryAttention serve the ring until it first wraps? A feasibility probe (issue 7, next step).
+"""Can GroupQueryAttention serve the ring until it first wraps? A feasibility probe.
 
     python scripts/gqa_if_probe.py [--heads 9] [--kv-heads 3] [--head-dim 64] [--capacity 256]
 

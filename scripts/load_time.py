@@ -1,4 +1,4 @@
-"""Where a bundle's load time goes, and what two ways of cutting it would save (issue 7).
+"""Where a bundle's load time goes, and what two ways of cutting it would save.
 
     python scripts/load_time.py BUNDLE_DIR [--rounds 5] [--threads 2]
 

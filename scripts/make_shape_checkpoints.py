@@ -1,4 +1,4 @@
-"""Random-weight Hugging Face checkpoints of real model shapes, for speed benchmarks (issue 7).
+"""Random-weight Hugging Face checkpoints of real model shapes, for speed benchmarks.
 
     python scripts/make_shape_checkpoints.py [--out /tmp/edge-shapes] [--shape smollm2-135m ...] [--dtype bf16]
 

@@ -1,5 +1,5 @@
 """The quantized-matmul floor of a decode step: every MatMulNBits (and edge-runtime MatMulQ4/Q8) node of
-each graph, fed one right-sized token, nothing else; timed side by side in one process (issue 7, "show
+each graph, fed one right-sized token, nothing else; timed side by side in one process ("show
 the arithmetic").
 
     python scripts/matmul_floor.py OURS/model.onnx THEIRS/model.onnx [--rounds 15] [--runs 20]

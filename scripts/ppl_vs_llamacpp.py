@@ -1,5 +1,5 @@
 """Held-out perplexity of our bundles and of llama.cpp's GGUF quantizations of the same checkpoint, by one
-protocol: llama-perplexity's (issue 27, item 1).
+protocol: llama-perplexity's.
 
     python scripts/ppl_vs_llamacpp.py --llama-cpp-bin LLAMA/build/bin --text models/eval/python_docstrings.txt \\
         --bundle fp32=/tmp/qt/b00 --bundle "int4 RTN b32=/tmp/qt/b02" \\

@@ -4,7 +4,7 @@
                                     [--preset all|real] [--only NAME ...] [--threads 2] [--decode 128]
                                     [--rounds 5] [--bundles DIR] [--transformers] [--no-validate] [--json OUT]
 
-Default: the demo model on its own heldout.txt. The real model (issue 17):
+Default: the demo model on its own heldout.txt. The real model:
     python scripts/quality_table.py --checkpoint "$(python -m tests.real_model)" --preset real \\
         --text models/eval/python_docstrings.txt --tokens 4088 --transformers --bundles /tmp/qt-smollm2
 
@@ -19,7 +19,7 @@ Each configuration is exported (ort flavor, validated against the float64 refere
   * decode tokens/s: every bundle loaded side by side in this one process and timed round-robin
     (teacher-forced held-out tokens after a 16-token prefill), median over rounds, relative to fp32, so a
     busy shared machine slows all rows alike.
-A bundle whose validation error exceeds the exporter's tolerance (pruning on the real model, issue 27)
+A bundle whose validation error exceeds the exporter's tolerance (pruning on the real model)
 is still measured here and flagged in the table; edge-export itself would refuse to write it.
 --no-validate skips that float64 validation (most of an export's minutes on the real model); the table
 then says "not run". Perplexities are cached beside the bundles in --bundles.
@@ -71,7 +71,7 @@ CONFIGS: list[tuple[str, dict]] = [
     ("int4 RTN, block 64", {"quant": QuantConfig(Q.INT4, 64)}),
     ("int8, block 32", {"quant": QuantConfig(Q.INT8, int8_block=32)}),
 ]
-PRESETS = {  # issue 17, item 3: the rows measured on the real model
+PRESETS = {  # the rows measured on the real model
     "real": [
         "fp32",
         "int8 (per channel)",

@@ -1,4 +1,4 @@
-"""A bounded load test of edge-serve on loopback (issue 19's acceptance figure; not run by CI).
+"""A bounded load test of edge-serve on loopback (not run by CI).
 
     python scripts/serve_load.py --bundle BUNDLE [--clients 16 --requests 10 --max-tokens 32 --slots 4 --queue 8]
     python scripts/serve_load.py --base http://127.0.0.1:8080/v1     # a server already running

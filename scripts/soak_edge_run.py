@@ -1,4 +1,4 @@
-"""Soak: 1,000,000 tokens through `edge-run` (streaming, small window) in constant memory (issue 22, item 5).
+"""Soak: 1,000,000 tokens through `edge-run` (streaming, small window) in constant memory.
 
     python scripts/soak_edge_run.py [--tokens 1000000] [--window 64] [--bundle DIR] [--limit-mb 2]
 

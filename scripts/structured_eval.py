@@ -1,4 +1,4 @@
-"""Structured output on a real instruct model (issue 20's acceptance): 50 robot-command prompts, free vs constrained.
+"""Structured output on a real instruct model: 50 robot-command prompts, free vs constrained.
 
     .venv/bin/python scripts/structured_eval.py /tmp/real-int4 [--n 50] [--json out.json]
 

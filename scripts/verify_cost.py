@@ -1,4 +1,4 @@
-"""What a bundle load's verification costs, per scheme (issue 22, item 2; edge_runtime/verified.py).
+"""What a bundle load's verification costs, per scheme (edge_runtime/verified.py).
 
     python scripts/verify_cost.py BUNDLE_DIR [--rounds 7]
 

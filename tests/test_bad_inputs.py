@@ -1,4 +1,4 @@
-"""Bad inputs and faults at export (issue 22): each is refused with one line, nothing is lost or left half-written.
+"""Bad inputs and faults at export: each is refused with one line, nothing is lost or left half-written.
 
 --overwrite replaces only a bundle; exports publish with one rename that cannot clobber; signals and
 dead exporters leave no partial directories; OS errors are one line.

@@ -1,4 +1,4 @@
-"""Crafted and corrupted checkpoints (issue 22, items 10 and 11): each is refused with one line naming
+"""Crafted and corrupted checkpoints: each is refused with one line naming
 the problem, before anything is written, and no file's bytes are echoed."""
 
 from __future__ import annotations

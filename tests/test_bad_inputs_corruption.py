@@ -1,4 +1,4 @@
-"""A bundle corrupted after its first load, and garbage model output (issue 22, item 2); bad sampling
+"""A bundle corrupted after its first load, and garbage model output; bad sampling
 settings and a closed stdout (item 10). Each ends in one line on stderr and a non-zero exit code.
 
 Bit rot leaves a file's stat data unchanged, which a user-space test cannot arrange for a real write

@@ -1,4 +1,4 @@
-"""OS errors are one line and lose nothing (issue 22, item 7): a full disk, a read-only file system,
+"""OS errors are one line and lose nothing: a full disk, a read-only file system,
 an unwritable report path. Real faults on a tiny tmpfs where the tests run as root; one simulated
 ENOSPC everywhere else."""
 

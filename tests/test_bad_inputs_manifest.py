@@ -1,4 +1,4 @@
-"""A bundle's manifest is checked and confined (issue 22, item 3): a flipped bit in it is caught, it
+"""A bundle's manifest is checked and confined: a flipped bit in it is caught, it
 must list checksums, and nothing it names may lie outside the bundle directory or be unbounded."""
 
 from __future__ import annotations

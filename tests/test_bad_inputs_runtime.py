@@ -1,4 +1,4 @@
-"""Bad inputs and faults at run time (issue 22): Ctrl-C, threads, telemetry, unwritable outputs.
+"""Bad inputs and faults at run time: Ctrl-C, threads, telemetry, unwritable outputs.
 
 Signals go to real processes: what counts is the exit status and what is on disk afterwards.
 """

@@ -1,5 +1,5 @@
 """calibrate.LayerInputStream: each layer's calibration statistics computed when that layer is reached
-(issue 23), equal bit for bit to tapping a whole-model forward one sequence at a time."""
+, equal bit for bit to tapping a whole-model forward one sequence at a time."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A long stream runs in constant Python memory: nothing grows per token in stream_generate (ITL
-histogram, bounded detokenizer, bounded penalty history) (issue 22, item 5). That a sampling step
+histogram, bounded detokenizer, bounded penalty history). That a sampling step
 allocates nothing vocabulary-sized is checked at a real vocabulary size in test_sampling_buffers.py.
 
 tracemalloc sees numpy's and Python's allocations (ONNX Runtime's own arenas are static: the soak

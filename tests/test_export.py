@@ -54,7 +54,7 @@ def test_bundle_contents_and_manifest(bundle):
 
 
 def test_the_manifest_records_seconds_per_stage_and_peak_rss(bundle):
-    """Where an export's time and memory go (issue 23, item 3): each stage's seconds, summing to at most
+    """Where an export's time and memory go: each stage's seconds, summing to at most
     the whole, and the process's peak RSS, at least the bytes the graph holds."""
     _, m = bundle
     st = m.provenance["stage_seconds"]

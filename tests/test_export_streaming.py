@@ -1,4 +1,4 @@
-"""Issue 23: the export streams each initializer into the data file as the graph builder makes it, reads
+"""The export streams each initializer into the data file as the graph builder makes it, reads
 checkpoint layers one at a time and validates layer by layer. The bundle must be the one the in-memory
 path (build the whole graph, then save it) writes, byte for byte, and `--max-memory` refuses up front."""
 
@@ -78,7 +78,7 @@ def test_a_bf16_checkpoints_layers_are_read_on_demand_and_equal_the_eager_load(t
 
 
 def test_stored_tables_read_the_rows_the_float_tables_hold_and_quantize_alike(tmp_path, monkeypatch):
-    """Issue 23: a quantized export reads the embedding table and LM head from the checkpoint a block of rows
+    """A quantized export reads the embedding table and LM head from the checkpoint a block of rows
     at a time (an 8B model's float32 tables are 4.2 GB). Rows, codes and the reference's logits are the
     float tables' exactly, with blocks small enough that every pass takes many."""
     from edge_runtime.exporters import quant, tables
@@ -116,7 +116,7 @@ def test_stored_tables_read_the_rows_the_float_tables_hold_and_quantize_alike(tm
 
 
 def test_the_graph_builder_never_dequantizes_a_quantized_weight(monkeypatch):
-    """Issue 23: a quantized model's Linears and tables are QuantizedTable placeholders (their shape over one
+    """A quantized model's Linears and tables are QuantizedTable placeholders (their shape over one
     NaN, the integer form in .qm): the builder packs codes and never widens a layer to float32, which at
     8B was 0.9 GB a layer, several alive at once. The reference still sees the dequantized values."""
     from edge_runtime.exporters.quant import QuantizedTable
@@ -152,7 +152,7 @@ def test_int4_codes_are_held_two_to_a_byte_and_read_back_exactly():
 
 @pytest.mark.parametrize("positional_io", [True, False], ids=["pread-pwrite", "seek"])
 def test_spilled_codes_scales_and_zero_points_read_back_exactly_and_leave_memory(tmp_path, monkeypatch, positional_io):
-    """Issue 23: quantized Linears wait in an unlinked scratch file between uses (export() spills them;
+    """Quantized Linears wait in an unlinked scratch file between uses (export() spills them;
     the byte-for-byte test above compares its bundle with one built from codes held in memory). Where
     the OS has no pwrite/preadv (Windows), seek + write/readinto does the same."""
     if not positional_io:

@@ -98,7 +98,7 @@ def _rss_bytes() -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_placed_tensors_leave_their_bytes_behind(tmp_path):
-    """Issue 23: clearing a TensorProto's raw_data frees nothing (protobuf keeps the bytes in the message's
+    """Clearing a TensorProto's raw_data frees nothing (protobuf keeps the bytes in the message's
     arena), so a graph builder holding what it placed held every weight it wrote. The references `place`
     returns must hold none of them."""
     return_freed_memory()

@@ -1,4 +1,4 @@
-"""input_stats.RowSample: wide inputs' statistics as a row sample instead of X^T X (issue 23), where the
+"""input_stats.RowSample: wide inputs' statistics as a row sample instead of X^T X, where the
 consumer only measures output errors (AWQ's scale search, the manifest's record)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gemma 3's local layers keep their own ring (issue 26, docs/architecture.md §5.2): a local layer's cache
+"""Gemma 3's local layers keep their own ring (docs/architecture.md §5.2): a local layer's cache
 holds its window plus slack rows, the global layers keep sinks + window; the two rings advance, chunk,
 roll back and snapshot together, and every step still matches StreamingLLM's reference."""
 

@@ -146,7 +146,7 @@ def test_without_calib_the_general_calibration_text_is_used(ckpt, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Reconstruction and the perplexity budget (issue 27 item 4)
+# Reconstruction and the perplexity budget
 # ------------------------------------------------------------------------------------------------
 
 

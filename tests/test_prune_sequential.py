@@ -1,4 +1,4 @@
-"""Sequential reconstruction of a pruned model (exporters/prune_sequential.py; issue 27 item 4)."""
+"""Sequential reconstruction of a pruned model (exporters/prune_sequential.py)."""
 
 from __future__ import annotations
 

@@ -458,7 +458,7 @@ def test_cli_int4_awq_export_records_errors_and_perplexity(ckpts, tmp_path):
     r = CliRunner().invoke(export_cli, [str(ck.path), "-o", str(out), "--quant", "int4-awq", "--block", "64"])
     assert r.exit_code == 0, r.output
     assert "awq layer" in r.output and "quantized layer 3/3" in r.output
-    # calibrated a layer at a time as each is quantized (issue 23): layer 2's statistics after layer 1 is done
+    # calibrated a layer at a time as each is quantized: layer 2's statistics after layer 1 is done
     assert r.output.index("calibration layer 1/3") < r.output.index("quantized layer 1/3")
     assert r.output.index("quantized layer 1/3") < r.output.index("calibration layer 2/3")
     q = json.loads((out / "manifest.json").read_text())["quantization"]

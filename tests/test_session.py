@@ -1,4 +1,4 @@
-"""Sessions (issue 18): a conversation kept in the ring across turns, prefix match, rollback, snapshots,
+"""Sessions: a conversation kept in the ring across turns, prefix match, rollback, snapshots,
 logprobs and logits processors, against full re-prefills and the StreamingLLM reference."""
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_round_shares_bound_each_round_by_its_own_probe_or_faster_decode() -> No
 
 @pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="scripts/export_scale.py measures with GNU time -v")
 def test_export_scale_reports_what_time_measured_and_the_bundle_on_disk(made: dict[str, Path], tmp_path: Path) -> None:
-    """scripts/export_scale.py (issue 23's table): a real export under /usr/bin/time, its peak RSS the one
+    """scripts/export_scale.py (its table): a real export under /usr/bin/time, its peak RSS the one
     the export itself records in the manifest (same process, same kernel counter), its size the files'."""
     work = tmp_path / "work"
     cmd = [sys.executable, str(SCRIPTS / "export_scale.py"), "--shapes", str(made["bf16"].parent), "--shape", "tiny"]

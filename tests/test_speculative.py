@@ -1,4 +1,4 @@
-"""Speculative decoding (issue 21): greedy outputs equal plain greedy token for token with either proposer,
+"""Speculative decoding: greedy outputs equal plain greedy token for token with either proposer,
 before and after the ring wraps; the rejection rule samples the target's distribution; bad set-ups fail in
 one typed line."""
 

@@ -1,4 +1,4 @@
-"""edge-serve: an OpenAI-compatible local server with Prometheus metrics (issue 19).
+"""edge-serve: an OpenAI-compatible local server with Prometheus metrics.
 
     pip install 'edge-runtime[serve]'
     edge-serve --bundle out/ --slots 4            # http://127.0.0.1:8080/v1, /metrics, /health

@@ -34,7 +34,7 @@ class GenParams:
     logprobs: int | None  # None: no logprobs; k: each token's logprob and its k best alternatives
     stream: bool
     include_usage: bool
-    grammar: Any = None  # constrain.Grammar from response_format json_object / json_schema (issue 20)
+    grammar: Any = None  # constrain.Grammar from response_format json_object / json_schema
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); ids checked against the vocab
 
 
