@@ -8,7 +8,7 @@ The grammar engine is llguidance (the library llama.cpp and onnxruntime-genai us
 dependencies): it is handed the bundle's own tokenizer.json and EOS ids, and answers two questions per step,
 which tokens may come next (a bitmask, applied here as a logits processor that sets the rest to -inf) and
 which tokens are forced whatever the model says (fast-forward: `{"action": "` after a schema's first key,
-the rest of an enum value once it is unambiguous). generate_steps feeds forced tokens to the model as one
+the rest of an enum value once it is unambiguous). generate_step feeds forced tokens to the model as one
 chunk instead of sampling them one decode step at a time, so constrained output can be faster than free.
 
 Every problem with the constraint itself (invalid JSON in a schema, an invalid or unsatisfiable schema, a
@@ -180,7 +180,7 @@ def lltokenizer(engine: Any) -> Any:
 
 class Constraint:
     """One generation's grammar state: a logits processor (`(reply, logits) -> logits`) that also answers
-    `forced_tokens(reply)` for generate_steps' fast-forward. It follows `reply`, consuming the tokens it has
+    `forced_tokens(reply)` for generate_step's fast-forward. It follows `reply`, consuming the tokens it has
     not seen; a reply that starts over (empty) starts the grammar over."""
 
     def __init__(self, grammar: Grammar, tokenizer: Any, vocab_size: int):

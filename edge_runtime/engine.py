@@ -11,7 +11,7 @@ decode step's whole row (logits_check.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,9 +20,11 @@ import numpy as np
 
 from .backends import Backend
 from .backends.onnxruntime import OrtBackend
-from .bundle import Bundle, VerifyMode, open_bundle, stored_bytes
+from .bundle import Bundle, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
 from .interrupts import atomic, poll
+from .load_options import LoadOptions as LoadOptions
+from .load_options import apply_target as apply_target
 from .logits_check import CHECK_EVERY, check_row, check_token
 from .manifest import LINEAR_UNTIL_FULL, KvUpdate, Manifest
 from .pool import StaticPool
@@ -30,33 +32,10 @@ from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
-    from .targets.schema import TensorRTOptions
 
 
 class MemoryBudgetError(EdgeRuntimeError):
     """Weights plus the static pool do not fit the target's memory budget."""
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    sinks: int | None = None  # None: the bundle's default
-    window: int | None = None
-    slack: int | None = None  # None: the bundle's; ring rows beyond the window (prefill chunk, rollback depth)
-    threads: int | None = None  # None: ONNX Runtime's default (all cores)
-    memory_budget: int | None = None  # bytes; None: no check
-    position_offset: int = 0  # absolute position of the first token (tests emulate long streams)
-    verify: bool | VerifyMode = True  # True: "sampled" (bundle.py); "full" hashes every byte; False: "off"
-    profile: Path | None = None  # ONNX Runtime per-node profile: JSON file prefix (written by end_profiling)
-    # False: the compute threads sleep between calls instead of spinning. Two engines taking turns in one
-    # process (a speculative draft and its target) must not spin: each one's idle threads would hold the
-    # cores the other is running on.
-    spin: bool = True
-    # ONNX Runtime execution providers in priority order (a target profile's backend.providers); None: CPU.
-    providers: tuple[str, ...] | None = None
-    # A `tensorrt` target's builder options (targets.schema.TensorRTOptions): run on TensorRT (backends/
-    # trt_backend.py, the engine built on first use); None: ONNX Runtime. Not verified on a GPU.
-    tensorrt: TensorRTOptions | None = None
-    cuda_graph: bool = False  # TensorRT only: replay the decode step as a captured CUDA graph
 
 
 class Engine:
@@ -146,6 +125,15 @@ class Engine:
         check_row(out[-1][-1], "the end of the prompt")
         return np.concatenate(out) if all_logits else out[-1][-1]
 
+    @property
+    def engine(self) -> Engine:
+        """Itself: an engine is the source of a fresh stream (decoding.Source), as a Session is of a conversation."""
+        return self
+
+    def begin(self, ids: Sequence[int]) -> Reply:
+        """Start a fresh stream on `ids` (reset, prefill): the reply a decode loop advances (decoding.Turn)."""
+        return Reply(self, ids)
+
     def truncate(self, n: int) -> None:
         """Drop the last n tokens fed (at most `ring.rollback_limit()`, else RollbackError); the stream
         continues as if they had never been fed."""
@@ -200,6 +188,33 @@ class Engine:
         return self.pool.logits[0, 0]
 
 
+class Reply:
+    """A reply on a fresh stream of the engine (decoding.Turn): its tokens go straight to the engine; nothing
+    outlives the stream, so tokens fed but never handed out need no taking back."""
+
+    def __init__(self, engine: Engine, ids: Sequence[int]):
+        self.engine, self.context_ids, self._last = engine, list(ids), -1
+        engine.reset()
+        self.logits = engine.prefill(self.context_ids)
+        # Bound once, as the reply starts: the decode loop calls them per token.
+        self.decode, self.feed = engine.decode, engine.prefill
+
+    def context(self) -> Sequence[int]:
+        return self.context_ids
+
+    def sampled(self, token: int) -> None:
+        self._last = token
+
+    def extend(self, tokens: Sequence[int]) -> np.ndarray:
+        return self.engine.prefill([self._last, *tokens], all_logits=True)
+
+    def drop(self, n: int) -> None:
+        self.engine.truncate(n)
+
+    def unsay(self, n: int) -> None:
+        pass
+
+
 def _geometry(bundle: Bundle, opts: LoadOptions) -> RingGeometry:
     c = bundle.manifest.cache
     sinks = c.sinks if opts.sinks is None else opts.sinks
@@ -210,24 +225,6 @@ def _geometry(bundle: Bundle, opts: LoadOptions) -> RingGeometry:
         raise BundleError(problem)
     slack = c.slack if opts.slack is None else opts.slack
     return RingGeometry(sinks=sinks, window=window, slack=slack)
-
-
-def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> LoadOptions:
-    """Fill what `opts` leaves open from a target profile: threads, memory budget and cache geometry.
-    The profile's window is clamped to the model's trained context; an explicit one is not."""
-    sinks, window = opts.sinks, opts.window
-    if sinks is None and window is None:
-        sinks = profile.kv_cache.sinks
-        window = min(profile.kv_cache.window, bundle.manifest.model.max_position_embeddings - sinks)
-    return replace(
-        opts,
-        sinks=sinks,
-        window=window,
-        threads=opts.threads or profile.backend.threads or None,
-        memory_budget=opts.memory_budget if opts.memory_budget is not None else profile.memory_budget_bytes,
-        providers=opts.providers or profile.backend.providers or None,
-        tensorrt=opts.tensorrt or (profile.backend.tensorrt if profile.backend.name == "tensorrt" else None),
-    )
 
 
 class TargetMismatchWarning(UserWarning):

@@ -109,7 +109,7 @@ def _key(engine: Engine) -> str:
     import onnxruntime as ort
 
     from . import kernels
-    from .bench.environment import cpu_features, cpu_model
+    from .cpuinfo import cpu_features, cpu_model
     from .snapshot import bundle_checksum
 
     parts = [

@@ -1,10 +1,12 @@
 """Generation, layered `generate_step -> stream_generate -> generate` (as in mlx-lm).
 
-- `generate_step` yields token ids: prefill once, then sample and decode one token at a time;
-  `generate_steps` is the open loop beneath it (logprobs, logits processors), and either continues a
-  `Session`'s conversation when given one instead of an `Engine`.
-- `stream_generate` adds text (incremental detokenizer), stop conditions and timings; it yields one
-  `TokenEvent` per token, the last one carrying `finish_reason` and the run's `GenerationStats`.
+- `generate_step` is the decode loop: it yields one `Step` (token, logprobs if asked for) per token: prefill
+  once, then choose and decode one token at a time, over the state it is given (decoding.Source: an Engine
+  starts a fresh stream, a Session continues its conversation). speculative.py's `speculative_generate_step` is
+  its sibling with the same contract; `step_generator` chooses between them.
+- `stream_generate` adds text (incremental detokenizer), stop conditions, logprobs and timings; it yields one
+  `TokenEvent` per token, the last one carrying `finish_reason` and the run's `GenerationStats`. Every
+  front end (edge-run, edge-bench, edge-serve, `generate`) reaches generation through it.
 - `generate` collects a stream into a `GenerationResult`.
 
 Ctrl-C is never swallowed: library loops over requests (edge-bench's trials, a server's queue) must
@@ -17,23 +19,21 @@ from __future__ import annotations
 
 import enum
 import time
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .engine import Engine
+from .decoding import Selector, Source
 from .errors import EdgeRuntimeError
 from .latency import LatencyHistogram
 from .rss import peak_rss_bytes
-from .sampling import LogitsProcessor, Sampler, SamplingParams, Step, token_logprobs
+from .sampling import LogitsProcessor, Sampler, SamplingParams, Step
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
 if TYPE_CHECKING:
     from .constrain import Grammar
-    from .session import Session, Turn
+    from .engine import Engine
+    from .session import Session
     from .speculative import SpeculativeDecoder
 
 
@@ -134,6 +134,8 @@ class TokenEvent:
     elapsed_s: float  # since the start of the request
     finish_reason: FinishReason | None = None  # set on the last event only
     stats: GenerationStats | None = None  # set on the last event only
+    logprob: float | None = None  # with logprobs asked for (sampling.Step): the token's log-probability
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # and its most likely alternatives, most likely first
 
 
 @dataclass
@@ -155,8 +157,67 @@ class GenerationCancelled(KeyboardInterrupt):
         self.result = result
 
 
-def generate_steps(
-    source: Engine | Session,
+def generate_step(
+    source: Source,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    *,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    logprobs: int | None = None,
+) -> Iterator[Step]:
+    """The decode loop: yield one `Step` per token forever; the caller decides when to stop.
+
+    `source` is the state the loop advances (decoding.Source): an `Engine` starts a fresh stream (reset, then
+    prefill `prompt_ids`); a `Session` appends `prompt_ids` to its conversation and feeds only them
+    (session.py). `logits_processors` run in order on a copy of each step's logits before sampling.
+    `logprobs=k` puts each token's log-probability and its k most likely alternatives on its Step; None
+    leaves them out, and then greedy decoding without processors or penalty never reads the logits back.
+
+    A processor with a `forced_tokens(reply) -> list[int]` method (constrain.Constraint) may force tokens
+    (fast-forward): they are fed to the model as one chunk with the token before them (or with the prompt),
+    not sampled, and yielded as Steps of log-probability 0 (certain under the constraint). A Session whose
+    caller stops inside such a run is rolled back to the last token yielded.
+
+    speculative.py's `speculative_generate_step` is its sibling with the same contract; `step_generator`
+    chooses between them.
+    """
+    processors = tuple(logits_processors)
+    forcer = next((p for p in processors if hasattr(p, "forced_tokens")), None)
+    forced: list[int] = list(forcer.forced_tokens(())) if forcer is not None else []
+    engine = source.engine
+    turn = source.begin([*prompt_ids, *forced])
+    stops = frozenset(engine.manifest.tokenizer.eos_token_ids)
+    pick = Selector(sampler, processors, turn.context(), engine.geometry.logical_capacity, logprobs, stops)
+    fused, tracks = pick.fused_argmax(engine), pick.tracks
+    logits, decode, chunk, sampled = turn.logits, turn.decode, turn.feed, turn.sampled
+    unsaid = len(forced)  # forced tokens fed but not yet yielded
+    try:
+        while True:
+            for f in forced:
+                unsaid -= 1
+                yield Step(f) if logprobs is None else Step(f, 0.0, ((f, 0.0),))
+                pick.took(f)
+            step = pick.select(logits)
+            while True:
+                token = step.token
+                sampled(token)  # a session counts the token as said even if the caller stops here
+                yield step
+                if tracks:
+                    pick.took(token)
+                forced = forcer.forced_tokens(pick.reply) if forcer is not None else []
+                if forced:
+                    break
+                logits = decode(token)
+                step = Step(engine.decoded_argmax()) if fused else pick.select(logits)
+            logits = chunk([token, *forced])
+            unsaid = len(forced)
+    finally:
+        if unsaid:
+            turn.unsay(unsaid)
+
+
+def step_generator(
+    source: Source,
     prompt_ids: Sequence[int],
     sampler: Sampler,
     *,
@@ -164,117 +225,20 @@ def generate_steps(
     logprobs: int | None = None,
     speculative: SpeculativeDecoder | str | None = None,
 ) -> Iterator[Step]:
-    """The open sampling loop: yield one `Step` per token forever; the caller decides when to stop.
+    """`generate_step`, or with `speculative` ("lookup", or a SpeculativeDecoder: speculative.py) its sibling
+    `speculative_generate_step`, which verifies proposed tokens up to k at a time: the same tokens under
+    greedy decoding, the same distribution under sampling. A constraint that forces tokens decodes plainly
+    (its fast-forward already feeds runs of tokens in one call)."""
+    if speculative is None:
+        return generate_step(source, prompt_ids, sampler, logits_processors=logits_processors, logprobs=logprobs)
+    from .speculative import resolve, speculative_generate_step  # proposers load only for speculation
 
-    An `Engine` starts a fresh stream (reset, then prefill `prompt_ids`); a `Session` appends
-    `prompt_ids` to its conversation and feeds only them (session.py). `logits_processors` run in
-    order on a copy of each step's logits before sampling. `logprobs=k` puts each token's
-    log-probability and its k most likely alternatives on its Step; None leaves them out, and then
-    greedy decoding without processors or penalty never reads the logits back.
-
-    A processor with a `forced_tokens(reply) -> list[int]` method (constrain.Constraint) may force tokens
-    (fast-forward): they are fed to the model as one chunk with the token before them (or with the prompt),
-    not sampled, and yielded as Steps of log-probability 0 (certain under the constraint). A Session whose
-    caller stops inside such a run is rolled back to the last token yielded.
-
-    `speculative` ("lookup", or a SpeculativeDecoder: speculative.py) verifies proposed tokens up to k at
-    a time: the same tokens under greedy decoding, the same distribution under sampling.
-    """
-    if speculative is not None:
-        from .speculative import resolve
-
-        yield from resolve(speculative).steps(source, prompt_ids, sampler, logits_processors, logprobs)
-        return
-    processors = tuple(logits_processors)
-    forcer = next((p for p in processors if hasattr(p, "forced_tokens")), None)
-    forced: list[int] = list(forcer.forced_tokens(())) if forcer is not None else []
-    feed = [*prompt_ids, *forced]
-    turn: Turn | None = None
-    if isinstance(source, Engine):
-        engine = source
-        engine.reset()
-        logits = engine.prefill(feed)
-        context: Sequence[int] = feed
-        decode, chunk = engine.decode, engine.prefill
-    else:
-        engine = source.engine
-        turn = source.begin(feed)
-        logits, context, decode, chunk = turn.logits, source.recent_ids(), turn.decode, turn.feed
-    # Repetition penalty looks at the tokens the cache can still hold: bounded, like the cache.
-    history: deque[int] | None = None
-    if sampler.params.repetition_penalty != 1.0:
-        history = deque(context, maxlen=engine.geometry.logical_capacity)
-    reply: list[int] = []  # what processors see; only kept when there are some
-    # Greedy decoding takes the graph's own argmax where it has one: reading the logits back, just
-    # written by the other core, was 1% of a 135M decode step.
-    fused = engine.fused_argmax and sampler.params.greedy and history is None and not processors and logprobs is None
-    unsaid = len(forced)  # forced tokens fed but not yet yielded
-    try:
-        while True:
-            for f in forced:
-                unsaid -= 1
-                yield Step(f) if logprobs is None else Step(f, 0.0, ((f, 0.0),))
-                if history is not None:
-                    history.append(f)
-                reply.append(f)
-            step = _select(logits, sampler, history, processors, reply, logprobs)
-            while True:
-                token = step.token
-                if turn is not None:  # the session counts the token as said even if the caller stops here
-                    turn.sampled(token)
-                yield step
-                if history is not None:
-                    history.append(token)
-                if processors:
-                    reply.append(token)
-                forced = forcer.forced_tokens(reply) if forcer is not None else []
-                if forced:
-                    break
-                logits = decode(token)
-                if fused:
-                    step = Step(engine.decoded_argmax())
-                else:
-                    step = _select(logits, sampler, history, processors, reply, logprobs)
-            logits = chunk([token, *forced])
-            unsaid = len(forced)
-    finally:
-        if unsaid and turn is not None:
-            turn.unsay(unsaid)
-
-
-def _select(
-    logits: np.ndarray,
-    sampler: Sampler,
-    history: deque[int] | None,
-    processors: tuple[LogitsProcessor, ...],
-    reply: list[int],
-    logprobs: int | None,
-) -> Step:
-    if processors:
-        logits = np.array(logits, dtype=np.float32)  # a copy: the pool's logits are bound to the graph
-        for process in processors:
-            logits = process(reply, logits)
-    token = sampler(logits, history if history is not None else ())
-    if logprobs is None:
-        return Step(token)
-    return Step(token, *token_logprobs(logits, token, logprobs))
-
-
-def generate_step(
-    engine: Engine | Session,
-    prompt_ids: Sequence[int],
-    sampler: Sampler,
-    *,
-    logits_processors: Sequence[LogitsProcessor] = (),
-    speculative: SpeculativeDecoder | str | None = None,
-) -> Iterator[int]:
-    """Yield sampled token ids forever; the caller decides when to stop (`generate_steps` for logprobs)."""
-    steps = generate_steps(engine, prompt_ids, sampler, logits_processors=logits_processors, speculative=speculative)
-    try:
-        for step in steps:
-            yield step.token
-    finally:
-        steps.close()
+    decoder = resolve(speculative)
+    if any(hasattr(p, "forced_tokens") for p in logits_processors):
+        return generate_step(source, prompt_ids, sampler, logits_processors=logits_processors, logprobs=logprobs)
+    return speculative_generate_step(
+        source, prompt_ids, sampler, decoder, logits_processors=logits_processors, logprobs=logprobs
+    )
 
 
 class StopMatcher:
@@ -344,31 +308,40 @@ def stream_generate(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
     grammar: Grammar | None = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    logprobs: int | None = None,
     speculative: SpeculativeDecoder | str | None = None,
 ) -> Iterator[TokenEvent]:
     """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template
     (with `chat_template_kwargs` as its variables, e.g. {"enable_thinking": False} for Qwen3 and SmolLM3).
 
     An Engine starts afresh; a Session appends the prompt to its conversation (session.py). `response_format`
-    (OpenAI's) or `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError first.
-    `speculative`: see generate_steps (a SpeculativeDecoder's `stats` count its proposals and acceptances)."""
+    (OpenAI's) or `grammar` (constrain.py) constrain the reply, after `logits_processors`; a bad one raises
+    ConstraintError first. `logprobs=k` puts each token's log-probability and its k most likely alternatives on
+    its event. `speculative`: see step_generator (a SpeculativeDecoder's `stats` count its proposals and
+    acceptances). The last event releases the text held back for a stop string that never came, whatever ended
+    the reply (EOS, max_tokens, a cancel)."""
     config = config or GenerationConfig()
     t0 = time.perf_counter()
-    processors = _constraints(engine, response_format, grammar)
+    processors = [*logits_processors, *_constraints(engine, response_format, grammar)]
     prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages, chat_template_kwargs)
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
     stops = StopMatcher(config.stop_strings)
     itl = LatencyHistogram()  # constant memory however long the stream runs
-    steps = generate_step(
-        engine, prompt_ids, Sampler(config.sampling), logits_processors=processors, speculative=speculative
+    steps = step_generator(
+        engine,
+        prompt_ids,
+        Sampler(config.sampling),
+        logits_processors=processors,
+        logprobs=logprobs,
+        speculative=speculative,
     )
     prefill_s = first_s = 0.0
     last = t0
     index = produced = 0
-    reason = FinishReason.LENGTH
     try:
-        for index, token in enumerate(steps):
+        for index, step in enumerate(steps):
             now = time.perf_counter()
             if index == 0:
                 first_s = now - t0
@@ -376,27 +349,30 @@ def stream_generate(
             else:
                 itl.add((now - last) * 1e3)
             last = now
+            token = step.token
             finished = token in eos
             text, hit = ("", False) if finished else stops.push(detok.add(token))
             if finished or hit or index + 1 >= config.max_tokens:
-                reason = FinishReason.EOS if finished else FinishReason.STOP if hit else FinishReason.LENGTH
-                if reason is FinishReason.LENGTH:
+                if not hit:  # EOS or max_tokens: the text held back for a stop string that never came
                     tail, hit = stops.push(detok.flush())
                     text += tail + ("" if hit else stops.pending)
-                yield _final(token, text, index, index + 1, t0, reason, prompt_ids, first_s, prefill_s, itl)
+                reason = FinishReason.EOS if finished else FinishReason.STOP if hit else FinishReason.LENGTH
+                yield _final(step, text, index, index + 1, t0, reason, prompt_ids, first_s, prefill_s, itl)
                 return
             produced = index + 1
-            yield TokenEvent(token_id=token, text=text, index=index, elapsed_s=now - t0)
+            yield TokenEvent(token, text, index, now - t0, logprob=step.logprob, top_logprobs=step.top_logprobs)
     except KeyboardInterrupt:  # re-raised, never swallowed: the caller's loop must stop too
         text = stops.pending  # text held back for a possible stop string is released on cancel
-        final = _final(-1, text, produced, produced, t0, FinishReason.CANCELLED, prompt_ids, first_s, prefill_s, itl)
+        final = _final(
+            Step(-1), text, produced, produced, t0, FinishReason.CANCELLED, prompt_ids, first_s, prefill_s, itl
+        )
         raise GenerationCancelled(final) from None
     finally:
         steps.close()
 
 
 def _final(
-    token: int,
+    step: Step,
     text: str,
     index: int,
     generated: int,
@@ -419,7 +395,9 @@ def _final(
         peak_rss_bytes=peak_rss_bytes(),
         finish_reason=reason,
     )
-    return TokenEvent(token_id=token, text=text, index=index, elapsed_s=now - t0, finish_reason=reason, stats=stats)
+    return TokenEvent(
+        step.token, text, index, now - t0, reason, stats, logprob=step.logprob, top_logprobs=step.top_logprobs
+    )
 
 
 def generate(

@@ -31,7 +31,7 @@ import numpy as np
 
 from .engine import Engine
 from .errors import CorruptSnapshotError, EdgeRuntimeError, RingOverflowError, SessionError
-from .generate import generate_steps
+from .generate import step_generator
 from .interrupts import atomic
 from .manifest import Manifest
 from .sampling import LogitsProcessor, Sampler, SamplingParams, Step
@@ -81,11 +81,15 @@ def _link(chain: bytes, block: Sequence[int] | np.ndarray) -> bytes:
 
 @dataclass
 class Turn:
-    """One reply in progress (for generate_steps): the first logits, then one token fed per step."""
+    """One reply in progress (decoding.Turn, for the decode loops): the first logits, then one token fed per
+    step."""
 
     session: Session
     epoch: int
     logits: np.ndarray
+
+    def context(self) -> list[int]:
+        return self.session.recent_ids()
 
     def sampled(self, token: int) -> None:
         self.session._live(self.epoch)
@@ -218,7 +222,7 @@ class Session:
         EOS ids; the stop id is part of the conversation) or `max_tokens`; without either it runs until
         the caller stops. Every token yielded stays in the conversation. `response_format` (OpenAI's) or
         `grammar` (constrain.py) constrain the reply; a bad one raises ConstraintError at the call.
-        `speculative`: see generate_steps.
+        `speculative`: see generate.step_generator.
         """
         if response_format is not None or grammar is not None:
             from . import constrain  # llguidance loads only for structured output
@@ -226,7 +230,7 @@ class Session:
             logits_processors = (*logits_processors, *constrain.processors(self, response_format, grammar))
         sampler = sampling if isinstance(sampling, Sampler) else Sampler(sampling or SamplingParams())
         stops = set(self.manifest.tokenizer.eos_token_ids if stop_ids is None else stop_ids)
-        steps = generate_steps(
+        steps = step_generator(
             self, ids, sampler, logits_processors=logits_processors, logprobs=logprobs, speculative=speculative
         )
         return _until(steps, stops, max_tokens)
@@ -237,7 +241,7 @@ class Session:
             self.begin(ids)
 
     def begin(self, ids: Sequence[int]) -> Turn:
-        """Feed the pending token and `ids`; the logits of the last one start the reply (generate_steps)."""
+        """Feed the pending token and `ids`; the logits of the last one start the reply (decoding.Source)."""
         self._check_engine()
         ring = self.engine.ring
         feed = np.asarray([*([] if self._pending is None else [self._pending]), *ids], dtype=np.int64)

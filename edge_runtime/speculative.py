@@ -3,6 +3,9 @@
     spec = SpeculativeDecoder(PromptLookup())                  # or "lookup"; DraftModel(load(draft_dir))
     generate(engine_or_session, tok, prompt, config, speculative=spec); spec.stats.acceptance
 
+`speculative_generate_step` is generate.py's `generate_step` with speculation: the same contract (one Step per
+token, over a decoding.Source), the same token choice (decoding.Selector); stream_generate picks one of the two.
+
 A step feeds the target's pending token and the k proposals as one chunk (Turn.extend), reads the k + 1
 logits rows and walks them in order. Row j decides the token after proposal j: under greedy decoding (and
 for proposals that were chosen rather than sampled: prompt lookup, a greedy draft) the target's own choice
@@ -31,22 +34,20 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from . import kernels
-from .engine import Engine
+from .decoding import Selector, Source, Turn
+from .decoding import rejection_sample as rejection_sample
 from .errors import SessionError, SpeculativeError
-from .proposers import DraftModel, PromptLookup, Proposal, Proposer, check_draft
-from .sampling import LogitsProcessor, Sampler, Step, token_logprobs
+from .proposers import NONE, DraftModel, PromptLookup, Proposal, Proposer, check_draft
+from .sampling import LogitsProcessor, Sampler, Step
 
 if TYPE_CHECKING:
-    from .session import Session, Turn
+    from .engine import Engine
 
 DEFAULT_K = 8  # most tokens one step proposes (the lookup's; a draft's default is 4: each costs a draft step)
 DRAFT_K = 4  # a draft's proposals per step by default: each costs one draft decode step
@@ -131,7 +132,7 @@ class SpeculativeDecoder:
         self._plain_s: float | None = None  # EMA of a plain decode step's seconds
         self._cost: dict[int, float] = {}  # rows of a verification call -> EMA of its seconds / _plain_s
         self._position = 0  # tokens emitted by this decoder (the arms' back-off clock)
-        self._cap = self.k  # proposals one step may verify (steps() lowers it for exact mode)
+        self._cap = self.k  # proposals one step may verify (start() lowers it for exact mode)
 
     def describe(self) -> str:
         """What proposes and how many at most, for reports: "prompt lookup, k <= 8"."""
@@ -152,100 +153,19 @@ class SpeculativeDecoder:
                     f"proposal is rolled back within them); use at most {slack}, or load with a larger slack"
                 )
 
-    # -- the loop ------------------------------------------------------------------------------------
-
-    def steps(
-        self,
-        source: Engine | Session,
-        prompt_ids: Sequence[int],
-        sampler: Sampler,
-        logits_processors: Sequence[LogitsProcessor] = (),
-        logprobs: int | None = None,
-    ) -> Iterator[Step]:
-        """generate_steps with speculation: one Step per token, forever; the caller stops."""
-        from .generate import generate_steps
-        from .session import RingOverflowWarning, Session
-
-        processors = tuple(logits_processors)
-        if any(hasattr(p, "forced_tokens") for p in processors):  # constrain.py fast-forwards on its own
-            yield from generate_steps(source, prompt_ids, sampler, logits_processors=processors, logprobs=logprobs)
-            return
-        engine = source if isinstance(source, Engine) else source.engine
+    def start(self, engine: Engine, sampler: Sampler) -> None:
+        """A reply begins on `engine` (before anything is fed: the exactness probe runs on its ring)."""
         self.check(engine)
         # Greedy tokens equal plain decoding's only where a verification chunk rounds as decode steps do; a
         # sampled reply is the target's distribution either way (up to rounding), so only greedy is capped.
         rows = engine.exact_rows if self.exact and sampler.params.greedy else None
         self._cap = self.k if rows is None else min(self.k, rows - 1)
         if self._cap == 0:
-            warnings.warn(_speculation_off_message(), SpeculationOffWarning, stacklevel=2)
-        if isinstance(source, Engine):
-            session = Session(engine)
-            with warnings.catch_warnings():  # a plain Engine prefill chunks a long prompt silently too
-                warnings.simplefilter("ignore", RingOverflowWarning)
-                turn = session.begin(prompt_ids)
-        else:
-            session, turn = source, source.begin(prompt_ids)
-        # What the proposer starts from: the whole prompt of a fresh stream (a draft then runs the target's
-        # very stream), else the tokens the session's ring holds (the conversation before them is gone).
-        context = list(prompt_ids) if isinstance(source, Engine) else session.recent_ids()
-        self.proposer.start(engine, context, sampler.params)
-        history = None
-        if sampler.params.repetition_penalty != 1.0:
-            history = deque(context, maxlen=engine.geometry.logical_capacity)
-        fused = (
-            engine.fused_argmax and sampler.params.greedy and history is None and not processors and logprobs is None
-        )
-        walk = _Walk(sampler, processors, history, [], logprobs)
-        ahead = 0  # tokens fed to the target beyond the last one yielded (the caller may stop any time)
-        owed = 0  # tokens counted in stats.emitted but not yielded yet
-        try:
-            step = walk.select(turn.logits)
-            self.proposer.advance([step.token], 0)
-            while True:
-                turn.sampled(step.token)
-                owed = max(owed - 1, 0)  # the reply's first token (owed 0) is the prefill's, never counted
-                yield step
-                walk.took(step.token)
-                t0 = time.perf_counter()
-                proposal = self.proposer.propose(self._budget) if self._plain_s is not None else Proposal([])
-                if not proposal.tokens:
-                    logits = turn.decode(step.token)
-                    step = Step(engine.decoded_argmax()) if fused else walk.select(logits)
-                    self._plain(time.perf_counter() - t0)
-                    self.proposer.advance([step.token], 0)
-                    owed = 1
-                    continue
-                out = self._verify(turn, walk, proposal)
-                self._verified(proposal, len(out) - 1, time.perf_counter() - t0 - proposal.catch_up_s)
-                self.proposer.advance([s.token for s in out], len(out) - 1)
-                ahead, owed = len(out) - 1, len(out)
-                for s in out[:-1]:  # accepted proposals: fed already
-                    ahead, owed = ahead - 1, owed - 1
-                    yield s
-                    walk.took(s.token)
-                step = out[-1]
-        finally:
-            if ahead:  # the caller stopped inside an accepted run: forget what it never took
-                _unfeed(session, turn, ahead)
-            self.stats.emitted -= owed  # nor count it: tokens per call are tokens the caller got
+            warnings.warn(_speculation_off_message(), SpeculationOffWarning, stacklevel=3)
 
-    def _verify(self, turn: Turn, walk: _Walk, proposal: Proposal) -> list[Step]:
-        """Feed and judge `proposal`; the Steps it yields: the accepted proposals and one more token."""
-        d = proposal.tokens
-        rows = turn.extend(d)
-        out: list[Step] = []
-        for j in range(len(d) + 1):
-            if j < len(d) and proposal.q is not None:
-                accepted, step = walk.judge(rows[j], d[j], proposal.q[j], ahead=out)
-            else:  # chosen proposals (or the bonus row): the target's own choice, compared
-                step = walk.select(rows[j], ahead=out)
-                accepted = j < len(d) and step.token == d[j]
-            out.append(step)
-            if not accepted:
-                break
-        if len(out) <= len(d):
-            turn.drop(len(d) + 1 - len(out))  # the proposals after the first disagreement
-        return out
+    def propose(self) -> Proposal:
+        """The proposer's tokens for this step, none until a plain step was timed (k is chosen by cost)."""
+        return self.proposer.propose(self._budget) if self._plain_s is not None else NONE
 
     # -- adaptation ----------------------------------------------------------------------------------
 
@@ -311,57 +231,82 @@ class SpeculativeDecoder:
             a.backoff = _BACKOFF[0]
 
 
-class _Walk:
-    """Token selection for one reply: processors and penalty history see the tokens before each row."""
+def speculative_generate_step(
+    source: Source,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    decoder: SpeculativeDecoder,
+    *,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    logprobs: int | None = None,
+) -> Iterator[Step]:
+    """generate.generate_step with speculation (`decoder` proposes, the target verifies): the same contract, one
+    Step per token forever; the caller stops. A processor that forces tokens (constrain.py) is refused:
+    generate.step_generator decodes such a reply plainly."""
+    processors = tuple(logits_processors)
+    if any(hasattr(p, "forced_tokens") for p in processors):
+        raise SpeculativeError("a constraint that forces tokens decodes plainly: use generate_step")
+    engine = source.engine
+    decoder.start(engine, sampler)
+    turn = source.begin(prompt_ids)
+    # What the proposer starts from: the whole prompt of a fresh stream (a draft then runs the target's very
+    # stream), else the tokens the session's ring holds (the conversation before them is gone).
+    context = turn.context()
+    decoder.proposer.start(engine, context, sampler.params)
+    stops = frozenset(engine.manifest.tokenizer.eos_token_ids)
+    pick = Selector(sampler, processors, context, engine.geometry.logical_capacity, logprobs, stops)
+    fused = pick.fused_argmax(engine)
+    ahead = 0  # tokens fed to the target beyond the last one yielded (the caller may stop any time)
+    owed = 0  # tokens counted in stats.emitted but not yielded yet
+    try:
+        step = pick.select(turn.logits)
+        decoder.proposer.advance([step.token], 0)
+        while True:
+            turn.sampled(step.token)
+            owed = max(owed - 1, 0)  # the reply's first token (owed 0) is the prefill's, never counted
+            yield step
+            pick.took(step.token)
+            t0 = time.perf_counter()
+            proposal = decoder.propose()
+            if not proposal.tokens:
+                logits = turn.decode(step.token)
+                step = Step(engine.decoded_argmax()) if fused else pick.select(logits)
+                decoder._plain(time.perf_counter() - t0)
+                decoder.proposer.advance([step.token], 0)
+                owed = 1
+                continue
+            out = _verify(turn, pick, proposal)
+            decoder._verified(proposal, len(out) - 1, time.perf_counter() - t0 - proposal.catch_up_s)
+            decoder.proposer.advance([s.token for s in out], len(out) - 1)
+            ahead, owed = len(out) - 1, len(out)
+            for s in out[:-1]:  # accepted proposals: fed already
+                ahead, owed = ahead - 1, owed - 1
+                yield s
+                pick.took(s.token)
+            step = out[-1]
+    finally:
+        if ahead:  # the caller stopped inside an accepted run: forget what it never took
+            _unfeed(turn, ahead)
+        decoder.stats.emitted -= owed  # nor count it: tokens per call are tokens the caller got
 
-    def __init__(
-        self,
-        sampler: Sampler,
-        processors: tuple[LogitsProcessor, ...],
-        history: deque[int] | None,
-        reply: list[int],
-        logprobs: int | None,
-    ):
-        self.sampler, self.processors, self.history, self.reply, self.logprobs = (
-            sampler,
-            processors,
-            history,
-            reply,
-            logprobs,
-        )
 
-    def took(self, token: int) -> None:
-        if self.history is not None:
-            self.history.append(token)
-        if self.processors:
-            self.reply.append(token)
-
-    def _row(self, logits: np.ndarray, ahead: Sequence[Step]) -> tuple[np.ndarray, Sequence[int]]:
-        """The row as the sampler sees it, and the penalty history, with `ahead` (accepted this step) counted."""
-        extra = [s.token for s in ahead]
-        if self.processors:
-            logits = np.array(logits, dtype=np.float32)
-            reply = self.reply + extra
-            for process in self.processors:
-                logits = process(reply, logits)
-        history: Sequence[int] = ()
-        if self.history is not None:
-            history = [*self.history, *extra][-self.history.maxlen :] if extra else self.history  # type: ignore[index]
-        return logits, history
-
-    def _step(self, logits: np.ndarray, token: int) -> Step:
-        return Step(token) if self.logprobs is None else Step(token, *token_logprobs(logits, token, self.logprobs))
-
-    def select(self, logits: np.ndarray, ahead: Sequence[Step] = ()) -> Step:
-        logits, history = self._row(logits, ahead)
-        return self._step(logits, self.sampler(logits, history))
-
-    def judge(self, logits: np.ndarray, proposed: int, q: np.ndarray, ahead: Sequence[Step]) -> tuple[bool, Step]:
-        """The rejection rule for a sampled proposal: (True, its Step), or (False, the residual's token)."""
-        logits, history = self._row(logits, ahead)
-        p = self.sampler.probabilities(logits, history)
-        accepted, token = rejection_sample(p, q, proposed, self.sampler)
-        return accepted, self._step(logits, token)
+def _verify(turn: Turn, pick: Selector, proposal: Proposal) -> list[Step]:
+    """Feed and judge `proposal`; the Steps it yields: the accepted proposals and one more token."""
+    d = proposal.tokens
+    rows = turn.extend(d)
+    out: list[Step] = []
+    for j in range(len(d) + 1):
+        if j < len(d) and proposal.q is not None:
+            accepted, step = pick.judge(rows[j], d[j], proposal.q[j], ahead=out)
+        else:  # chosen proposals (or the bonus row): the target's own choice, compared
+            step = pick.select(rows[j], ahead=out)
+            accepted = j < len(d) and step.token == d[j]
+        out.append(step)
+        if not accepted:
+            break
+    if len(out) <= len(d):
+        turn.drop(len(d) + 1 - len(out))  # the proposals after the first disagreement
+    return out
 
 
 def _speculation_off_message() -> str:
@@ -372,18 +317,7 @@ def _speculation_off_message() -> str:
     )
 
 
-def rejection_sample(p: np.ndarray, q: np.ndarray, proposed: int, sampler: Sampler) -> tuple[bool, int]:
-    """Keep `proposed` (drawn from q) with probability min(1, p/q) at it, else draw from norm(max(p - q, 0)):
-    the token is then distributed exactly as p."""
-    if sampler.rng.random() * q[proposed] < p[proposed]:
-        return True, proposed
-    residual = np.maximum(p - q, 0.0)
-    if not residual.sum() > 0:  # p == q up to rounding: any rejection was rounding; p is the residual
-        residual = p
-    return False, sampler.draw(residual)
-
-
-def _unfeed(session: Session, turn: Turn, n: int) -> None:
+def _unfeed(turn: Turn, n: int) -> None:
     """Roll a stopped reply back to its last yielded token, if it is still the session's latest."""
     try:
         turn.drop(n)

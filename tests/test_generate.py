@@ -152,6 +152,19 @@ def test_eos_stops_generation(engine_tok, monkeypatch):
     assert r.stats.finish_reason == "eos" and r.token_ids == greedy[: greedy.index(greedy[2]) + 1]
 
 
+def test_eos_releases_the_text_held_back_for_a_stop_string(engine_tok, monkeypatch):
+    """The reply's last character, held back as the possible start of a stop string, is still part of the reply
+    when EOS comes instead (as when max_tokens does)."""
+    engine, tok = engine_tok
+    ids = generate(engine, tok, "To be", GenerationConfig(max_tokens=12, stop_on_eos=False)).token_ids
+    k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # EOS from here on: the first of its kind
+    said = generate(engine, tok, "To be", GenerationConfig(max_tokens=k, stop_on_eos=False)).text
+    m = engine.manifest
+    monkeypatch.setattr(engine, "manifest", replace(m, tokenizer=replace(m.tokenizer, eos_token_ids=[ids[k]])))
+    r = generate(engine, tok, "To be", GenerationConfig(max_tokens=12, stop_strings=(said[-1] + "\x00",)))
+    assert r.stats.finish_reason == "eos" and r.text == said
+
+
 def test_stop_string_stops_and_is_not_emitted(engine_tok):
     engine, tok = engine_tok
     full = generate(engine, tok, "To be", GenerationConfig(max_tokens=30, stop_on_eos=False)).text

@@ -135,7 +135,7 @@ def test_greedy_decoding_takes_the_lm_heads_fused_argmax(tiny_ckpt, tmp_path):
     assert engine.fused_argmax
     prompt = list(range(3, 20))
     steps = generate_step(engine, prompt, Sampler(SamplingParams(temperature=0)))
-    fused = [next(steps) for _ in range(70)]  # past the 64-row ring's wrap
+    fused = [next(steps).token for _ in range(70)]  # past the 64-row ring's wrap
     engine.reset()
     expected = [int(np.argmax(engine.prefill(prompt)))]
     for _ in range(69):
@@ -149,7 +149,7 @@ def test_greedy_decoding_takes_the_lm_heads_fused_argmax(tiny_ckpt, tmp_path):
 
     engine.decoded_argmax = refuse
     penalized = generate_step(engine, prompt, Sampler(SamplingParams(temperature=0, repetition_penalty=1.3)))
-    assert len([next(penalized) for _ in range(5)]) == 5
+    assert len([next(penalized).token for _ in range(5)]) == 5
 
 
 @needs_kernels

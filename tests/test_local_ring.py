@@ -147,7 +147,7 @@ def test_truncate_and_snapshot_restore_both_rings(gemma, tmp_path):
 
 
 def test_greedy_lookup_speculation_equals_plain_greedy_across_the_local_wrap(gemma):
-    from edge_runtime.generate import generate_steps
+    from edge_runtime.generate import step_generator
     from edge_runtime.sampling import Sampler, SamplingParams
 
     _, bundles = gemma
@@ -156,7 +156,7 @@ def test_greedy_lookup_speculation_equals_plain_greedy_across_the_local_wrap(gem
     prompt = phrase * 3 + phrase[:4]
 
     def greedy(spec=None) -> list[int]:
-        steps = generate_steps(engine, prompt, Sampler(SamplingParams()), speculative=spec)
+        steps = step_generator(engine, prompt, Sampler(SamplingParams()), speculative=spec)
         try:
             return [next(steps).token for _ in range(60)]
         finally:

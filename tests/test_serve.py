@@ -64,9 +64,8 @@ def test_logit_bias_moves_tokens_as_the_python_api_does(client, serve_bundle):
     ids = tok.encode(prompt)
 
     def greedy(bias):
-        return list(
-            islice(generate_step(engine, ids, Sampler(SamplingParams()), logits_processors=[LogitBias(bias)]), 6)
-        )
+        steps = generate_step(engine, ids, Sampler(SamplingParams()), logits_processors=[LogitBias(bias)])
+        return [s.token for s in islice(steps, 6)]
 
     plain = greedy({})
     other = tok.encode(" the", add_special_tokens=False)[0]

@@ -23,7 +23,7 @@ from edge_runtime.exporters import ReferenceModel, load_checkpoint
 from edge_runtime.exporters.decoder import Flavor
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.reference import StreamingReference, log_softmax
-from edge_runtime.generate import generate_steps, stream_generate
+from edge_runtime.generate import generate_step, stream_generate
 from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.session import RingOverflowWarning, Session
@@ -63,7 +63,7 @@ def reply(session: Session, ids, n: int, **kw) -> list[int]:
 
 
 def fresh_greedy(engine, prompt, n: int) -> list[int]:
-    steps = generate_steps(engine, prompt, Sampler(SamplingParams()))
+    steps = generate_step(engine, prompt, Sampler(SamplingParams()))
     return [next(steps).token for _ in range(n)]
 
 
@@ -348,9 +348,9 @@ def test_greedy_without_processors_keeps_the_fused_argmax(tied_bundle):
     prompt = rng_ids(18, 8)
     fast = fresh_greedy(engine, prompt, 5)
     assert fast[1:] == [0, 0, 0, 0]
-    steps = generate_steps(engine, prompt, Sampler(SamplingParams()), logits_processors=[lambda _r, x: x])
+    steps = generate_step(engine, prompt, Sampler(SamplingParams()), logits_processors=[lambda _r, x: x])
     assert [next(steps).token for _ in range(5)] != fast
-    steps = generate_steps(engine, prompt, Sampler(SamplingParams()), logprobs=0)
+    steps = generate_step(engine, prompt, Sampler(SamplingParams()), logprobs=0)
     assert [next(steps).token for _ in range(5)] != fast
 
 

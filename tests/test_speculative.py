@@ -16,12 +16,18 @@ from edge_runtime import kernels
 from edge_runtime.engine import LoadOptions, load
 from edge_runtime.errors import DraftMismatchError, SpeculativeError
 from edge_runtime.exporters.export import ExportOptions, export
-from edge_runtime.generate import generate_steps
+from edge_runtime.generate import step_generator
 from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.proposers import DraftModel, PromptLookup, Proposal, check_draft
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.session import Session
-from edge_runtime.speculative import SpeculationOffWarning, SpeculativeDecoder, rejection_sample, resolve
+from edge_runtime.speculative import (
+    SpeculationOffWarning,
+    SpeculativeDecoder,
+    rejection_sample,
+    resolve,
+    speculative_generate_step,
+)
 
 # A small ring, so a reply of ~100 tokens wraps it several times: sinks 4 + window 24, slack 8.
 SMALL = LoadOptions(sinks=4, window=24, slack=8)
@@ -36,7 +42,7 @@ def demo(tmp_path_factory):
 
 
 def greedy(source, prompt, n: int, spec=None) -> list[int]:
-    steps = generate_steps(source, prompt, Sampler(SamplingParams()), speculative=spec)
+    steps = step_generator(source, prompt, Sampler(SamplingParams()), speculative=spec)
     try:
         return [next(steps).token for _ in range(n)]
     finally:
@@ -99,22 +105,24 @@ class StepClock:
 
     def __init__(self, monkeypatch) -> None:
         from edge_runtime import speculative
-        from edge_runtime.session import Turn
+        from edge_runtime.engine import Engine
 
         self.now = 0.0
         monkeypatch.setattr(speculative, "time", self)
-        decode, extend = Turn.decode, Turn.extend
+        decode, prefill = Engine.decode, Engine.prefill
 
-        def timed_decode(turn, token):
+        def timed_decode(engine, token):
             self.now += 1.0
-            return decode(turn, token)
+            return decode(engine, token)
 
-        def timed_extend(turn, tokens):  # the pending token and the proposals: len(tokens) + 1 rows
-            self.now += 1.0 + 0.5 * len(tokens)
-            return extend(turn, tokens)
+        def timed_prefill(engine, ids, *, all_logits=False):
+            if all_logits:  # a verification: the pending token and the proposals, one row each
+                self.now += 1.0 + 0.5 * (len(ids) - 1)
+            return prefill(engine, ids, all_logits=all_logits)
 
-        monkeypatch.setattr(Turn, "decode", timed_decode)
-        monkeypatch.setattr(Turn, "extend", timed_extend)
+        # The engine's own calls: whichever source (an Engine, a Session) the reply runs on goes through them.
+        monkeypatch.setattr(Engine, "decode", timed_decode)
+        monkeypatch.setattr(Engine, "prefill", timed_prefill)
 
     def perf_counter(self) -> float:
         return self.now
@@ -159,7 +167,7 @@ def test_logprobs_and_processors_see_the_same_rows(tied_bundle):
 
     def run(spec):
         sampler = Sampler(SamplingParams())
-        steps = generate_steps(engine, prompt, sampler, logits_processors=[ban], logprobs=2, speculative=spec)
+        steps = step_generator(engine, prompt, sampler, logits_processors=[ban], logprobs=2, speculative=spec)
         out = [next(steps) for _ in range(60)]
         steps.close()
         return out
@@ -169,6 +177,28 @@ def test_logprobs_and_processors_see_the_same_rows(tied_bundle):
     for a, b in zip(got, want, strict=True):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
         assert [t for t, _ in a.top_logprobs] == [t for t, _ in b.top_logprobs]
+
+
+def test_a_constraint_that_forces_tokens_is_decoded_plainly(tied_bundle):
+    """speculative_generate_step refuses a processor that forces tokens; step_generator (stream_generate's
+    choice) decodes such a reply with generate_step, speculation unused."""
+
+    class Forcing:  # a constraint's shape (constrain.Constraint): it may force tokens, here never does
+        def __call__(self, reply, logits):
+            return logits
+
+        def forced_tokens(self, reply):
+            return []
+
+    engine = load(tied_bundle, SMALL)
+    prompt = repetitive_prompt(320)
+    spec = SpeculativeDecoder(PromptLookup(), k=4, adaptive=False, exact=False)
+    with pytest.raises(SpeculativeError, match="forces tokens"):
+        next(speculative_generate_step(engine, prompt, Sampler(SamplingParams()), spec, logits_processors=[Forcing()]))
+    steps = step_generator(engine, prompt, Sampler(SamplingParams()), logits_processors=[Forcing()], speculative=spec)
+    got = [next(steps).token for _ in range(40)]
+    steps.close()
+    assert got == greedy(engine, prompt, 40) and spec.stats.proposed == 0
 
 
 # -- the rejection rule samples the target's distribution ---------------------------------------------
@@ -229,7 +259,7 @@ def test_sampled_draft_replies_follow_the_target_distribution(tied_bundle):
     n = 300
     seen: Counter = Counter()
     for seed in range(n):
-        steps = generate_steps(target, prompt, Sampler(dataclasses.replace(params, seed=seed)), speculative=spec)
+        steps = step_generator(target, prompt, Sampler(dataclasses.replace(params, seed=seed)), speculative=spec)
         seen[tuple(next(steps).token for _ in range(3))] += 1
         steps.close()
 

@@ -15,7 +15,7 @@ from edge_runtime.engine import LoadOptions, load
 from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision
 from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
-from edge_runtime.generate import generate_steps
+from edge_runtime.generate import step_generator
 from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.proposers import PromptLookup
 from edge_runtime.sampling import Sampler, SamplingParams
@@ -59,7 +59,7 @@ def grounded_prompt(vocab: int) -> list[int]:
 
 
 def greedy(engine, prompt, n, spec=None) -> list[int]:
-    steps = generate_steps(engine, prompt, Sampler(SamplingParams()), speculative=spec)
+    steps = step_generator(engine, prompt, Sampler(SamplingParams()), speculative=spec)
     try:
         return [next(steps).token for _ in range(n)]
     finally:

@@ -319,10 +319,10 @@ def ensure_engine(
 
 
 def engine_for_target(bundle_dir: Path, target: Any, progress: Progress = stderr_progress) -> Path:
-    """The engine `edge-run --bundle B --target T` loads (its ring as engine.apply_target sets it), built now
+    """The engine `edge-run --bundle B --target T` loads (its ring as load_options.apply_target sets it), built now
     (`edge-export --build-engine`)."""
     from edge_runtime.bundle import open_bundle
-    from edge_runtime.engine import LoadOptions, apply_target
+    from edge_runtime.load_options import LoadOptions, apply_target
     from edge_runtime.ring import RingGeometry, local_geometry
 
     bundle = open_bundle(bundle_dir)

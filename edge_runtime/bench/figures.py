@@ -1,10 +1,11 @@
 """The figures of one generation run, shared by `edge-bench` (per trial) and `edge-run --stats`.
 
 Speed figures come from `GenerationStats`; achieved weight bandwidth is the manifest's weight bytes
-read per token times decode tokens/s; energy comes from the sampler's prefill and decode phases.
-Energy figures sit in their own `energy` mapping whose `source` says "estimate" when no sensor
-produced them (docs/architecture.md §9), and energy above idle is a separate, labelled mapping. Tokens per
-joule is generated tokens / (prefill + decode joules), the research note's headline (§5.5).
+read per token times decode tokens/s; energy comes from the sampler's prefill and decode phases
+(telemetry/accounting.py, which edge-serve shares). Energy figures sit in their own `energy` mapping whose
+`source` says "estimate" when no sensor produced them (docs/architecture.md §9), and energy above idle is a
+separate, labelled mapping. Tokens per joule is generated tokens / (prefill + decode joules), the research
+note's headline (§5.5).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from edge_runtime.generate import GenerationStats
-from edge_runtime.telemetry import EnergyReport, PhaseEnergy
+from edge_runtime.telemetry import EnergyReport
+from edge_runtime.telemetry.accounting import describe_meter as describe_meter
+from edge_runtime.telemetry.accounting import energy_figures
+from edge_runtime.telemetry.accounting import source_word as source_word
 
 # The figures `compare` and `summary` show: (dotted path, label, unit, which way is better).
 MAIN_FIGURES: tuple[tuple[str, str, str, str], ...] = (
@@ -34,72 +38,9 @@ MAIN_FIGURES: tuple[tuple[str, str, str, str], ...] = (
 ENERGY_PREFIX = "energy."
 
 
-def source_word(estimate: bool) -> str:
-    """What every energy figure is tagged with: a model's output is called an estimate."""
-    return "estimate" if estimate else "sensor"
-
-
 def weight_bandwidth_gb_s(weight_bytes_per_token: int, decode_tps: float) -> float:
     """Bytes of weights streamed per second while decoding (every weight is read once per token)."""
     return weight_bytes_per_token * decode_tps / 1e9
-
-
-def describe_meter(report: EnergyReport) -> dict[str, Any]:
-    """The meter, boundary and coverage of one sampler run, for a report or a field-log record."""
-    return {
-        "meter": report.meter,
-        "boundary": report.boundary.value,
-        "label": report.label(),
-        "source": source_word(report.estimate),
-        "estimate": report.estimate,
-        "rate_hz": report.rate_hz,
-        "gaps": len(report.gaps),
-        "complete": report.complete,
-    }
-
-
-def energy_figures(
-    generated_tokens: int,
-    prefill: PhaseEnergy,
-    decode: PhaseEnergy,
-    report: EnergyReport,
-    load: PhaseEnergy | None = None,
-) -> dict[str, Any]:
-    """Joules per phase and tokens per joule over prefill + decode (every generated token is in there).
-
-    Load energy, when the run sampled it, is given on its own and kept out of tokens per joule.
-    """
-    total = prefill.joules + decode.joules
-    covered = prefill.covered_s + decode.covered_s
-    duration = prefill.duration_s + decode.duration_s
-    above = None
-    if report.idle is not None and prefill.joules_above_idle is not None and decode.joules_above_idle is not None:
-        above_total = prefill.joules_above_idle + decode.joules_above_idle
-        above = {
-            "idle_watts": report.idle.watts,
-            "idle_stdev_watts": report.idle.stdev_watts,
-            "prefill_j": prefill.joules_above_idle,
-            "decode_j": decode.joules_above_idle,
-            "total_j": above_total,
-            # Idle noise can exceed a short run's increment: no ratio from a non-positive energy (or
-            # from float residue when the run drew exactly idle power).
-            "tokens_per_joule": generated_tokens / above_total if above_total > 1e-9 * abs(total) else None,
-        }
-    return {
-        "source": source_word(report.estimate),
-        "boundary": report.boundary.value,
-        "load_j": None if load is None else load.joules,
-        "prefill_j": prefill.joules,
-        "decode_j": decode.joules,
-        "total_j": total,
-        "prefill_s": prefill.duration_s,
-        "decode_s": decode.duration_s,
-        "avg_watts": total / covered if covered > 0 else None,
-        "tokens_per_joule": generated_tokens / total if total > 0 else None,
-        "joules_per_token": total / generated_tokens if generated_tokens > 0 else None,
-        "covered_fraction": covered / duration if duration > 0 else None,
-        "above_idle": above,
-    }
 
 
 def run_figures(

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from edge_runtime.engine import Engine, LoadOptions, apply_target, load
 from edge_runtime.errors import EdgeRuntimeError
-from edge_runtime.generate import GenerationConfig, GenerationStats, TokenEvent, stream_generate
-from edge_runtime.telemetry import EnergyReport, IdleBaseline, MeterOptions, PowerMeter, Sampler, meter_for_profile
+from edge_runtime.generate import GenerationConfig, GenerationStats, stream_generate
+from edge_runtime.telemetry import EnergyReport, IdleBaseline, MeterOptions, PowerMeter, Sampler
+from edge_runtime.telemetry.accounting import PhaseMarks as PhaseMarks
+from edge_runtime.telemetry.accounting import open_sampler
 from edge_runtime.tokenizer import Tokenizer
 
 from .figures import run_figures
@@ -77,50 +79,6 @@ def deterministic_prompt(tokenizer: Tokenizer, n: int, avoid: Sequence[int] = ()
     if not body:
         raise EdgeRuntimeError("the tokenizer encodes the benchmark passage to no usable ids; check tokenizer.json")
     return [*head, *itertools.islice(itertools.cycle(body), n - len(head))][:n]
-
-
-class PhaseMarks:
-    """Marks 'prefill' from the request's start to its first token, then 'decode' to its last.
-
-    Fed with the events of one `stream_generate`, it places the marks at the stream's own timings
-    (start + `elapsed_s`), so the phases span exactly the TTFT and decode time the stats report,
-    whatever the caller does after an event arrives. A `None` sampler makes every call a no-op.
-    """
-
-    def __init__(self, sampler: Sampler | None) -> None:
-        self.sampler = sampler
-        self._t0 = 0.0
-        self._decoding = False
-
-    def begin(self) -> None:
-        """Call right before asking the stream for its first event."""
-        if self.sampler is not None:
-            self._t0 = self.sampler.clock()
-            self.sampler.mark("prefill", self._t0)
-
-    def see(self, event: TokenEvent) -> None:
-        if self.sampler is None:
-            return
-        t = self._t0 + event.elapsed_s
-        if not self._decoding:
-            self.sampler.mark("decode", t)  # the first token's elapsed time is the TTFT
-            self._decoding = True
-        if event.stats is not None:
-            self.sampler.mark(None, t)
-
-
-def open_sampler(
-    profile: Any,
-    meter: PowerMeter | None = None,
-    rate_hz: float | None = None,
-    meter_options: MeterOptions | None = None,
-) -> tuple[Sampler, tuple[str, ...]]:
-    """A sampler on `meter`, or on the first readable meter the profile names (notes say what was skipped)."""
-    notes: tuple[str, ...] = ()
-    if meter is None:
-        choice = meter_for_profile(profile, meter_options)
-        meter, notes = choice.meter, choice.notes
-    return Sampler(meter, rate_hz=rate_hz or profile.power.sample_hz), notes
 
 
 def sampled_generation(

@@ -140,13 +140,13 @@ def main(
 ) -> None:
     """Generate text on this device. With no arguments: the bundled demo model, target auto-detected."""
     from edge_runtime.bench.figures import format_energy, format_speed, run_figures
-    from edge_runtime.bench.runner import PhaseMarks, open_sampler
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import EdgeRuntimeError
     from edge_runtime.first_use import resolve_run
     from edge_runtime.generate import GenerationCancelled, GenerationConfig, close_cancelled, stream_generate
     from edge_runtime.sampling import SamplingParams
     from edge_runtime.sampling_defaults import SamplingDefaults, model_defaults
+    from edge_runtime.telemetry.accounting import PhaseMarks, open_sampler
     from edge_runtime.tokenizer import Tokenizer
 
     require_stdout()
@@ -323,7 +323,7 @@ def _log_run(
     """One field-log record for this run, in the same shape edge-bench writes per trial."""
     from edge_runtime.bench.environment import bundle_info, environment
     from edge_runtime.bench.fieldlog import append_record, make_record, new_run_id
-    from edge_runtime.bench.figures import describe_meter
+    from edge_runtime.telemetry.accounting import describe_meter
 
     g = engine.geometry
     settings = {

@@ -216,7 +216,6 @@ class ServeOptions:
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime import __version__
-    from edge_runtime.bench.runner import open_sampler
     from edge_runtime.chat import ChatTemplate
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import ChatTemplateError
@@ -224,6 +223,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime.sampling_defaults import model_defaults
     from edge_runtime.snapshot import bundle_checksum
     from edge_runtime.speculative import from_options
+    from edge_runtime.telemetry.accounting import open_sampler
     from edge_runtime.tokenizer import Tokenizer
 
     from .app import ServerState

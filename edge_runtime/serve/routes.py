@@ -346,19 +346,17 @@ class _ChatFormat(_Format):
         out = []
         reason = self._reason(f)
         if self.tool_format is not None:
-            message, reason = self._tool_reply("".join(self.held) + f.text, f)
+            message, reason = self._tool_reply("".join(self.held), f)
             delta: dict[str, Any] = {"content": message["content"]}
             if "tool_calls" in message:
                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
             out.append(self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}))
-        elif f.text:
-            out.append(self._chunk({"index": 0, "delta": {"content": f.text}, "logprobs": None, "finish_reason": None}))
         last = self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason})
         out.append({**last, EXTENSION: self._extension(f)})
         return out + self._closing_usage(f)
 
     def whole(self, pieces: list[Piece], f: Finished) -> dict[str, Any]:
-        text = "".join(p.text for p in pieces) + f.text
+        text = "".join(p.text for p in pieces)
         logprobs = chat_logprobs(_logprob_items(pieces), self.text) if self.params.logprobs is not None else None
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         reason = self._reason(f)
@@ -391,11 +389,11 @@ class _CompletionFormat(_Format):
         return self._chunk({"text": p.text, "index": 0, "logprobs": logprobs, "finish_reason": None})
 
     def closing(self, f: Finished) -> list[dict[str, Any]]:
-        last = self._chunk({"text": f.text, "index": 0, "logprobs": None, "finish_reason": self._reason(f)})
+        last = self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": self._reason(f)})
         return [{**last, EXTENSION: self._extension(f)}, *self._closing_usage(f)]
 
     def whole(self, pieces: list[Piece], f: Finished) -> dict[str, Any]:
-        text = "".join(p.text for p in pieces) + f.text
+        text = "".join(p.text for p in pieces)
         logprobs = None
         if self.params.logprobs is not None:
             logprobs = completion_logprobs(_logprob_items(pieces), self.text)

@@ -20,13 +20,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from edge_runtime.errors import ConstraintError, EdgeRuntimeError, RingOverflowError
-from edge_runtime.generate import (
-    StopMatcher,  # stream_generate's stop-string matcher, across token boundaries
-    generate_steps,
-)
-from edge_runtime.sampling import LogitBias, Sampler
+from edge_runtime.generate import FinishReason, GenerationConfig, stream_generate
+from edge_runtime.sampling import LogitBias
 from edge_runtime.telemetry import Sampler as PowerSampler
-from edge_runtime.tokenizer import StreamingDetokenizer, Tokenizer
+from edge_runtime.telemetry.accounting import energy_figures
+from edge_runtime.tokenizer import Tokenizer
 
 from .errors import APIError
 from .metrics import Metrics
@@ -41,7 +39,8 @@ log = logging.getLogger("edge_serve")
 
 @dataclass(frozen=True)
 class Piece:
-    """One generated token: the text it completed (may be empty) and, if asked, its logprobs."""
+    """One generated token: the text it completed (may be empty; the last token's carries any text held back
+    for a stop string that never came) and, if asked, its logprobs."""
 
     text: str
     logprob: TokenLogprob | None
@@ -50,7 +49,6 @@ class Piece:
 @dataclass(frozen=True)
 class Finished:
     finish_reason: Literal["stop", "length", "cancelled"]  # OpenAI's words ("tool_calls" is the route's)
-    text: str  # text released at the end (held back for a stop string, or a flushed tail)
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -183,7 +181,7 @@ class Scheduler:
     def _run(self, job: Job) -> None:
         if job.cancelled.is_set():  # the client left while it waited
             self.metrics.generations.labels("cancelled").inc()
-            job.post(Finished("cancelled", "", len(job.prompt), 0, 0, -1, {}, None))
+            job.post(Finished("cancelled", len(job.prompt), 0, 0, -1, {}, None))
             return
         t_start = time.perf_counter()
         slot, _ = self.pool.route(job.prompt)
@@ -227,22 +225,23 @@ class Scheduler:
         if power is not None:
             power.start()
             power.mark("prefill")
-        detok, stops = StreamingDetokenizer(self.tok), StopMatcher(p.stop)
+        config = GenerationConfig(max_tokens=p.max_tokens, sampling=p.sampling, stop_strings=p.stop)
         generated: list[int] = []
-        reason, tail = "length", ""
+        reason = "length"
         first = last = t_start
         cached = 0
-        # The open loop on the session (it feeds only `rest`); max_tokens, EOS and stop strings end it here.
         spec = self.speculative
         before = replace(spec.stats) if spec is not None else None
-        steps = generate_steps(
-            session, rest, Sampler(p.sampling), logits_processors=processors, logprobs=p.logprobs, speculative=spec
+        # stream_generate on the session (it feeds only `rest`): EOS, stop strings and max_tokens end it there,
+        # its last event releasing any text held back for a stop string; a cancel ends it here.
+        stream = stream_generate(
+            session, self.tok, rest, config, logits_processors=processors, logprobs=p.logprobs, speculative=spec
         )
         try:
-            for i, step in enumerate(steps):
+            for ev in stream:
                 now = time.perf_counter()
-                generated.append(step.token)
-                if i == 0:
+                generated.append(ev.token_id)
+                if ev.index == 0:
                     first, cached = now, session.last_cached
                     m.ttft.observe(now - job.arrival)
                     if power is not None:
@@ -251,26 +250,18 @@ class Scheduler:
                     m.itl.observe(now - last)
                 last = now
                 lp = None
-                if p.logprobs is not None and step.token not in self.eos and step.logprob is not None:
-                    lp = TokenLogprob(step.token, step.logprob, step.top_logprobs)
-                eos = step.token in self.eos
-                text, hit = ("", False) if eos else stops.push(detok.add(step.token))
-                if text or lp is not None or i == 0:
-                    job.post(Piece(text, lp))
-                if eos or hit:
-                    reason = "stop"
-                if hit:
-                    break
-                if eos or i + 1 >= p.max_tokens:  # release what was held back for a stop string that never came
-                    tail, hit = stops.push(detok.flush())
-                    tail += "" if hit else stops.pending
-                    reason = "stop" if eos or hit else "length"
+                if p.logprobs is not None and ev.token_id not in self.eos and ev.logprob is not None:
+                    lp = TokenLogprob(ev.token_id, ev.logprob, ev.top_logprobs)
+                if ev.text or lp is not None or ev.index == 0:
+                    job.post(Piece(ev.text, lp))
+                if ev.finish_reason is not None:  # OpenAI's words: EOS and a stop string are both "stop"
+                    reason = "length" if ev.finish_reason is FinishReason.LENGTH else "stop"
                     break
                 if job.cancelled.is_set():
                     reason = "cancelled"
                     break
         finally:
-            steps.close()
+            stream.close()
             report = power.stop() if power is not None and power.running else None
             if spec is not None and before is not None:
                 d = spec.stats.since(before)
@@ -292,13 +283,11 @@ class Scheduler:
             "decode_ms": round((end - first) * 1e3, 3),
             "decode_tokens_per_s": round((n - 1) / (end - first), 2) if n > 1 and end > first else None,
         }
-        job.post(Finished(reason, tail, len(job.prompt), n, cached, slot.index, timings, self._energy(report, n)))
+        job.post(Finished(reason, len(job.prompt), n, cached, slot.index, timings, self._energy(report, n)))
 
     def _energy(self, report: Any, tokens: int) -> dict[str, Any] | None:
         if report is None:
             return None
-        from edge_runtime.bench.figures import energy_figures
-
         phases = report.by_phase()
         if "prefill" not in phases or "decode" not in phases:
             return None
