@@ -255,3 +255,16 @@ def tiny_bundle_with_generation(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads((out / "manifest.json").read_text())["generation"]["do_sample"] is False
     return out
+
+
+def test_the_repetition_penalty_spares_the_end_of_turn():
+    """The default penalty must not push a reply past its end: the template writes the end-of-turn token after
+    every message, so counting it as a repetition made sampled replies run on to the limit."""
+    from edge_runtime.decoding import Selector
+    from edge_runtime.sampling import Sampler
+
+    pick = Selector(Sampler(SamplingParams(repetition_penalty=1.1)), (), [5, 2, 7, 2], 100, None, frozenset({2}))
+    assert list(pick.history) == [5, 7]
+    pick.took(2)
+    pick.took(9)
+    assert list(pick.history) == [5, 7, 9]
