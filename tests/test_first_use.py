@@ -268,3 +268,10 @@ def test_the_repetition_penalty_spares_the_end_of_turn():
     pick.took(2)
     pick.took(9)
     assert list(pick.history) == [5, 7, 9]
+
+
+def test_edge_run_refuses_an_unwritable_field_log_before_the_run(tmp_path):
+    """--log's figures are written after the run: an output it cannot write is refused first, in one line."""
+    res = CliRunner().invoke(run_cli, ["--model", "demo", "--log", str(tmp_path / "no" / "log.jsonl"), *GREEDY])
+    assert res.exit_code == 1 and "cannot write --log" in res.output and "does not exist" in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .common import debug_option, friendly_errors, speculative_options, verbose_option
+from .common import check_writable, debug_option, friendly_errors, speculative_options, verbose_option
 
 if TYPE_CHECKING:
     from edge_runtime.engine import Engine
@@ -115,7 +115,7 @@ def run(
     bundle = bundle_arg or bundle
     for flag, out in (("--json-out", json_out), ("--plot", plot), ("--log", log_file)):
         if out is not None:
-            _check_writable(out, flag)
+            check_writable(out, flag)
     # The bundle runs under the target it was exported for unless --target names another.
     chosen = resolve_run(bundle, model, target, progress=lambda msg: click.echo(msg, err=True))
     if verbose:
@@ -171,46 +171,6 @@ def run(
         click.echo(f"plot: {plot}", err=True)
     if log_file is not None:
         click.echo(f"field log: {settings.trials} records appended to {log_file}", err=True)
-
-
-def _check_writable(path: Path, flag: str) -> None:
-    """Refuse an output the run could not write, before the run: found afterwards, the results are lost.
-
-    Probed by creating (and removing) a file beside the file to be written (beside the file a symlink
-    names), which catches what permission bits do not tell (read-only mounts, a full disk's inodes, root's
-    bypassing of the bits); an existing file is opened for appending, which changes nothing in it. A
-    device or FIFO (/dev/null, /dev/stdout) is written through, so nothing is created beside it and only
-    its permission is checked: opening a FIFO here would wait for a reader, or end the one it has.
-    """
-    import errno
-    import os
-    import tempfile
-
-    from edge_runtime.atomic_write import output_target
-    from edge_runtime.errors import EdgeRuntimeError, OutputError
-
-    from .common import os_message
-
-    parent = path.parent
-    if not parent.is_dir():
-        raise EdgeRuntimeError(f"cannot write {flag} '{path}': directory '{parent}' does not exist; create it first")
-    if path.is_dir():
-        raise EdgeRuntimeError(f"cannot write {flag} '{path}': it is a directory; give a file name")
-    try:
-        target, through = output_target(path)
-        if through:
-            if not os.access(path, os.W_OK):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-            return
-        if target.exists():
-            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
-        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.probe-", dir=target.parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OutputError as e:
-        raise EdgeRuntimeError(f"{flag}: {e}; nothing was run") from None
-    except OSError as e:
-        raise EdgeRuntimeError(f"cannot write {flag} '{path}': {os_message(e)}; nothing was run") from e
 
 
 @main.command("compare")

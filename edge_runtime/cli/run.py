@@ -21,6 +21,7 @@ import click
 
 from . import chat_repl, prompt_input
 from .common import (
+    check_writable,
     debug_option,
     friendly_errors,
     require_stdout,
@@ -154,6 +155,8 @@ def main(
         raise EdgeRuntimeError("give --bundle or --model, not both")
     if chat and (prompt is not None or prompt_file is not None or message is not None):
         raise EdgeRuntimeError("--chat reads its messages from the terminal or stdin; drop --prompt/--message")
+    if log_file is not None:  # found unwritable after the run, its figures would be lost
+        check_writable(log_file, "--log")
     # Checked before a model loads: a bad prompt costs no export and no session.
     constraint = _constraint(json_schema, regex, grammar_file, choice)  # a bad one: one line, nothing loaded
     request = None if chat else prompt_input.resolve(prompt, prompt_file, message, system, DEFAULT_PROMPT)
