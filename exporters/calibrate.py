@@ -25,6 +25,7 @@ from edge_runtime.models import GENERAL_CALIBRATION, LayerWeights, ModelArgs, Mo
 
 from .checkpoint import Checkpoint
 from .input_stats import InputStats
+from .progress import Progress, Stage, as_progress
 from .reference import DenseKVCache, ReferenceModel, perplexity
 from .tables import RowTable
 
@@ -41,7 +42,7 @@ DEFAULT_CALIBRATION_TOKENS = 16384
 MIN_CALIBRATION_TOKENS = 64
 HELDOUT_TOKENS = 512  # BOS + the first 511 held-out tokens, as the demo's training script reports
 
-Progress = Callable[[str], None]
+ProgressArg = Progress | Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class LayerInputStream:
         args: ModelArgs,
         weights: ModelWeights,
         calib: CalibrationSet,
-        progress: Progress,
+        progress: ProgressArg | None = None,
         *,
         sample_wide: bool = False,
         blocks: BlockStats | None = None,
@@ -211,7 +212,7 @@ class LayerInputStream:
         what whole-layer pruning needs (prune_layers.BlockStats) from the same forward."""
         self._ref = ReferenceModel(args, weights)
         self._blocks = blocks
-        self._calib, self._progress = calib, progress
+        self._calib, self._progress = calib, as_progress(progress)
         self._sample_rows = calib.tokens - len(calib.sequences) if sample_wide else None
         self._streams = None  # per sequence: [residual stream, positions, angles, cache], made on first use
         self._next = 0
@@ -220,7 +221,13 @@ class LayerInputStream:
     def __len__(self) -> int:
         return len(self._ref.layers)
 
-    def layer(self, i: int) -> LayerInputs:
+    @property
+    def tokens(self) -> int:
+        return self._calib.tokens
+
+    def layer(self, i: int, stage: Stage | None = None) -> LayerInputs:
+        """Layer i's input statistics; `stage`: the consumer's stage, told which sequence is in flight (a layer
+        of a 16k-token float64 forward takes tens of seconds on a small CPU), else a line once it is done."""
         if i != self._next:  # a caller bug: the streams have moved past earlier layers
             raise ValueError(f"calibration inputs are computed layer by layer: asked for {i}, next is {self._next}")
         t0 = time.perf_counter()
@@ -238,7 +245,9 @@ class LayerInputStream:
         if self._blocks is not None:
             sinks["down"] = lambda x: (stats["down"].add(x), down_rows.append(x))
         tapped = replace(lw, **{f: _Tap(getattr(lw, f), sinks[group]) for f, group in TAPPED.items()})
-        for stream in self._streams:
+        for n, stream in enumerate(self._streams):
+            if stage is not None:
+                stage.status(f"layer {i + 1}: calibration forward, sequence {n + 1}/{len(self._streams)}")
             stream[0] = ref.layer(i, tapped, *stream)
             stream[3].forget(i)  # no later layer reads layer i's keys
         if self._blocks is not None:
@@ -247,7 +256,8 @@ class LayerInputStream:
         if self._next == len(ref.layers):  # the last layer: the residual streams are not read again
             self._streams = []
         self.seconds += time.perf_counter() - t0
-        self._progress(f"  calibration layer {i + 1}/{len(ref.layers)} ({self._calib.tokens} tokens)")
+        if stage is None:
+            self._progress(f"  calibration layer {i + 1}/{len(ref.layers)} ({self._calib.tokens} tokens)")
         return LayerInputs(**stats)
 
 
@@ -255,15 +265,19 @@ def capture_linear_inputs(
     args: ModelArgs,
     weights: ModelWeights,
     calib: CalibrationSet,
-    progress: Progress = lambda _m: None,
+    progress: ProgressArg | None = None,
     blocks: BlockStats | None = None,
 ) -> LinearInputs:
     """Every layer's input statistics, held together (pruning and --mixed sensitivity compare layers);
     `blocks` also gathers whole-layer pruning's statistics."""
+    progress = as_progress(progress)
     stream = LayerInputStream(args, weights, calib, progress, blocks=blocks)
     out = LinearInputs()
-    for i in range(len(stream)):
-        out.append(stream.layer(i))
+    plan = f"{calib.tokens} tokens, float64 reference"
+    with progress.stage("calibrating", len(stream), "layer", plan=plan) as stage:
+        for i in range(len(stream)):
+            out.append(stream.layer(i, stage))
+            stage.advance()
     if blocks is not None:
         blocks.finish()  # the last layer's down_proj inputs: nothing after it to absorb
     return out

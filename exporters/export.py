@@ -46,6 +46,7 @@ from .gguf_convert import is_gguf
 from .gguf_quant import SourceCodes
 from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
+from .progress import Progress, as_progress
 from .prune import pruned_args
 from .quant import QuantConfig
 from .quant_graph import fp32_compute_twin
@@ -102,7 +103,7 @@ class ExportOptions:
     chat_template: TemplateFile | None = None
 
 
-Progress = Callable[[str], None]
+ProgressArg = Progress | Callable[[str], None]  # a plain callable gets plain lines (progress.as_progress)
 
 
 class _Stages:
@@ -124,8 +125,9 @@ class _Stages:
         self._t = now
 
 
-def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manifest:
+def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest:
     t_start = time.perf_counter()
+    progress = as_progress(progress)
     return_freed_memory()
     stages = _Stages()
     progress(f"loading {opts.checkpoint}")
@@ -176,7 +178,8 @@ def export(opts: ExportOptions, progress: Progress = lambda _msg: None) -> Manif
         progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
         # Each initializer's bytes go to the data file as the builder makes it: the graph holds references only.
         writer = ExternalDataWriter(tmp / DATA_FILE)
-        with writer:
+        # a stage of one unit for its heartbeat: an 8B model's graph is minutes of packing and writing
+        with writer, progress.stage("building and writing the graph", 1, "graph"):
             built = build_decoder(
                 ckpt.args,
                 prepared.weights,
@@ -274,9 +277,13 @@ def _validate(
     precision = built.precision.value
     fp32 = built.precision is Precision.FP32
     probe = float32_probe(ckpt.args, prepared.weights, reference) if fp32 else None
-    memo = ReferenceMemo(reference, probe)  # both grids' streams scored once (twin and graph pick the same tokens)
+    memo = ReferenceMemo(reference, probe)  # each stream scored once: the bundle's graph follows the twin's tokens
 
-    def grid(session: Callable[[], ort.InferenceSession], probe: ReferenceModel | None = None) -> list[CaseResult]:
+    def grid(
+        session: Callable[[], ort.InferenceSession],
+        probe: ReferenceModel | None = None,
+        follow: list[CaseResult] | None = None,
+    ) -> list[CaseResult]:
         return validation_grid(
             session,
             reference,
@@ -287,6 +294,7 @@ def _validate(
             progress=progress,
             probe=probe,
             memo=memo,
+            follow=follow,
         )
 
     if int8_act:
@@ -303,7 +311,8 @@ def _validate(
     reference_dtype = reference.dtype.name
     progress(f"validating against the {reference_dtype} reference (ONNX Runtime {ort.__version__} CPU)")
     if int8_act:
-        cases = grid(lambda: _session(str(graph), built))
+        # fed the twin's tokens: the reference's logits of the twin's grid serve this one (validation_grid)
+        cases = grid(lambda: _session(str(graph), built), follow=twin_cases)
         tol = fixed_tolerance(precision, int8_activations=True)
         worst = _check(cases, tol.value, f"{precision} with int8 activations")
     else:

@@ -16,9 +16,10 @@ from edge_runtime.errors import ExportError
 from edge_runtime.manifest import Manifest
 
 from .decoder import Flavor, kv_dtype_problem
-from .export import ExportOptions, Progress, export
+from .export import ExportOptions, ProgressArg, export
 from .gguf_convert import checkpoint_dir, is_gguf
 from .gguf_quant import GGUFCodes, declined, linears_kept, plan_import, read_codes, summary
+from .progress import as_progress
 from .quant import MixedPlan
 
 
@@ -27,7 +28,7 @@ def export_source(
     *,
     gguf_codes: GGUFCodes | None = None,
     plan_from_profile: bool = False,
-    progress: Progress = lambda _msg: None,
+    progress: ProgressArg | None = None,
 ) -> Manifest:
     """Export `opts.checkpoint`, a Hugging Face directory or a .gguf file, to `opts.out`.
 
@@ -36,6 +37,7 @@ def export_source(
     user, so it gives way to a GGUF's codes where the file has codes to keep: llama.cpp's exact weights beat any
     requantization of them. A GGUF is converted to float32 in a temporary directory beside the output, removed
     afterwards."""
+    progress = as_progress(progress)
     kv_problem = kv_dtype_problem(None, opts.flavor, opts.quant, opts.kv_dtype)  # before a .gguf is converted
     if kv_problem:
         raise ExportError(kv_problem)
@@ -50,7 +52,11 @@ def export_source(
     )
     with checkpoint_dir(opts.checkpoint, out=opts.out, progress=progress) as hf_dir:
         if gguf_source:
-            codes = declined(reason) if reason else read_codes(opts.checkpoint, opts.quant)
+            if reason:
+                codes = declined(reason)
+            else:  # the file's metadata parsed again (seconds for a large vocabulary): the heartbeat covers it
+                with progress.stage(f"reading {opts.checkpoint.name}'s quantized codes", 1, "file"):
+                    codes = read_codes(opts.checkpoint, opts.quant)
             if profile_plan and opts.quant is not with_plan:
                 if linears_kept(codes):
                     progress(

@@ -35,8 +35,9 @@ from edge_runtime.models.gguf_layout import GGUFLayout
 
 from .gguf_reader import GGUFFile
 from .gguf_tokenizer import build_tokenizer
+from .progress import Progress, as_progress
 
-Progress = Callable[[str], None]
+ProgressArg = Progress | Callable[[str], None]
 
 # GGUF architecture -> (HF model_type, its layout): every architecture file in models/ that declares one.
 ARCHITECTURES: dict[str, tuple[str, GGUFLayout]] = {
@@ -275,22 +276,26 @@ def _safetensors_header(plan: list[tuple[str, str, tuple[int, ...]]], dtype: str
     return raw + b" " * (-len(raw) % 8)  # data 8-byte aligned, as the reference writer does
 
 
-def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progress = lambda _m: None) -> dict[str, Any]:
+def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: ProgressArg | None = None) -> dict[str, Any]:
     """Write a Hugging Face checkpoint for `src` into directory `out` (created); returns config.json's dict."""
     if dtype not in _ST_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_ST_DTYPES)}")
+    progress = as_progress(progress)
     t0 = time.perf_counter()
-    gg = GGUFFile(src)
-    split = gg.meta("split.count", 1)
-    if isinstance(split, int) and split > 1:
-        raise CheckpointError(
-            f"'{src.name}' is part 1 of a {split}-part split GGUF; merge it first (gguf-split --merge)"
-        )
-    config = build_config(gg)
-    gg.check_types()
-    plan = _tensor_plan(gg, config)
-    _check_shapes(gg, config, plan)
-    tokenizer, tokenizer_config = build_tokenizer(gg)
+    # The metadata is parsed in Python, a value at a time: seconds for a 262k-token vocabulary, which the stage's
+    # heartbeat covers. No line before it: a file refused here says only why.
+    with progress.stage(f"reading {src.name}", 1, "file"):
+        gg = GGUFFile(src)
+        split = gg.meta("split.count", 1)
+        if isinstance(split, int) and split > 1:
+            raise CheckpointError(
+                f"'{src.name}' is part 1 of a {split}-part split GGUF; merge it first (gguf-split --merge)"
+            )
+        config = build_config(gg)
+        gg.check_types()
+        plan = _tensor_plan(gg, config)
+        _check_shapes(gg, config, plan)
+        tokenizer, tokenizer_config = build_tokenizer(gg)
     counts = ", ".join(f"{n} {t}" for t, n in gg.type_counts().most_common())
     progress(f"reading {src.name}: {gg.architecture}, {config['num_hidden_layers']} layers, {counts}")
 
@@ -298,10 +303,12 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
     q_heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out.mkdir(parents=True, exist_ok=True)
     header = _safetensors_header(plan, dtype)
-    with (out / "model.safetensors").open("wb") as f:
+    dequantizing = progress.stage("dequantizing", len(plan), "tensor", plan=f"to {dtype}")
+    with (out / "model.safetensors").open("wb") as f, dequantizing as stage:
         f.write(struct.pack("<Q", len(header)))
         f.write(header)
-        for i, (name, _, shape) in enumerate(plan):
+        for name, _, shape in plan:
+            stage.status(name)
             w = gg.tensor(name)
             if lay.permuted_qk and ".attn_q." in name:
                 w = reverse_permute(w, q_heads)
@@ -312,8 +319,7 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
             if w.shape != shape:  # cannot happen for a well-formed file; guards the header we wrote
                 raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to {w.shape}, expected {shape}")
             f.write((f32_to_bf16_bits(w) if dtype == "bf16" else np.ascontiguousarray(w, np.float32)).tobytes())
-            if (i + 1) % 64 == 0:
-                progress(f"dequantized {i + 1}/{len(plan)} tensors")
+            stage.advance()
     config["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype]
     _write_json(out / "config.json", config)
     tokenizer.save(str(out / "tokenizer.json"))
@@ -331,7 +337,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def checkpoint_dir(path: Path, *, out: Path | None = None, progress: Progress = lambda _m: None) -> Iterator[Path]:
+def checkpoint_dir(path: Path, *, out: Path | None = None, progress: ProgressArg | None = None) -> Iterator[Path]:
     """`path` itself when it is not a GGUF; else a float32 conversion of it in a temporary directory,
     removed on exit.
 

@@ -37,6 +37,7 @@ from .calibrate import DEFAULT_CALIBRATION_TOKENS
 from .decoder import Flavor, KvDtype
 from .input_stats import SAMPLE_ROWS
 from .quant import QuantConfig
+from .quant_graph import FP32_HEAD_MAX_BYTES
 from .quant_pipeline import samples_wide_inputs
 from .reference import F64_COPY_MAX_PARAMS
 from .tables import RowTable
@@ -180,7 +181,11 @@ def estimate_export_memory(
         and quant.table_bits == 8
         and all(k % 64 == 0 for k in widths)
     )
-    twin = int(TWIN_HEAD_COPIES * table_f32 / tables) if table_codes and flavor is Flavor.ORT and not own_twin else 0
+    head_f32 = table_f32 / tables
+    # a small INT8 head runs in the twin as a float32 Gemm (quant_graph.FP32_HEAD_MAX_BYTES): mapped and prepacked
+    float_head = quant.table_bits == 8 and head_f32 <= FP32_HEAD_MAX_BYTES
+    twin_head = 2 * head_f32 if float_head else TWIN_HEAD_COPIES * head_f32
+    twin = int(twin_head) if table_codes and flavor is Flavor.ORT and not own_twin else 0
     run = {**held, "runtime": bundle + twin}
     reference = {
         **held,

@@ -114,6 +114,11 @@ def _bias(g: GraphBuilder, prefix: str, y: str, bias: np.ndarray | None) -> str:
 # Rows of a quantized table one MatMulNBits at accuracy_level 0 multiplies (matmul_table): 128 MB of float32
 # at hidden size 2048, against 1 GB for a 128k-vocabulary head in one node.
 FP32_TABLE_PART_ROWS = 16384
+# The largest LM head the twin holds as float32 instead (NBitsWeights._float_head). Its session then peaks at
+# about two float32 copies (the mapped initializer while ONNX Runtime prepacks it, and the packed one: with
+# SmolLM2's 113 MB head validation peaks 118 MiB above MatMulNBits' temporaries, memory_plan.TWIN_HEAD_COPIES);
+# larger heads (a 1B model's 1 GB) keep the parts above.
+FP32_HEAD_MAX_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,12 @@ class NBitsWeights:
             return self.floats.matmul_table(g, prefix, x2d, table)
         qm, scales, blk = self._tables[table]
         n, k = qm.shape
+        if self._float_head(qm):
+            # MLAS has no fp32 kernel for 8-bit codes: MatMulNBits at accuracy_level 0 dequantizes all of B on
+            # every call (3.4 ns a weight: 0.17 s a call for SmolLM2's 49152 x 576 head, most of its twin's
+            # validation time). The same values dequantized once (exact: quant.py) make a float Gemm.
+            head = self.floats.table(g, f"{prefix}/fp32_twin", qm.dequantize())
+            return self.floats.matmul_table(g, prefix, x2d, head)
         if self.accuracy_level != 0 or self.kernel is MatMulKernel.EDGE or n <= FP32_TABLE_PART_ROWS:
             return self._nbits(g, prefix, x2d, table, (*qm.shape, qm.bits), scales, blk, qm)
         # MatMulNBits computing in fp32 dequantizes its whole B on every call, which for a 1B model's LM head
@@ -195,6 +206,18 @@ class NBitsWeights:
             w_q = g.weight(f"{part}/weight_q", b[rows])
             parts.append(self._nbits(g, part, x2d, w_q, (rows.stop - r, k, qm.bits), scales[rows], blk, qm))
         return g.op("Concat", parts, f"{prefix}/rows/Concat", axis=-1)
+
+    def _float_head(self, qm: QuantizedMatrix) -> bool:
+        """Whether the accuracy_level 0 twin's LM head runs as a float32 Gemm (matmul_table): 8-bit codes of a
+        head whose float32 copy fits FP32_HEAD_MAX_BYTES, in a float32 graph."""
+        n, k = qm.shape
+        return (
+            self.accuracy_level == 0
+            and self.kernel is not MatMulKernel.EDGE
+            and qm.bits == 8
+            and n * k * 4 <= FP32_HEAD_MAX_BYTES
+            and np.dtype(self.floats.storage) == np.float32
+        )
 
     def _nbits(
         self,

@@ -26,6 +26,7 @@ from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, WeightNam
 
 from .calibrate import InputStats, LayerInputStream, LinearInputs, copy_layer
 from .lazy_layers import LazyLayers
+from .progress import Progress, as_progress
 from .quant import (
     MixedPlan,
     QuantConfig,
@@ -102,7 +103,7 @@ def quantize_model(
     names: WeightNames,
     config: QuantConfig,
     acts: LinearInputs | LayerInputStream | None = None,
-    progress: Callable[[str], None] = lambda _m: None,
+    progress: Progress | Callable[[str], None] | None = None,
     imported: Mapping[str, QuantizedMatrix] | None = None,
     scratch: Scratch | None = None,
 ) -> QuantizedModel:
@@ -113,6 +114,7 @@ def quantize_model(
     integer form is given (a GGUF's codes, gguf_quant.py), used as they are where they dequantize to
     exactly the checkpoint's weights. `scratch`: where each layer's codes go once it is quantized (read
     back as they are used), so the codes of the whole model are never held."""
+    progress = as_progress(progress)
     t0 = time.perf_counter()
     method, bits, block = config.method, config.method.linear_bits, config.block
     damp = gptq_damp(config)
@@ -141,7 +143,6 @@ def quantize_model(
 
     extra: dict[str, Any] = {}
     if method.awq:
-        progress(f"searching AWQ scales ({len(weights.layers)} layers)")
         extra["awq"] = {}
     if method.gptq:
         extra["gptq"] = {
@@ -206,46 +207,60 @@ def quantize_model(
     # drop them (the 1B int8 export built 240 layers: 31 s of bf16 widening and most of its page faults).
     small: list[LayerWeights] = []
     forms: dict[tuple[int, str], QuantizedMatrix] = {}
-    for i, lw in enumerate(weights.layers):
-        x = acts.layer(i) if acts is not None else None
-        if method.awq:
-            lw, x, extra["awq"][f"layer {i}"] = awq_layer(
-                args, i, lw, x, block, progress, AWQ_SINK_WEIGHT, config.asymmetric
-            )
-        small.append(copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
-        if method.awq:
-            scaled.append(lw if sensitivity else small[-1])
-        sizes.update({(i, g): n for g, n in group_sizes(lw).items()})
-        for f in LINEARS:
-            w, name = getattr(lw, f), names.layer[f].format(i=i)
-            if (i, group_of[f]) in int8_groups:
-                qm = quantize_rtn(w, 8)  # per channel: MatMulNBits bits 8, MatMulQ8, trt's DequantizeLinear
-            elif name in imported:
-                qm = imported[name]
-            elif bits == 8:
-                qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
-            elif method.gptq:
-                # the Hessian made inline, so gptq's copy is the only one (0.5 GB each at the 1B shape's down_proj)
-                qm = gptq(
-                    w, x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block, damp, act_order=GPTQ_ACT_ORDER,
-                    asymmetric=config.asymmetric,
-                )  # fmt: skip
-            else:
-                qm = quantize_rtn(w, 4, block, asymmetric=config.asymmetric)
-            forms[(i, f)] = qm
-        # the record as each layer is quantized: a layer widened from the file once, not again for the record
-        errors = [
-            note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if x is None else x.of(f))
-            for f in LINEARS
-        ]
-        worst = max(errors)
-        if sensitivity:
-            layer_forms = {f: forms[(i, f)] for f in LINEARS}
-            scores.update({(i, g): s for g, s in layer_scores(lw, layer_forms, x, GPTQ_SINK_WEIGHT).items()})
-        if scratch is not None:
+    plan = method.value + (f", block {block}" if bits == 4 else "")
+    if isinstance(acts, LayerInputStream):
+        plan += f", each layer's calibration forward on {acts.tokens} tokens first"
+    if sensitivity:
+        plan += f", --mixed {config.mixed.value} scoring"
+    with progress.stage("quantizing", len(weights.layers), "layer", plan=plan) as stage:
+        for i, lw in enumerate(weights.layers):
+            x = None
+            if isinstance(acts, LayerInputStream):
+                x = acts.layer(i, stage)
+            elif acts is not None:
+                x = acts.layer(i)
+            if method.awq:
+                stage.status(f"layer {i + 1}: AWQ scale search")
+                lw, x, extra["awq"][f"layer {i}"] = awq_layer(
+                    args, i, lw, x, block, stage.status, AWQ_SINK_WEIGHT, config.asymmetric
+                )
+            small.append(copy_layer(lw, **dict.fromkeys(LINEARS, _NO_WEIGHT)))
+            if method.awq:
+                scaled.append(lw if sensitivity else small[-1])
+            sizes.update({(i, g): n for g, n in group_sizes(lw).items()})
             for f in LINEARS:
-                forms[(i, f)].spill(scratch)
-        progress(f"  quantized layer {i + 1}/{len(weights.layers)} ({method.value}): worst weight error {worst:.2e}")
+                w, name = getattr(lw, f), names.layer[f].format(i=i)
+                if (i, group_of[f]) in int8_groups:
+                    qm = quantize_rtn(w, 8)  # per channel: MatMulNBits bits 8, MatMulQ8, trt's DequantizeLinear
+                elif name in imported:
+                    qm = imported[name]
+                elif bits == 8:
+                    qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
+                elif method.gptq:
+                    stage.status(f"layer {i + 1}: GPTQ {f}")
+                    # the Hessian made inline, so gptq's copy is the only one (0.5 GB each at the 1B shape's down)
+                    qm = gptq(
+                        w, x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block, damp, act_order=GPTQ_ACT_ORDER,
+                        asymmetric=config.asymmetric,
+                    )  # fmt: skip
+                else:
+                    qm = quantize_rtn(w, 4, block, asymmetric=config.asymmetric)
+                forms[(i, f)] = qm
+            # the record as each layer is quantized: a layer widened from the file once, not again for the record
+            stage.status(f"layer {i + 1}: errors")
+            errors = [
+                note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if x is None else x.of(f))
+                for f in LINEARS
+            ]
+            worst = max(errors)
+            if sensitivity:
+                stage.status(f"layer {i + 1}: --mixed sensitivity scores")
+                layer_forms = {f: forms[(i, f)] for f in LINEARS}
+                scores.update({(i, g): s for g, s in layer_scores(lw, layer_forms, x, GPTQ_SINK_WEIGHT).items()})
+            if scratch is not None:
+                for f in LINEARS:
+                    forms[(i, f)].spill(scratch)
+            stage.advance(note=f"worst weight error {worst:.2e}")
     calibrating = acts.seconds if isinstance(acts, LayerInputStream) else 0.0
     if method.awq:
         extra["awq"]["sink_weight"] = AWQ_SINK_WEIGHT
@@ -283,12 +298,16 @@ def quantize_model(
         table_block = config.block if tb == 4 else None
         if tb == 4:
             check_block(names.embed, weights.embed, table_block)
-        embed_q = imported.get(names.embed) or quantize_rtn(weights.embed, tb, table_block)
-        embed = table(names.embed, weights.embed, embed_q)
         lm_head = None
-        if not tied:
-            head_q = imported.get(names.lm_head) or quantize_rtn(weights.lm_head, tb, table_block)
-            lm_head = table(names.lm_head, weights.lm_head, head_q)
+        # one or two units, for the heartbeat: a 262k-row table is seconds of rounding and error measuring
+        with progress.stage("quantizing the tables", 1 if tied else 2, "table", plan=f"INT{tb}") as st:
+            embed_q = imported.get(names.embed) or quantize_rtn(weights.embed, tb, table_block)
+            embed = table(names.embed, weights.embed, embed_q)
+            st.advance()
+            if not tied:
+                head_q = imported.get(names.lm_head) or quantize_rtn(weights.lm_head, tb, table_block)
+                lm_head = table(names.lm_head, weights.lm_head, head_q)
+                st.advance()
     if lm_head is None:
         lm_head = embed if tied else np.array(weights.lm_head, np.float32)
     out.weights = ModelWeights(

@@ -28,6 +28,7 @@ from .calibrate import (
     load_calibration,
 )
 from .checkpoint import Checkpoint
+from .progress import Progress, as_progress
 from .prune import RECON_SINK_WEIGHT, PruneConfig, calibration_record, prune_model, prune_to_budget
 from .prune_layers import BlockStats, check_layer_pruning, supports_layer_pruning
 from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
@@ -37,7 +38,7 @@ from .scratch import Scratch
 if TYPE_CHECKING:
     from .gguf_quant import SourceCodes
 
-Progress = Callable[[str], None]
+ProgressArg = Progress | Callable[[str], None]
 # Pruning is judged on this many calibration tokens (the first sequences; at least one): one float64
 # forward per evaluation, ~20 s on SmolLM2-135M, where all 16,384 would take minutes each. They are also
 # reconstruction's fitting data, so the figure is optimistic; the manifest's held-out perplexity is not.
@@ -105,13 +106,14 @@ def prepare_weights(
     prune_layers: int = 0,
     trt: bool,
     weights_label: str,
-    progress: Progress,
+    progress: ProgressArg | None,
     source_codes: SourceCodes | None = None,
     scratch: Scratch | None = None,
 ) -> PreparedWeights:
     """`source_codes`: a GGUF source's codes to keep as they are (gguf_quant.py; its record goes into the
     manifest even when it imports nothing, saying why). `scratch`: where quantized Linears' codes wait
     between uses instead of memory (quantize_model)."""
+    progress = as_progress(progress)
     if prune_ratio is not None and prune_budget is not None:
         raise ExportError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
     if prune_budget is not None and not (isinstance(prune_budget, (int, float)) and 0 < prune_budget < 1e6):
@@ -143,7 +145,7 @@ def prepare_weights(
         record["calibration"] = calib.record()
     if pruning:  # pruning ranks and refits across layers: every layer's statistics at once
         t0 = time.perf_counter()
-        progress(f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward)")
+        progress(f"calibration text '{calib.path.name}': {calib.tokens} tokens")  # the stage's own line says how
         # Whole layers are candidates where asked for, and for a budget (not where layer indices mean more)
         wants_layers = (prune is not None and prune.layers > 0) or (
             prune_budget is not None and supports_layer_pruning(args)
@@ -170,9 +172,7 @@ def prepare_weights(
         acts = LayerInputStream(args, weights, calib, progress, sample_wide=samples_wide_inputs(quant))
 
     quantized = None
-    if quant.enabled:
-        block = f", block {quant.block}" if quant.method.linear_bits == 4 else ""
-        progress(f"quantizing: {quant.method.value}{block}")
+    if quant.enabled:  # quantize_model's stage says the method, the block and the layers
         quantized = quantize_model(args, weights, ckpt.arch.weights, quant, acts, progress, imported, scratch)
         if isinstance(acts, LayerInputStream) and not pruning:
             record["calibration"]["seconds"] = round(acts.seconds, 2)
@@ -184,9 +184,14 @@ def prepare_weights(
 
     ids = heldout_ids(ckpt)
     if ids is not None:
-        progress(f"held-out perplexity on {len(ids)} tokens of heldout.txt (float64 reference, before and after)")
-        before = heldout_perplexity(args, ckpt.weights, ids)
-        after = heldout_perplexity(args, weights, ids)
+        plan = f"{len(ids)} tokens of heldout.txt, float64 reference, before and after"
+        with progress.stage("held-out perplexity", 2, "forward", plan=plan) as stage:
+            stage.status("the checkpoint's weights")
+            before = heldout_perplexity(args, ckpt.weights, ids)
+            stage.advance()
+            stage.status("the exported weights")
+            after = heldout_perplexity(args, weights, ids)
+            stage.advance()
         progress(f"held-out perplexity {before:.3f} -> {after:.3f} ({100 * (after / before - 1):+.2f}%)")
         record["heldout_ppl"] = {
             "tokens": len(ids),
@@ -205,11 +210,12 @@ def _prune(
     prune: PruneConfig | None,
     budget: float | None,
     unit: int,
-    progress: Progress,
+    progress: ProgressArg | None,
     blocks: BlockStats | None = None,
 ) -> tuple[ModelWeights, dict[str, Any]]:
     """--prune R [--prune-layers N] or --prune-budget PCT, with the calibration perplexity (on `seqs`) before
     and after."""
+    progress = as_progress(progress)
     n = sum(len(s) for s in seqs)
 
     def evaluate(w: ModelWeights) -> float:
@@ -217,12 +223,22 @@ def _prune(
 
     if budget is not None:
         progress(f"pruning within +{budget:g}% calibration perplexity on {n} calibration tokens (bisection)")
-        pruned, rec = prune_to_budget(args, weights, acts, budget, evaluate, unit, progress=progress, blocks=blocks)
+        # one unit: the bisection's steps say their own lines; the heartbeat fills the float64 forwards between
+        with progress.stage("pruning to the budget", 1, "search"):
+            pruned, rec = prune_to_budget(args, weights, acts, budget, evaluate, unit, progress=progress, blocks=blocks)
     else:
         layers = f" and {prune.layers} whole layer{'s' if prune.layers > 1 else ''}" if prune.layers else ""
         progress(f"pruning {prune.ratio:.0%} of attention+MLP parameters (widths in multiples of {prune.unit}){layers}")
-        pruned, rec = prune_model(args, weights, acts, prune, progress, blocks=blocks)
-        before, after = evaluate(weights), evaluate(pruned)
+        with progress.stage("pruning", 3, "step", plan="prune and refit, calibration perplexity before and after") as s:
+            s.status("pruning and refitting")
+            pruned, rec = prune_model(args, weights, acts, prune, progress, blocks=blocks)
+            s.advance()
+            s.status("calibration perplexity of the checkpoint's weights")
+            before = evaluate(weights)
+            s.advance()
+            s.status("calibration perplexity of the pruned weights")
+            after = evaluate(pruned)
+            s.advance()
         rec["calibration_ppl"] = calibration_record(before, after)
         change = rec["calibration_ppl"]["change_pct"]
         progress(f"calibration perplexity {before:.3f} -> {after:.3f} ({change:+.2f}%) on {n} calibration tokens")

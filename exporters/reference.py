@@ -431,10 +431,12 @@ class Stream:
     ring: tuple[int, int] | None = None
 
 
-def forward_streams(model: ReferenceModel, streams: Sequence[Stream]) -> list[np.ndarray]:
+def forward_streams(
+    model: ReferenceModel, streams: Sequence[Stream], on_layer: Callable[[int], None] | None = None
+) -> list[np.ndarray]:
     """Logits [T, V] of each independent stream, the layers outermost: each layer's weights are read
     (built, where they are built on demand) once for all the streams. Equal to forward() (dense) or
-    StreamingReference.run() (ring) of each stream alone."""
+    StreamingReference.run() (ring) of each stream alone. `on_layer(i)` is told when layer i is done."""
     xs, states = [], []
     for s in streams:
         ids = np.asarray(s.tokens, np.int64)
@@ -452,4 +454,6 @@ def forward_streams(model: ReferenceModel, streams: Sequence[Stream]) -> list[np
             else:
                 ref, retained = states[j]
                 xs[j] = ref.layer(i, lw, xs[j], retained)
+        if on_layer is not None:
+            on_layer(i)
     return [model.logits(x) for x in xs]

@@ -23,6 +23,7 @@ from edge_runtime.ring import LocalLayers, RingGeometry, RingState
 
 from .decoder import Flavor
 from .lazy_layers import LazyLayers
+from .progress import Progress, as_progress
 from .reference import ReferenceModel, Stream, forward_streams
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -214,6 +215,7 @@ class CaseResult:
     tokens: int
     max_rel_err: float
     float32_rel_err: float | None = None  # the probe's error on the same tokens (dense cases, with a probe)
+    stream: Stream | None = None  # the tokens the graph was fed, for another grid to follow (validation_grid)
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -253,9 +255,13 @@ def _graph_case(
     decode: int,
     max_chunk: int | None = None,
     position_offset: int = 0,
+    follow: Sequence[int] | None = None,
 ) -> tuple[Stream, np.ndarray]:
     """The graph's logits [T, V] for `prompt` and `decode` greedy tokens it picks itself (as the runtime would),
-    and the stream the reference must score: dense attention while nothing is evicted, else the ring's."""
+    and the stream the reference must score: dense attention while nothing is evicted, else the ring's.
+    `follow`: the whole token stream (`prompt` and `decode` more) to feed instead of the graph's own picks."""
+    if follow is not None and (len(follow) != len(prompt) + decode or list(follow[: len(prompt)]) != list(prompt)):
+        raise ValueError("a followed stream must start with the case's prompt and have its length")  # a caller bug
     runner = NumpyGraphRunner(
         session,
         flavor=flavor,
@@ -270,7 +276,7 @@ def _graph_case(
     outs = [runner.feed(prompt, max_chunk)]
     tokens = [int(t) for t in prompt]
     for _ in range(decode):
-        tokens.append(int(np.argmax(outs[-1][-1])))
+        tokens.append(int(np.argmax(outs[-1][-1])) if follow is None else int(follow[len(tokens)]))
         outs.append(runner.feed(tokens[-1:]))
     # Nothing evicted: StreamingLLM is dense attention, which the reference scores in one forward.
     dense = len(prompt) + decode <= geometry.sinks + geometry.window
@@ -287,16 +293,36 @@ class ReferenceMemo:
         self._logits: dict[Stream, np.ndarray] = {}
         self._probed: dict[Stream, float] = {}
 
-    def score(self, streams: Sequence[Stream]) -> None:
+    def score(self, streams: Sequence[Stream], *, probed: bool = True, progress: Progress | None = None) -> int:
+        """Score the streams not scored before, and with `probed` (and a probe) have the probe score the dense
+        ones not probed before; a stage over the passes' layers on `progress`. The number of passes run."""
         todo = list(dict.fromkeys(s for s in streams if s not in self._logits))
-        if not todo:
-            return
-        for s, logits in zip(todo, forward_streams(self.reference, todo), strict=True):
-            self._logits[s] = logits
-        dense = [s for s in todo if s.ring is None]
-        if self.probe is not None and dense:
-            for s, logits in zip(dense, forward_streams(self.probe, dense), strict=True):
-                self._probed[s] = rel_err(logits, self._logits[s])
+        dense = []
+        if probed and self.probe is not None:
+            dense = list(dict.fromkeys(s for s in streams if s.ring is None and s not in self._probed))
+        passes = [(m, ss) for m, ss in ((self.reference, todo), (self.probe, dense)) if ss]
+        if not passes:
+            return 0
+        progress = as_progress(progress)
+        tokens = sum(len(s.tokens) for s in todo)
+        plan = f"{len(todo)} streams, {tokens} tokens in {self.reference.dtype.name}" + (
+            f", then {len(dense)} dense ones in float32 for the fp32 bound" if dense else ""
+        )
+        layers = len(self.reference.layers)
+        with progress.stage("reference forward", layers * len(passes), "layer", plan=plan) as stage:
+            for model, ss in passes:
+                stage.status(f"{model.dtype.name} pass, layer 1/{layers}")
+
+                def done(i: int, model: ReferenceModel = model) -> None:
+                    stage.advance()
+                    stage.status(f"{model.dtype.name} pass, layer {min(i + 2, layers)}/{layers}")
+
+                for s, logits in zip(ss, forward_streams(model, ss, on_layer=done), strict=True):
+                    if model is self.reference:
+                        self._logits[s] = logits
+                    else:
+                        self._probed[s] = rel_err(logits, self._logits[s])
+        return len(passes)
 
     def logits(self, stream: Stream) -> np.ndarray:
         return self._logits[stream]
@@ -314,16 +340,24 @@ def validation_grid(
     kv_heads: Sequence[int],
     sliding_window: int | None = None,
     seed: int = 0,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | Callable[[str], None] | None = None,
     probe: ReferenceModel | None = None,
     memo: ReferenceMemo | None = None,
+    follow: Sequence[CaseResult] | None = None,
 ) -> list[CaseResult]:
     """The grid's cases; with `probe` (a float32 ReferenceModel of the same weights), each dense case also
     gives the probe's error against `reference` on the same tokens (fp32_tolerance). The graph runs every
     case first, then the reference scores them all in one pass over its layers; `memo` keeps those scores
     for another grid of the same export. `session` may be a function that opens it: it is then closed before
     the reference runs, so the exporter never holds ONNX Runtime's copy of the weights and the reference's
-    layers at once."""
+    layers at once.
+
+    `follow`: an earlier grid's results (same seed) whose token streams this graph is fed instead of picking its
+    decode tokens itself, so the memo's reference logits serve both grids and the reference runs once per case.
+    Every logits row is still compared: whose argmax chose the next token does not change what is checked, and
+    a graph with int8 activations picked other tokens than its twin at near ties, which cost a second float64
+    pass over the whole model."""
+    progress = as_progress(progress)
     if memo is None:
         memo = ReferenceMemo(reference, probe)
     elif probe is not None and memo.probe is not probe:
@@ -335,29 +369,32 @@ def validation_grid(
     ring = RingGeometry(sinks=4, window=16, slack=7)
     cases = [(f"prefill {n} + decode 8 (under capacity)", dense, rng.integers(0, vocab, n), 8) for n in (1, 7, 64)]
     cases.append(("prefill 64 + decode 40 past capacity (S=4, W=16, >=3 wraps)", ring, rng.integers(0, vocab, 64), 40))
+    if follow is not None and [c.name for c in follow] != [c[0] for c in cases]:
+        raise ValueError("validation_grid: `follow` must be a grid of the same cases")  # a caller bug
     ran = []
-    live = session() if callable(session) else session
-    for name, geometry, prompt, decode in cases:
-        t0 = time.perf_counter()
-        stream, outs = _graph_case(
-            live, reference, flavor=flavor, dtype=dtype, kv_heads=kv_heads, geometry=geometry,
-            prompt=prompt.tolist(), decode=decode,
-        )  # fmt: skip
-        ran.append((name, stream, outs, time.perf_counter() - t0))
-    del live  # the last reference to a session this function opened: its weights go before the reference runs
+    steps = sum(1 + decode for *_, decode in cases)  # a prefill and the decode steps: the graph's calls, roughly
+    with progress.stage("running the graph", len(cases), "case", plan=f"{steps} prefill and decode steps") as st:
+        st.status("opening the ONNX Runtime session")
+        live = session() if callable(session) else session
+        for k, (name, geometry, prompt, decode) in enumerate(cases):
+            st.status(name)
+            t0 = time.perf_counter()
+            stream, outs = _graph_case(
+                live, reference, flavor=flavor, dtype=dtype, kv_heads=kv_heads, geometry=geometry,
+                prompt=prompt.tolist(), decode=decode, follow=None if follow is None else follow[k].stream.tokens,
+            )  # fmt: skip
+            ran.append((name, stream, outs, time.perf_counter() - t0))
+            st.advance()
+        del live  # the last reference to a session this function opened: its weights go before the reference runs
     gc.collect()
-    t0 = time.perf_counter()
-    memo.score([stream for _, stream, _, _ in ran])
+    if not memo.score([stream for _, stream, _, _ in ran], probed=probe is not None, progress=progress):
+        progress(f"  the reference's logits of all {len(ran)} streams reused from the earlier grid")
     LazyLayers.release_all()  # the reference's last layer is not needed by the next grid's session
-    scored = time.perf_counter() - t0
-    if progress:
-        progress(f"  reference scored the grid's {len(ran)} streams in {scored:.1f}s")
     results = []
     for name, stream, outs, seconds in ran:
         err = rel_err(outs, memo.logits(stream))
         probed = memo.probed(stream) if probe is not None else None
-        results.append(CaseResult(name, len(stream.tokens), err, probed))
-        if progress:
-            also = "" if probed is None else f" (numpy float32: {probed:.2e})"
-            progress(f"  validate {name}: max rel err {err:.2e}{also} (graph {seconds:.1f}s)")
+        results.append(CaseResult(name, len(stream.tokens), err, probed, stream))
+        also = "" if probed is None else f" (numpy float32: {probed:.2e})"
+        progress(f"  validate {name}: max rel err {err:.2e}{also} (graph {seconds:.1f}s)")
     return results

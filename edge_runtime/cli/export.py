@@ -5,7 +5,7 @@ edge-export CHECKPOINT_DIR|MODEL.gguf|demo -o OUT_DIR [--target T] [--flavor ort
             [--prune RATIO] [--prune-layers N] | [--prune-budget PCT] [--calib FILE]
             [--fp-embeddings | --table-bits 4|8]
             [--kernel mlas|edge] [--mixed none|llama-down|sensitivity] [--gguf-codes keep|requantize]
-            [--kv-dtype fp32|fp16|q8] [--max-memory SIZE]
+            [--kv-dtype fp32|fp16|q8] [--max-memory SIZE] [--quiet]
 edge-export inspect BUNDLE_DIR
 
 Without --target the defaults are portable (ort flavor, float weights, ONNX Runtime's own kernels: runs on
@@ -15,7 +15,7 @@ any machine with ONNX Runtime); --target T takes the device profile's settings, 
 from __future__ import annotations
 
 import dataclasses
-import time
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -234,6 +234,13 @@ def main() -> None:
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (atomically).")
 @click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Print nothing but a one-line error (and warnings): no progress, no summary line. Without it, progress "
+    "goes to stderr: a bar on a terminal, plain lines with an ETA otherwise.",
+)
+@click.option(
     "--build-engine",
     is_flag=True,
     help="With a TensorRT --target (orin-*), on the device: also build the bundle's TensorRT engine into "
@@ -265,6 +272,7 @@ def build(
     max_memory: int | None,
     chat_template: Path | None,
     overwrite: bool,
+    quiet: bool,
     build_engine: bool,
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
@@ -281,7 +289,9 @@ def build(
             "--prune-layers and --prune-budget are mutually exclusive: the budget picks layers itself"
         )
     source = resolve_checkpoint(checkpoint)
-    s = _settings(target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits, mixed=mixed)
+    s = _settings(
+        target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits, mixed=mixed, quiet=quiet
+    )
     s = s.with_overrides(sinks=sinks, window=window)
     _check_options(window=window, block=block, quant=s.quant, table_bits=str(s.table_bits))
     _check_output(source, out, overwrite=overwrite)
@@ -319,19 +329,18 @@ def build(
     )
     from edge_runtime.exporters.from_source import export_source, summary_line
     from edge_runtime.exporters.gguf_quant import GGUFCodes
+    from edge_runtime.exporters.progress import for_stream
 
-    t0 = time.perf_counter()
-
-    def progress(msg: str) -> None:
-        click.echo(f"[{time.perf_counter() - t0:6.1f}s] {msg}", err=True)
-
+    # sys.stderr as it is now (a test's CliRunner swaps it in), not as it was when the module loaded
+    progress = for_stream(sys.stderr, quiet=quiet)
     manifest = export_source(
         opts,
         gguf_codes=GGUFCodes(gguf_codes) if gguf_codes else None,
         plan_from_profile=mixed is None,
         progress=progress,
     )
-    click.echo(summary_line(out, manifest))
+    if not quiet:
+        click.echo(summary_line(out, manifest))
     if engine_target is not None:
         from edge_runtime.backends.trt_engine import engine_for_target
 
@@ -367,6 +376,7 @@ def _settings(
     kernel: str | None,
     table_bits: str | None,
     mixed: str | None = None,
+    quiet: bool = False,
 ) -> ExportSettings:
     """The portable defaults, or the target profile's, with every explicit flag in its place. A profile value
     the explicit flags make meaningless (its kernel or INT4 table under --flavor trt or --quant none; its
@@ -380,7 +390,7 @@ def _settings(
     if target is not None:
         profile = resolve_target(target).profile
         base = settings_for(profile, edge_kernels_here=kernels.available())
-        if profile.matmul_kernel == "edge" and base.kernel != "edge" and (quant or base.quant) != "none":
+        if profile.matmul_kernel == "edge" and base.kernel != "edge" and (quant or base.quant) != "none" and not quiet:
             click.echo(
                 f"note: target {profile.name} uses edge-runtime's kernels, which do not run on this machine; "
                 "exporting with ONNX Runtime's (--kernel mlas)",
