@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .common import check_writable, debug_option, friendly_errors, speculative_options, verbose_option
+from .common import check_writable, debug_option, friendly_errors, model_options, speculative_options, verbose_option
 
 if TYPE_CHECKING:
     from edge_runtime.engine import Engine
@@ -41,18 +41,7 @@ def main() -> None:
 @click.option(
     "--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export); or give it first."
 )
-@click.option(
-    "--model",
-    default=None,
-    help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for this "
-    "machine's target on first use into the cache (see edge-cache).",
-)
-@click.option(
-    "--target",
-    default="auto",
-    show_default=True,
-    help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
-)
+@model_options
 @click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Prompt length (a fixed passage).")
 @click.option("--gen-tokens", type=int, default=128, show_default=True, help="Tokens generated (EOS ignored).")
 @click.option("--trials", type=int, default=3, show_default=True, help="Measured runs; the report gives medians.")

@@ -69,6 +69,22 @@ def speculative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--model and --target, as edge-run, edge-bench and edge-serve take them (edge_runtime/first_use.py)."""
+    fn = click.option(
+        "--target",
+        default="auto",
+        show_default=True,
+        help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
+    )(fn)
+    return click.option(
+        "--model",
+        default=None,
+        help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for "
+        "this machine's target on first use into the cache (see edge-cache).",
+    )(fn)
+
+
 def _one_line_warning(message: Warning | str, category: type[Warning], *_args: Any, **_kwargs: Any) -> str:
     return f"warning: {message}\n"
 

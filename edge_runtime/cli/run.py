@@ -24,6 +24,7 @@ from .common import (
     check_writable,
     debug_option,
     friendly_errors,
+    model_options,
     require_stdout,
     speculative_options,
     template_kwargs_option,
@@ -51,18 +52,7 @@ GREEDY_CHAT_MAX_TOKENS = 512
     "--chat", is_flag=True, help="Multi-turn chat; from a pipe, one user message per line (/reset starts over)."
 )
 @click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
-@click.option(
-    "--model",
-    default=None,
-    help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for this "
-    "machine's target on first use into the cache (see edge-cache).",
-)
-@click.option(
-    "--target",
-    default="auto",
-    show_default=True,
-    help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
-)
+@model_options
 @click.option(
     "--max-tokens",
     type=int,

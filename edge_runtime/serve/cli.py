@@ -19,7 +19,13 @@ from typing import Any
 
 import click
 
-from edge_runtime.cli.common import debug_option, friendly_errors, speculative_options, template_kwargs_option
+from edge_runtime.cli.common import (
+    debug_option,
+    friendly_errors,
+    model_options,
+    speculative_options,
+    template_kwargs_option,
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -33,18 +39,7 @@ def is_loopback(host: str) -> bool:
 
 @click.command()
 @click.option("--bundle", type=click.Path(path_type=Path), help="A bundle directory (from edge-export).")
-@click.option(
-    "--model",
-    default=None,
-    help="A Hugging Face checkpoint directory, a .gguf file, or a bundled model's name (demo); exported for this "
-    "machine's target on first use into the cache (see edge-cache).",
-)
-@click.option(
-    "--target",
-    default="auto",
-    show_default=True,
-    help="Target profile name, YAML path, or 'auto': the bundle's own target, else this machine's.",
-)
+@model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless --api-key).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option(
