@@ -1,13 +1,16 @@
 """Export time per target profile on this machine, for `edge-export targets`' EXPORT/100M column.
 
-    python scripts/bench_export_time.py [--model PATH|demo] [--target NAME ...] [--out FILE]
+    python scripts/bench_export_time.py [--model PATH|demo] [--target NAME ...] [--out FILE] [--write PAGE]
+    python scripts/bench_export_time.py --render FILE --write docs/benchmarks/export-time.md
 
 Exports the checkpoint (a Hugging Face directory, a .gguf file, or demo; default demo) once for each distinct
 export setting among the built-in profiles (flavor, quantization, block, kernel, table bits, mixed-precision
 plan, as `edge-export --target NAME` applies them on this machine: profiles that share them are measured once),
 each as its own `edge-export` process timed by the wall clock, and writes the times, the bundles' parameter
 counts, this machine's CPU and the date to FILE (default: export-times.json in edge-runtime's cache directory,
-where `edge-export targets` looks). Each bundle is deleted after it is measured.
+where `edge-export targets` looks). Each bundle is deleted after it is measured. `--write PAGE` also writes
+the figures as a dated Markdown page naming the CPU and commit (replaced, not appended); `--render FILE` writes
+that page from an earlier measurements file without exporting again.
 
 The demo model (5M parameters) is mostly fixed costs: its figures scaled to 100M parameters say little. Measure
 with the model you mean to deploy, or one of its size (scripts/make_shape_checkpoints.py makes checkpoints of real
@@ -42,7 +45,14 @@ def main() -> int:
     ap.add_argument("--model", default="demo", help="checkpoint directory, .gguf file, or demo [default: demo]")
     ap.add_argument("--target", action="append", help="measure only these profiles' settings (repeatable)")
     ap.add_argument("--out", type=Path, default=None, help=f"measurements file [default: {measurements_path()}]")
+    ap.add_argument("--write", type=Path, default=None, help="also write the figures as a Markdown page here")
+    ap.add_argument("--render", type=Path, default=None, help="write --write's page from this measurements file")
     args = ap.parse_args()
+    if args.render is not None:
+        if args.write is None:
+            ap.error("--render needs --write PAGE")
+        write_page(json.loads(args.render.read_text(encoding="utf-8")), args.write)
+        return 0
     model = resolve_checkpoint(args.model)
     names = args.target or list(known_targets())
     groups: dict[str, list[str]] = {}  # settings key -> the profiles that share it
@@ -88,7 +98,39 @@ def main() -> int:
     out_file.parent.mkdir(parents=True, exist_ok=True)
     write_file(out_file, [(json.dumps(data, indent=2) + "\n").encode("utf-8")])
     print(f"# wrote {out_file}")
+    if args.write is not None:
+        write_page(data, args.write)
     return 0
+
+
+def write_page(data: dict, page: Path) -> None:
+    """The measurements as a dated page: CPU, commit, the command that regenerates it, one row per setting."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = [
+        f"| {', '.join(e['targets'])} | `{key}` | {e['seconds']:.0f} | {e['parameters'] / 1e6:.1f}M | "
+        f"{e['seconds_per_100m_params'] / 60:.1f} |"
+        for key, e in data["exports"].items()
+    ]
+    text = "\n".join(
+        [
+            "# Export time per target profile",
+            "",
+            f"Measured {data['measured_at'][:10]} on {data['cpu']} ({data['logical_cpus']} logical CPUs, "
+            f"{data['machine']}, edge kernels: {data['edge_kernels'] or 'unavailable'}), commit {commit or 'unknown'}, "
+            f"model `{Path(data['model']).name}`. One `edge-export MODEL -o OUT --target NAME` process per distinct "
+            "export setting, wall clock, validation included; profiles with the same settings share a row.",
+            "",
+            "Regenerate: `python scripts/bench_export_time.py --model MODEL --write docs/benchmarks/export-time.md` "
+            "(this replaces the page). `edge-export targets` shows the figures measured on the machine it runs on.",
+            "",
+            "| targets | settings | seconds | parameters | minutes per 100M parameters |",
+            "| --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+        ]
+    )
+    write_file(page, [text.encode("utf-8")])
+    print(f"# wrote {page}")
 
 
 if __name__ == "__main__":

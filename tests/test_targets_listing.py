@@ -163,9 +163,13 @@ def test_a_damaged_cache_file_does_not_stop_the_listing():
 def test_the_bench_script_measures_the_demo(tmp_path):
     """The script on the demo model, one profile's settings: a file the listing reads."""
     out = tmp_path / "times.json"
+    page = tmp_path / "export-time.md"
+    page.write_text("an older page\n")
     cmd = [sys.executable, str(SCRIPTS / "bench_export_time.py"), "--target", "x86", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*cmd, "--write", str(page)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
+    text = page.read_text()  # replaced, naming the CPU and the regenerating command, one row for x86
+    assert "older" not in text and "scripts/bench_export_time.py" in text and "\n| x86 | `" in text
     m = read_measurements(out)
     key = settings_key(here_settings(load_target("x86")))
     assert list(m.times) == [key] and m.model == "demo" and m.times[key].parameters > 5_000_000
