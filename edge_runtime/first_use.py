@@ -148,6 +148,7 @@ def ensure_bundle(source: Path, profile: TargetProfile, progress: Progress = lam
             sinks=s.sinks,
             window=s.window,
             fit_window=True,
+            fit_block=True,
             target=profile.name,
             # A half-written directory of a killed export (no manifest) is replaced, not refused: nobody else
             # writes here while the lock is held.

@@ -12,7 +12,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from .lazy_layers import LazyLayers
 from .memory_plan import estimate_export_memory, return_freed_memory
 from .progress import Progress, as_progress
 from .prune import pruned_args
-from .quant import QuantConfig
+from .quant import INT4_BLOCKS, TRT_INT4_BLOCKS, QuantConfig
 from .quant_graph import fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
@@ -89,6 +89,9 @@ class ExportOptions:
     # A device profile's window is a memory budget, not a model property: cut it to the trained context
     # (`edge-export --target`, first-use exports) instead of refusing the export.
     fit_window: bool = False
+    # Likewise a profile's INT4 block: where it does not divide a Linear's input width (SmolLM2's 576 and the
+    # Jetson profiles' 128), the largest supported block that does, instead of refusing a block nobody typed.
+    fit_block: bool = False
     target: str | None = None  # the target profile the options came from (provenance); None: portable
     kv_dtype: KvDtype = KvDtype.FP32  # the KV cache's element type (fp16: --kernel edge, ort flavor)
     # A GGUF source's Q4_0/Q8_0 codes kept as they are (gguf_quant.read_codes); None: quantize every weight
@@ -135,6 +138,7 @@ def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest
     # tables are 4.2 GB); a float one goes into the graph whole.
     stored_tables = opts.quant.enabled and not opts.quant.fp_embeddings
     ckpt = load_checkpoint(opts.checkpoint, stored_tables=stored_tables)
+    opts = _fit_block(ckpt, opts, progress)
     tokenizer = _tokenizer(ckpt, opts, progress)
     cache = _cache_spec(ckpt, opts)
     kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing
@@ -455,6 +459,24 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
     if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
         return (n + 1) // 2
     return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def _fit_block(ckpt: Checkpoint, opts: ExportOptions, progress: Progress) -> ExportOptions:
+    """`opts` with a profile's INT4 block cut to one that divides every decoder Linear's input width."""
+    q = opts.quant
+    if not opts.fit_block or q.method.linear_bits != 4:
+        return opts
+    shapes = [ckpt.tensors.shape(n) for n in ckpt.tensors if ".layers." in n and n.endswith("_proj.weight")]
+    widths = {s[1] for s in shapes if len(s) == 2}
+    blocks = TRT_INT4_BLOCKS if opts.flavor is Flavor.TRT else INT4_BLOCKS
+    fits = [b for b in blocks if b <= q.block and all(w % b == 0 for w in widths)]
+    if not fits or fits[-1] == q.block:
+        return opts  # nothing divides (the quantizer says so, naming the tensor) or the block already fits
+    progress(
+        f"target {opts.target}'s INT4 block {q.block} does not divide this model's widths "
+        f"({', '.join(map(str, sorted(widths)))}); using block {fits[-1]}"
+    )
+    return replace(opts, quant=replace(q, block=fits[-1]))
 
 
 def _provenance(

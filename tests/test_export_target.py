@@ -4,6 +4,7 @@ explicit flags winning; the manifest records the target; without --target every 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -162,3 +163,26 @@ def test_settings_for_a_profile_and_the_table_bits_key(tmp_path):
     p.write_text("extends: orin-nano\ntable_bits: 4\n")
     with pytest.raises(ProfileSchemaError, match="table_bits"):
         load(str(p))
+
+
+def test_a_profiles_int4_block_is_cut_to_one_that_divides_the_model(tmp_path):
+    """A block nobody typed is not refused: --target nuc's 32 on a model of widths 64 and 96 stays, a profile
+    block of 128 becomes 32 (ort) with a note; a typed --block that does not divide is still one error line."""
+    from edge_runtime.cli.export import main as cli
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint("llama-tied", ckpt)  # Linear input widths 64 and 96
+    profile = tmp_path / "p128.yaml"
+    profile.write_text(
+        (Path(load_target("nuc").source).read_text())
+        .replace("name: nuc", "name: nuc128")
+        .replace("block_size: 32", "block_size: 128")
+        .replace("mixed_precision: sensitivity", "mixed_precision: none")
+        .replace("int4-gptq", "int4")
+    )
+    r = CliRunner().invoke(cli, [str(ckpt), "-o", str(tmp_path / "b"), "--target", str(profile)])
+    assert r.exit_code == 0, r.output
+    assert "INT4 block 128 does not divide this model's widths (64, 96); using block 32" in r.stderr
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["quantization"]["block"] == 32
+    typed = CliRunner().invoke(cli, [str(ckpt), "-o", str(tmp_path / "c"), "--target", str(profile), "--block", "128"])
+    assert typed.exit_code == 1 and "does not divide the input dimension" in typed.output

@@ -307,6 +307,7 @@ def build(
         sinks=s.sinks,
         window=s.window,
         fit_window=s.target is not None and window is None,
+        fit_block=s.target is not None and block is None,
         target=s.target,
         overwrite=overwrite,
         quant=QuantConfig(
