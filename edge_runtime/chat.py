@@ -356,7 +356,7 @@ class ChatTemplate:
         if spec.chat_template is None:
             raise ChatTemplateError(
                 f"bundle '{bundle.path}' has no chat template (its checkpoint had none): use a raw prompt "
-                "(--prompt), or re-export from a checkpoint whose tokenizer_config.json has a chat_template"
+                "(--prompt), or re-export it with edge-export --chat-template FILE"
             )
         path = bundle.path / spec.chat_template
         try:

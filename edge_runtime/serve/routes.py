@@ -104,7 +104,7 @@ def _chat_prompt(state: ServerState, req: ChatRequest) -> tuple[Encoded, GenPara
         raise APIError(
             400,
             f"model '{state.model_id}' has no chat template (its checkpoint had none); use "
-            "/v1/completions with a raw prompt",
+            "/v1/completions with a raw prompt, or re-export it with edge-export --chat-template FILE",
             param="messages",
             code="no_chat_template",
         )
