@@ -1,8 +1,14 @@
-"""Engine: a loaded bundle ready to run: static pool + StreamingLLM ring state + backend.
+"""A loaded bundle: a stateless *model* and the *caches* its streams live in.
 
 engine = load("bundle/")                   # verifies checksums, version, memory budget
 logits = engine.prefill(prompt_ids)        # [V], chunked at the ring's wrap point
 logits = engine.decode(next_id)            # [V], a view into the pool (valid until the next call)
+
+`Model` is what a bundle loads into: the graph on its backend, the weights, the ring's geometry. It holds no
+stream: every step runs on a `KVCache` (kv_cache.py) passed in, `model.prefill(cache, ids)`. Its caches are
+preallocated at load (`LoadOptions.caches`, within the memory budget), so the pool stays static. An `Engine` is
+a model paired with one of its caches (`load` returns one on the first cache; `engine.on(i)` another): the
+object a Session, the decode loops and the tools drive, as before the two were apart.
 
 Output that is garbage (NaN/Inf logits, an argmax outside the vocabulary) raises CorruptOutputError
 rather than being decoded: at prefill, every decode step's chosen token, and every CHECK_EVERY-th
@@ -23,6 +29,7 @@ from .backends.onnxruntime import OrtBackend
 from .bundle import Bundle, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
 from .interrupts import atomic, poll
+from .kv_cache import KVCache
 from .load_options import LoadOptions as LoadOptions
 from .load_options import apply_target as apply_target
 from .logits_check import CHECK_EVERY, check_row, check_token
@@ -38,7 +45,9 @@ class MemoryBudgetError(EdgeRuntimeError):
     """Weights plus the static pool do not fit the target's memory budget."""
 
 
-class Engine:
+class Model:
+    """A bundle loaded: graph, weights, backend and geometry, and the caches preallocated beside them."""
+
     def __init__(self, bundle: Bundle, opts: LoadOptions):
         m = bundle.manifest
         self.bundle, self.manifest = bundle, m
@@ -49,63 +58,77 @@ class Engine:
                 f"{m.graph.kv.get('layout')}), which this runtime no longer drives; re-export it with edge-export "
                 "(the 0.3 graph decodes faster)"
             )
+        if opts.caches < 1:
+            raise EdgeRuntimeError(f"a model needs at least one cache, got caches={opts.caches}")
         self.geometry = _geometry(bundle, opts)
-        self.ring = RingState(
-            self.geometry,
-            np.asarray(m.model.rope_inv_freq),
-            opts.position_offset,
-            gqa_while_linear="ring_full" in m.graph.inputs,
-            local=_local_layers(bundle.path, m),
-        )
-        # the local layers' ring (None without local layers): the one RingState keeps in step
-        local_geometry = self.local_geometry = None if self.ring.local_ring is None else self.ring.local_ring.geometry
-        kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry, local_geometry)
+        self._inv_freq = np.asarray(m.model.rope_inv_freq)
+        self._position_offset = opts.position_offset
+        self._gqa_while_linear = "ring_full" in m.graph.inputs
+        self._local = _local_layers(bundle.path, m)
+        # the local layers' ring (None without local layers), the one RingState keeps in step
+        first = self._ring()
+        self.local_geometry = None if first.local_ring is None else first.local_ring.geometry
+        self.kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry, self.local_geometry)  # one cache's
         weight_bytes = sum(stored_bytes(bundle.path / f) for f in (m.graph.file, m.graph.data_file))
-        if opts.memory_budget is not None and weight_bytes + kv_bytes > opts.memory_budget:
+        need = weight_bytes + opts.caches * self.kv_bytes
+        if opts.memory_budget is not None and need > opts.memory_budget:
+            caches, fewer = "KV cache", ""
+            if opts.caches > 1:  # edge-serve's slots, one cache each
+                caches, fewer = f"{opts.caches} KV caches", "fewer --slots, "
             raise MemoryBudgetError(
-                f"bundle needs {(weight_bytes + kv_bytes) / 2**20:.1f} MiB (weights {weight_bytes / 2**20:.1f} MiB + "
-                f"KV cache {kv_bytes / 2**20:.1f} MiB for capacity {self.geometry.capacity}) but the memory budget is "
-                f"{opts.memory_budget / 2**20:.1f} MiB; use a smaller --window or a more quantized bundle"
+                f"bundle needs {need / 2**20:.1f} MiB (weights {weight_bytes / 2**20:.1f} MiB + {caches} "
+                f"{opts.caches * self.kv_bytes / 2**20:.1f} MiB for capacity {self.geometry.capacity}) but the "
+                f"memory budget is {opts.memory_budget / 2**20:.1f} MiB; use {fewer}a smaller --window or a more "
+                "quantized bundle"
             )
         self.weight_bytes = weight_bytes
-        self.pool = StaticPool.allocate(m, self.geometry, local_geometry)
-        d = self.pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
-        d.cos_cache[:], d.sin_cache[:] = self.ring.rotary_cache(d.cos.dtype)
-        self.backend: Backend
+        self.threads = opts.threads
+        pool = self._pool(first)
+        self.backend: Backend  # the graph's backend, bound to the first cache; the others are bound to it
         if opts.tensorrt is not None:
             from .backends.trt_backend import open_trt_backend
 
             g = self.geometry
             self.backend = open_trt_backend(
-                bundle.path, m, self.pool, g.capacity, g.slack, opts.tensorrt, cuda_graph=opts.cuda_graph,
-                local_capacity=None if local_geometry is None else local_geometry.capacity,
+                bundle.path, m, pool, g.capacity, g.slack, opts.tensorrt, cuda_graph=opts.cuda_graph,
+                local_capacity=None if self.local_geometry is None else self.local_geometry.capacity,
             )  # fmt: skip
         else:
             self.backend = OrtBackend(
                 bundle.graph_file,
                 m,
-                self.pool,
+                pool,
                 threads=opts.threads,
                 profile=opts.profile,
                 spin=opts.spin,
                 providers=opts.providers,
             )
-        self.threads = opts.threads
-        self._decoding = False
-        self._decode_steps = 0  # counts to the next whole-row output check
+        caches = [KVCache(0, pool, first, self.backend)]
+        for i in range(1, opts.caches):
+            ring = self._ring()
+            pool = self._pool(ring)
+            caches.append(KVCache(i, pool, ring, self.backend.bind(pool)))
+        self.caches: tuple[KVCache, ...] = tuple(caches)
 
-    @property
-    def tokens(self) -> int:
-        return self.ring.tokens
+    def _ring(self) -> RingState:
+        return RingState(
+            self.geometry,
+            self._inv_freq,
+            self._position_offset,
+            gqa_while_linear=self._gqa_while_linear,
+            local=self._local,
+        )
 
-    def reset(self) -> None:
-        """Start a new stream (the buffers stay; every row is masked until rewritten)."""
-        with atomic():
-            self._decoding = False
-            self.ring.reset()
+    def _pool(self, ring: RingState) -> StaticPool:
+        pool = StaticPool.allocate(self.manifest, self.geometry, self.local_geometry)
+        d = pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
+        d.cos_cache[:], d.sin_cache[:] = ring.rotary_cache(d.cos.dtype)
+        return pool
 
-    def prefill(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
-        """Feed prompt tokens; logits of the last one [V] (or of every one [n, V])."""
+    # -- steps on a cache ----------------------------------------------------------------------------
+
+    def prefill(self, cache: KVCache, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+        """Feed prompt tokens into `cache`; logits of the last one [V] (or of every one [n, V])."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise EdgeRuntimeError(f"prefill needs a non-empty 1-D list of token ids, got shape {ids.shape}")
@@ -114,16 +137,97 @@ class Engine:
                 f"token ids must be in [0, {self.manifest.model.vocab_size}), got {ids.min()}..{ids.max()}"
             )
         out, pos = [], 0
-        self._decoding = False
-        for n in self.ring.chunks(ids.size):
+        cache.decoding = False
+        ring, pool = cache.ring, cache.pool
+        for n in ring.chunks(ids.size):
             poll()  # a Ctrl-C deferred by a caller's section stops a long prompt between chunks
             with atomic():  # the ring's advance and the rows the graph writes go together
                 # the activation dtype (the pool's step inputs), which an fp16 cache need not share
-                plan = self.ring.plan(n, new_rows_as_columns=self.host_copy, dtype=self.pool.decode.cos.dtype)
-                out.append(self.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
+                plan = ring.plan(n, new_rows_as_columns=self.host_copy, dtype=pool.decode.cos.dtype)
+                out.append(cache.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
             pos += n
         check_row(out[-1][-1], "the end of the prompt")
         return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def decode(self, cache: KVCache, token: int) -> np.ndarray:
+        """Feed one token into `cache`; its logits [V] (a view into the cache's pool, overwritten by its next
+        step)."""
+        pool = cache.pool
+        d = pool.decode
+        with atomic():  # the ring's advance, the row the graph writes and the host copy go together
+            if not cache.decoding:  # after a prefill the incremental mask is rebuilt once
+                cache.ring.sync_decode(d)
+                cache.decoding = True
+            pool.input_ids[0, 0] = token
+            row = cache.ring.decode_into(d, new_rows_as_columns=self.host_copy)
+            cache.backend.run_decode(row)
+            if self.host_copy:
+                cache.ring.decode_done(d, row)
+        cache.decode_steps += 1
+        if cache.decode_steps % CHECK_EVERY == 0:
+            check_row(pool.logits[0, 0], f"decode step {cache.decode_steps}")
+        return pool.logits[0, 0]
+
+    def decoded_argmax(self, cache: KVCache) -> int:
+        """numpy.argmax of `cache`'s last decode step's logits, as the graph computed it (fused_argmax only)."""
+        token = int(cache.pool.next_token[0, 0, 0])
+        vocab = self.manifest.model.vocab_size
+        check_token(token, cache.pool.logits[0, 0, token] if 0 <= token < vocab else 0.0, vocab, "a decode step")
+        return token
+
+    @property
+    def fused_argmax(self) -> bool:
+        """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4/Q8)."""
+        return self.caches[0].pool.next_token is not None  # every cache's pool is allocated alike
+
+    @cached_property
+    def exact_rows(self) -> int:
+        """Most rows one chunk computes bit for bit as that many decode steps (1..exactness.WIDEST), measured
+        on this graph here (exactness.py) and never above what the edge ops document (kernels.exact_rows).
+        The first call may probe on the first cache, its stream put back after (a few hundred rows of
+        compute, then cached per bundle and CPU)."""
+        from . import exactness, kernels
+
+        documented = kernels.exact_rows(self.backend.kernel_ops())
+        widest = exactness.WIDEST if documented is None else min(documented, exactness.WIDEST)
+        return exactness.exact_rows(Engine(self, self.caches[0]), widest)
+
+
+class Engine:
+    """A model and one of its caches: one stream, driven as a unit (what Session, the decode loops, the
+    exactness probe and the tools take). Cheap to make; the state is the cache's."""
+
+    def __init__(self, model: Model, cache: KVCache):
+        self.model, self.cache = model, cache
+        # The model's facts, read per step by the loops: plain attributes, not properties.
+        self.bundle, self.manifest, self.geometry = model.bundle, model.manifest, model.geometry
+        self.local_geometry, self.weight_bytes, self.threads = model.local_geometry, model.weight_bytes, model.threads
+        self.ring, self.pool, self.backend = cache.ring, cache.pool, cache.backend
+
+    def on(self, index: int) -> Engine:
+        """The same model on its cache `index` (0 .. len(model.caches) - 1): another stream beside this one."""
+        if not 0 <= index < len(self.model.caches):
+            raise EdgeRuntimeError(
+                f"cache {index} does not exist: this model was loaded with {len(self.model.caches)} "
+                "(LoadOptions.caches)"
+            )
+        return Engine(self.model, self.model.caches[index])
+
+    @property
+    def tokens(self) -> int:
+        return self.cache.ring.tokens
+
+    def reset(self) -> None:
+        """Start a new stream (the buffers stay; every row is masked until rewritten)."""
+        self.cache.reset()
+
+    def prefill(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+        """Feed prompt tokens; logits of the last one [V] (or of every one [n, V])."""
+        return self.model.prefill(self.cache, ids, all_logits=all_logits)
+
+    def decode(self, token: int) -> np.ndarray:
+        """Feed one token; its logits [V] (a view into the pool, overwritten by the next call)."""
+        return self.model.decode(self.cache, token)
 
     @property
     def engine(self) -> Engine:
@@ -137,55 +241,23 @@ class Engine:
     def truncate(self, n: int) -> None:
         """Drop the last n tokens fed (at most `ring.rollback_limit()`, else RollbackError); the stream
         continues as if they had never been fed."""
-        with atomic():  # the global and the local ring move together
-            self._decoding = False  # the incremental decode mask still shows the dropped rows
-            self.ring.truncate(n)
+        self.cache.truncate(n)
 
     def restore_state(self, tokens: int, written: int, row_pos: np.ndarray) -> None:
         """Set the ring's bookkeeping (after the caller put the matching K/V rows back into the pool)."""
-        with atomic():
-            self._decoding = False
-            self.ring.set_state(tokens, written, row_pos)
+        self.cache.restore_state(tokens, written, row_pos)
 
     @property
     def fused_argmax(self) -> bool:
-        """Whether a decode step also leaves its greedy token (graphs whose LM head is a MatMulQ4/Q8)."""
-        return self.pool.next_token is not None
+        return self.model.fused_argmax
 
-    @cached_property
+    @property
     def exact_rows(self) -> int:
-        """Most rows one chunk computes bit for bit as that many decode steps (1..exactness.WIDEST), measured
-        on this graph here (exactness.py) and never above what the edge ops document (kernels.exact_rows).
-        The first call may probe (a few hundred rows of compute, then cached per bundle and CPU)."""
-        from . import exactness, kernels
-
-        documented = kernels.exact_rows(self.backend.kernel_ops())
-        widest = exactness.WIDEST if documented is None else min(documented, exactness.WIDEST)
-        return exactness.exact_rows(self, widest)
+        return self.model.exact_rows
 
     def decoded_argmax(self) -> int:
         """numpy.argmax of the last decode step's logits, as the graph computed it (fused_argmax only)."""
-        token = int(self.pool.next_token[0, 0, 0])
-        vocab = self.manifest.model.vocab_size
-        check_token(token, self.pool.logits[0, 0, token] if 0 <= token < vocab else 0.0, vocab, "a decode step")
-        return token
-
-    def decode(self, token: int) -> np.ndarray:
-        """Feed one token; its logits [V] (a view into the pool, overwritten by the next call)."""
-        d = self.pool.decode
-        with atomic():  # the ring's advance, the row the graph writes and the host copy go together
-            if not self._decoding:  # after a prefill the incremental mask is rebuilt once
-                self.ring.sync_decode(d)
-                self._decoding = True
-            self.pool.input_ids[0, 0] = token
-            row = self.ring.decode_into(d, new_rows_as_columns=self.host_copy)
-            self.backend.run_decode(row)
-            if self.host_copy:
-                self.ring.decode_done(d, row)
-        self._decode_steps += 1
-        if self._decode_steps % CHECK_EVERY == 0:
-            check_row(self.pool.logits[0, 0], f"decode step {self._decode_steps}")
-        return self.pool.logits[0, 0]
+        return self.model.decoded_argmax(self.cache)
 
 
 class Reply:
@@ -253,7 +325,8 @@ def load(
         target = choice.profile
     if target is not None:
         opts = apply_target(opts, target, bundle)
-    return Engine(bundle, opts)
+    model = Model(bundle, opts)
+    return Engine(model, model.caches[0])
 
 
 def _local_layers(path: Path, m: Manifest) -> LocalLayers | None:

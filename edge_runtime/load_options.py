@@ -37,6 +37,9 @@ class LoadOptions:
     # trt_backend.py, the engine built on first use); None: ONNX Runtime. Not verified on a GPU.
     tensorrt: TensorRTOptions | None = None
     cuda_graph: bool = False  # TensorRT only: replay the decode step as a captured CUDA graph
+    # KV caches preallocated beside the model (engine.Model.caches): one per stream that lives at once (edge-serve's
+    # slots); the memory budget counts them all.
+    caches: int = 1
 
 
 def apply_target(opts: LoadOptions, profile: TargetProfile, bundle: Bundle) -> LoadOptions:

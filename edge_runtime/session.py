@@ -1,6 +1,6 @@
-"""Session: one conversation living in an engine's StreamingLLM ring across calls.
+"""Session: one conversation living in a KV cache's StreamingLLM ring across calls.
 
-    session = Session(engine)
+    session = Session(engine)            # the engine's cache; Session(engine.on(1)): the model's second one
     for step in session.send(turn_ids, max_tokens=64): ...   # feeds only turn_ids; the reply stays
     rest = session.match(conversation)   # a resent conversation: rolls back to what is reusable
     snap = session.snapshot(); ...; session.restore(snap)     # a prompt cache (save/load: to disk)
@@ -133,7 +133,9 @@ class Turn:
 
 
 class Session:
-    """Owns `engine`'s ring from here on (it starts afresh): drive the engine only through the session."""
+    """Owns `engine`'s cache from here on (it starts afresh): drive that engine only through the session. A
+    session is its cache plus the token ids it holds; another session beside it takes another of the model's
+    caches (`engine.on(i)`)."""
 
     def __init__(self, engine: Engine, *, overflow: Literal["chunk", "refuse"] = "chunk"):
         if overflow not in ("chunk", "refuse"):

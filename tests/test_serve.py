@@ -251,7 +251,7 @@ def test_routing_takes_a_slot_only_when_it_gains_more_than_it_loses(serve_bundle
     conversation while an empty slot remains; a resent or edited conversation finds its own slot."""
     from edge_runtime.serve.slots import SlotPool
 
-    pool = SlotPool(load(serve_bundle, LoadOptions(window=100, threads=1), target="x86"), 3)
+    pool = SlotPool(load(serve_bundle, LoadOptions(window=100, threads=1, caches=3), target="x86"), 3)
     head = list(range(10, 22))  # 12 tokens every prompt starts with (the template, a system prompt)
     a = [*head, *range(100, 110), *range(200, 208)]  # a's prompt and reply
     pool.slots[0].tokens, pool.slots[0].last_used = a, 1

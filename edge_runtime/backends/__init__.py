@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+    from edge_runtime.pool import StaticPool
     from edge_runtime.ring import StepInputs
 
 
 class Backend(Protocol):
-    """One compiled graph over the static pool (edge_runtime.pool.StaticPool), bound once."""
+    """One compiled graph over one cache's static pool (edge_runtime.pool.StaticPool), bound once."""
 
     providers: list[str]  # what it runs on, for reports (ONNX Runtime execution providers)
 
@@ -26,6 +27,11 @@ class Backend(Protocol):
 
     def run_chunk(self, ids: np.ndarray, plan: StepInputs, keep: int) -> np.ndarray:
         """A chunk of tokens with its planned inputs; the last `keep` rows' logits."""
+        ...
+
+    def bind(self, pool: StaticPool) -> Backend:
+        """The same compiled graph over another cache's pool (engine.Model's caches): weights shared, bindings
+        and any device ring of its own."""
         ...
 
     def kernel_ops(self) -> set[str]:

@@ -101,15 +101,28 @@ class OrtBackend:
                     f"{kernels.unavailable_reason()}; re-export it with --kernel mlas"
                 ) from e
             raise BundleError(f"ONNX Runtime cannot load '{graph}': {e}") from e
-        self.pool = pool
         self.graph_file = graph
         self.inputs = {i.name for i in self.session.get_inputs()}  # graphs take different subsets of the feeds
         self.layers = manifest.model.num_layers
         self.host_copy = manifest.graph.kv_update is KvUpdate.HOST_COPY
+        self._attach(pool)
+
+    def _attach(self, pool: StaticPool) -> None:
+        self.pool = pool
         # OrtValues wrapping pool arrays: created once, kept alive as long as the bindings.
         self._kv = [(_ov(k), _ov(v)) for k, v in zip(pool.keys, pool.values, strict=True)]
         self._decode_binding = self._bind_decode()
         self._chunk_io: ort.IOBinding | None = None
+
+    def bind(self, pool: StaticPool) -> OrtBackend:
+        """The same graph over another cache's pool: one InferenceSession (weights loaded once), bindings of its
+        own. Runs share the session's thread pool, one at a time (ONNX Runtime's Run is thread-safe, but the
+        caches are driven from one thread)."""
+        other = object.__new__(OrtBackend)
+        other.providers, other.session, other.graph_file = self.providers, self.session, self.graph_file
+        other.inputs, other.layers, other.host_copy = self.inputs, self.layers, self.host_copy
+        other._attach(pool)
+        return other
 
     def kernel_ops(self) -> set[str]:
         """The edge-runtime ops (kernels.DOMAIN) the graph runs, subgraphs included."""

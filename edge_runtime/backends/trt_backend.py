@@ -57,13 +57,26 @@ def open_trt_backend(
 
 
 class TrtBackend:
-    def __init__(self, engine_path: Path, manifest: Manifest, pool: StaticPool, *, cuda_graph: bool = False) -> None:
+    def __init__(
+        self,
+        engine_path: Path | None,
+        manifest: Manifest,
+        pool: StaticPool,
+        *,
+        cuda_graph: bool = False,
+        shared: TrtBackend | None = None,
+    ) -> None:
+        """`shared`: a backend whose deserialized engine this one runs too (another cache of one model: `bind`),
+        with device buffers, contexts and a stream of its own."""
         import tensorrt as trt
 
         self.trt, self.pool, self.manifest = trt, pool, manifest
-        self.logger = trt.Logger(trt.Logger.WARNING)
-        self.runtime = trt.Runtime(self.logger)
-        self.engine = self.runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if shared is not None:
+            self.logger, self.runtime, self.engine = shared.logger, shared.runtime, shared.engine
+        else:
+            self.logger = trt.Logger(trt.Logger.WARNING)
+            self.runtime = trt.Runtime(self.logger)
+            self.engine = self.runtime.deserialize_cuda_engine(Path(str(engine_path)).read_bytes())
         if self.engine is None:
             raise BundleError(f"TensorRT {trt.__version__} cannot load the engine '{engine_path}' (its log says why)")
         self.providers = [f"TensorRT {trt.__version__}"]
@@ -82,6 +95,11 @@ class TrtBackend:
             if name not in SHAPE_INPUTS:
                 shape = resolve_dims(manifest.graph.inputs[name]["shape"], 1, self.capacity, self.local_capacity)
                 _ok(decode.set_input_shape(name, shape), f"set the shape of '{name}' to {shape}")
+
+    def bind(self, pool: StaticPool) -> TrtBackend:
+        """The same engine over another cache's pool: its own device ring, buffers and contexts (the weights,
+        in the engine, once)."""
+        return TrtBackend(None, self.manifest, pool, cuda_graph=self.cuda_graph, shared=self)
 
     # -- setup ---------------------------------------------------------------------------------------
 

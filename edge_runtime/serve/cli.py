@@ -47,7 +47,7 @@ def is_loopback(host: str) -> bool:
     type=click.IntRange(1, 64),
     default=4,
     show_default=True,
-    help="Conversations kept (one ring each); requests go to the slot sharing the longest prefix.",
+    help="Conversations kept, one KV cache each (allocated at start); a request goes to the longest shared prefix.",
 )
 @click.option(
     "--queue",
@@ -224,7 +224,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from .app import ServerState
     from .metrics import Metrics
     from .scheduler import Scheduler
-    from .slots import SlotPool, check_budget, memory_needed
+    from .slots import SlotPool, memory_needed
 
     bundle, model, slots, max_tokens, model_id = opts.bundle, opts.model, opts.slots, opts.max_tokens, opts.model_id
     log = logging.getLogger("edge_serve")
@@ -236,8 +236,10 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         log.warning(chosen.warning)
     profile, bundle = chosen.profile, chosen.bundle
     log.info("target %s", profile.name)
-    engine = load(bundle, LoadOptions(sinks=opts.sinks, window=opts.window, threads=opts.threads), target=profile)
-    check_budget(engine, slots, profile.memory_budget_bytes)
+    # One KV cache per slot, preallocated (a slot's conversation stays in its own ring); the load refuses what the
+    # target's memory budget cannot hold, before any of them is allocated.
+    load_opts = LoadOptions(sinks=opts.sinks, window=opts.window, threads=opts.threads, caches=slots)
+    engine = load(bundle, load_opts, target=profile)
     sc = opts.speculative
     spec = from_options(engine, sc.method, sc.draft, sc.k, opts.threads)  # bad ones: one line, nothing served
     if spec is not None:
@@ -270,7 +272,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     g = engine.geometry
     defaults = model_defaults(engine.manifest.generation)
     log.info("sampling defaults: %s; request fields win", defaults.describe())
-    need, _ = memory_needed(engine, slots)
+    need = memory_needed(engine)
     metrics.describe(
         model=name,
         bundle=engine.bundle.path,
