@@ -4,6 +4,7 @@
 #
 #   scripts/aarch64_check.sh [PYTEST ARGS...]     # set up (cached), then run the checks
 #   scripts/aarch64_check.sh --setup-only          # only the cached set-up (steps 1-2)
+#   scripts/aarch64_check.sh --help                # this text
 #
 # 1. host tools (qemu-user-static, mmdebstrap) from apt if missing;
 # 2. cached set-up: ROOTFS (mmdebstrap, extract variant) and an aarch64 site-packages folder (pip
@@ -19,6 +20,11 @@
 # (host interpreter with the project installed; default python3).
 # Research and measurements: docs/research/aarch64-emulation.md.
 set -euo pipefail
+
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then  # the header above, without its '#'
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+    exit 0
+fi
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${EDGE_AARCH64_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edge-runtime/aarch64}"

@@ -147,7 +147,7 @@ def _genai_kv_bytes(model_dir: Path, max_length: int) -> int | None:
 
 
 def worker(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="bench_vs_ortgenai.py worker")
+    ap = argparse.ArgumentParser(prog="bench_worker.py worker")
     ap.add_argument("side", choices=("ours", "theirs"))
     ap.add_argument("model")
     ap.add_argument("--prompt-file", required=True)
@@ -231,13 +231,17 @@ def measure_read_bandwidth(
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
+    if argv[:1] == ["worker"]:  # its own parser: `worker --help` lists its options
         return worker(argv[1:])
-    if argv[:1] == ["bandwidth"]:
-        print(json.dumps(measure_read_bandwidth(int(argv[1]), gemv="--sums" not in argv[2:])))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="one generation benchmark, JSON on stdout (`worker --help` for its options)")
+    bw = sub.add_parser("bandwidth", help="memory read bandwidth in bytes/s, JSON on stdout")
+    bw.add_argument("threads", type=int)
+    bw.add_argument("--sums", action="store_true", help="the numpy-sum probe only (no ONNX Runtime GEMV)")
+    a = ap.parse_args(argv)
+    print(json.dumps(measure_read_bandwidth(a.threads, gemv=not a.sums)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Held-out text, its token windows and perplexity through a bundle or `transformers`: shared by
-scripts/quality_table.py and scripts/streaming_ppl.py.
+scripts/quality_table.py and scripts/streaming_ppl.py; run alone, a bundle's held-out perplexity.
+
+    python scripts/heldout_eval.py BUNDLE [--text models/eval/python_docstrings.txt] [--context 512]
+                                   [--tokens 4088] [--threads 2]
 
 Tokenization is the checkpoint's own `tokenizer.json` as `transformers` applies it: the text is
 encoded without special tokens, and each window starts with BOS only where the tokenizer's
@@ -9,6 +12,7 @@ would score it given that window as its text.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -109,3 +113,24 @@ def machine() -> str:
     except OSError:
         pass
     return f"{name}, {os.cpu_count()} cores visible, {platform.machine()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle", type=Path, help="a bundle directory (its tokenizer.json tokenizes the text)")
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="held-out text (default: %(default)s)")
+    ap.add_argument("--context", type=int, default=512, help="tokens per window, prefix included")
+    ap.add_argument("--tokens", type=int, default=4088, help="predicted tokens in all (context - 1 per window)")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    from edge_runtime.engine import LoadOptions, load
+
+    ids, prefix = text_ids(a.bundle, read_text(a.text))
+    wins = windows(ids, prefix, a.context, a.tokens)
+    ppl = graph_perplexity(load(a.bundle, LoadOptions(threads=a.threads)), wins)
+    print(f"{a.bundle}: perplexity {ppl:.3f} over {len(wins)} windows of {a.context} ({machine()})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,10 +5,15 @@ Both are fresh processes on the same GGUF, greedy (--temp 0), EOS allowed as our
 rendered by the bundle's chat template (parsed with special tokens, as our tokenizer encodes it). Figures
 from their own timing lines: llama-lookup's "decoded N tokens in S seconds" (decode after the prompt,
 its drafting included) and its acceptance, llama-completion's "eval time" (tokens after the first).
+
+    python scripts/llamacpp_lookup.py --bin LLAMA/build/bin --gguf MODEL.gguf --prompt TEXT [--tokens 160]
+                                      [--threads 2] [--k 3 8]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -53,3 +58,23 @@ def plain(bin_dir: Path, gguf: Path, prompt: str, tokens: int, threads: int) -> 
         raise RuntimeError(f"no eval-time line in llama-completion's output:\n{text[-2000:]}")
     ms, runs = float(m.group(1)), int(m.group(2))
     return {"decode_tps": runs / (ms / 1e3), "tokens": runs + 1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", type=Path, required=True, help="llama.cpp's build/bin (llama-lookup, llama-completion)")
+    ap.add_argument("--gguf", type=Path, required=True)
+    ap.add_argument("--prompt", required=True, help="the prompt text, already rendered by a chat template")
+    ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k", type=int, nargs="+", default=[3, 8], help="most drafted tokens a step, one run each")
+    a = ap.parse_args(argv)
+    results = {"plain": plain(a.bin, a.gguf, a.prompt, a.tokens, a.threads)}
+    for k in a.k:
+        results[f"lookup k={k}"] = lookup(a.bin, a.gguf, a.prompt, a.tokens, a.threads, k)
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
