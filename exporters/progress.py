@@ -79,7 +79,8 @@ class Stage:
         return max(self.total - self.done, 0.0) * self.elapsed() / self.done
 
     def count(self) -> str:
-        done = f"{self.done:.0f}" if float(self.done).is_integer() else f"{self.done:.1f}"
+        whole = abs(self.done - round(self.done)) < 1e-6  # fractions summed to a whole number (weights, bytes)
+        done = f"{round(self.done)}" if whole else f"{self.done:.1f}"
         return f"{done}/{self.total} {self.unit}s"
 
     def where(self) -> str:
