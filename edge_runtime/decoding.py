@@ -68,6 +68,11 @@ class Source(Protocol):
         """Feed a reply's prompt `ids`; the reply, its first logits row ready."""
         ...
 
+    def resume(self, conversation: Sequence[int]) -> list[int]:
+        """Of a whole conversation (rendered messages), the ids `begin` must still feed: all of them for a fresh
+        stream; for a session, what its cache does not already hold (Session.resume)."""
+        ...
+
 
 class Selector:
     """Token choice for one reply: processors and the penalty history see the reply's tokens before each row.

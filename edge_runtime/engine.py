@@ -238,6 +238,11 @@ class Engine:
         """Start a fresh stream on `ids` (reset, prefill): the reply a decode loop advances (decoding.Turn)."""
         return Reply(self, ids)
 
+    def resume(self, conversation: Sequence[int]) -> list[int]:
+        """The ids to send for a reply to the whole `conversation` (decoding.Source): all of them, since a fresh
+        stream holds nothing."""
+        return list(conversation)
+
     def truncate(self, n: int) -> None:
         """Drop the last n tokens fed (at most `ring.rollback_limit()`, else RollbackError); the stream
         continues as if they had never been fed."""

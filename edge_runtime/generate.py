@@ -315,23 +315,41 @@ def stream_generate(
     """Stream one reply: to `prompt` (text or ids), or to `messages` rendered through the bundle's chat template
     (with `chat_template_kwargs` as its variables, e.g. {"enable_thinking": False} for Qwen3 and SmolLM3).
 
-    An Engine starts afresh; a Session appends the prompt to its conversation (session.py). `response_format`
+    An Engine starts afresh. A Session appends a `prompt` to its conversation; `messages` are the whole
+    conversation, of which it feeds only what its cache does not hold already (Session.resume). `response_format`
     (OpenAI's) or `grammar` (constrain.py) constrain the reply, after `logits_processors`; a bad one raises
     ConstraintError first. `logprobs=k` puts each token's log-probability and its k most likely alternatives on
     its event. `speculative`: see step_generator (a SpeculativeDecoder's `stats` count its proposals and
     acceptances). The last event releases the text held back for a stop string that never came, whatever ended
     the reply (EOS, max_tokens, a cancel)."""
-    config = config or GenerationConfig()
     t0 = time.perf_counter()
     processors = [*logits_processors, *_constraints(engine, response_format, grammar)]
     prompt_ids = _prompt_ids(engine, tokenizer, prompt, messages, chat_template_kwargs)
+    feed = prompt_ids if messages is None else engine.resume(prompt_ids)
+    yield from _stream(engine, tokenizer, prompt_ids, feed, config or GenerationConfig(), t0, processors, logprobs,
+                       speculative)  # fmt: skip
+
+
+def _stream(
+    engine: Engine | Session,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    feed: list[int],
+    config: GenerationConfig,
+    t0: float,
+    processors: list[LogitsProcessor],
+    logprobs: int | None,
+    speculative: SpeculativeDecoder | str | None,
+) -> Iterator[TokenEvent]:
+    """stream_generate's stream: `prompt_ids` the request's prompt (what its stats count), `feed` the part of it
+    the source still needs (Source.resume)."""
     eos = set(engine.manifest.tokenizer.eos_token_ids) if config.stop_on_eos else set()
     detok = StreamingDetokenizer(tokenizer)
     stops = StopMatcher(config.stop_strings)
     itl = LatencyHistogram()  # constant memory however long the stream runs
     steps = step_generator(
         engine,
-        prompt_ids,
+        feed,
         Sampler(config.sampling),
         logits_processors=processors,
         logprobs=logprobs,
@@ -412,7 +430,8 @@ def generate(
     grammar: Grammar | None = None,
     speculative: SpeculativeDecoder | str | None = None,
 ) -> GenerationResult:
-    """Run a whole request (as stream_generate). Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose
+    """Run a whole request (as stream_generate: a Session given `messages` feeds only what it does not hold).
+    Ctrl-C raises GenerationCancelled (a KeyboardInterrupt) whose
     `result` is the partial GenerationResult, finish_reason 'cancelled'."""
     if response_format is not None or grammar is not None:  # a bad constraint fails before the prompt is encoded
         from . import constrain
@@ -430,8 +449,11 @@ def generate(
         if ev.stats is not None:
             final.append(ev.stats)
 
-    stream = stream_generate(
-        engine, tokenizer, prompt_ids, config, response_format=response_format, grammar=grammar, speculative=speculative
+    feed = prompt_ids if messages is None else engine.resume(prompt_ids)  # as stream_generate does
+    t0 = time.perf_counter()
+    processors = _constraints(engine, response_format, grammar)
+    stream = _stream(
+        engine, tokenizer, prompt_ids, feed, config or GenerationConfig(), t0, processors, None, speculative
     )
     try:
         for ev in stream:

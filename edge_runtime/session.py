@@ -299,6 +299,20 @@ class Session:
                 p = 0
         return conv[p:].tolist()
 
+    def resume(self, conversation: Sequence[int]) -> list[int]:
+        """`match`, then the ids to send for a reply to the whole `conversation` (decoding.Source), so that
+        `begin` has something to feed (the reply's first logits are the last token's): where the conversation is
+        held whole, its last token is the pending one (fed by `begin`), or it is taken back (past the rollback
+        limit: the session resets) to be fed again."""
+        rest = self.match(conversation)
+        if rest or self._pending is not None:
+            return rest
+        if self.rollback_limit >= 1:
+            self.truncate(1)
+        else:
+            self.reset()
+        return list(conversation[self.length :])
+
     def _common_prefix(self, conv: np.ndarray) -> int:
         g, ring = self.geometry, self.engine.ring
         t, n = ring.tokens, conv.shape[0]

@@ -264,3 +264,32 @@ def test_edge_run_with_no_bundle_exports_the_demo_model_once(tmp_path, monkeypat
     again = CliRunner().invoke(run_cli, args)
     assert again.exit_code == 0 and "exporting" not in again.stderr
     assert json.loads(again.stdout)["token_ids"] == json.loads(r.stdout)["token_ids"]
+
+
+def test_generate_on_a_session_given_messages_feeds_only_what_its_cache_lacks(serve_bundle):
+    """`messages` are the whole conversation: a Session feeds the part its cache does not hold (Session.resume),
+    not the whole rendering again after what it holds; the reply is a fresh engine's, the stats count the
+    whole prompt."""
+    from edge_runtime.chat import encode_messages
+    from edge_runtime.session import Session
+
+    greedy = GenerationConfig(max_tokens=8, sampling=SamplingParams(temperature=0))
+    engine = load(serve_bundle)
+    tok = Tokenizer.for_engine(engine)
+    session = Session(engine)
+    history = [{"role": "user", "content": "Who is there?"}]
+    first = generate(session, tok, messages=history, config=greedy)
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
+    whole = encode_messages(session, tok, history)
+    second = generate(session, tok, messages=history, config=greedy)
+    assert session.last_cached > 0 and session.last_cached + session.last_fed == len(whole)
+    assert session.length == len(whole) + len(second.token_ids)
+    assert second.prompt_token_ids == whole and second.stats.prompt_tokens == len(whole)
+    fresh = generate(load(serve_bundle), tok, messages=history, config=greedy)
+    assert second.token_ids == fresh.token_ids
+    # Resent whole: the reply's last token is still pending (begin feeds it); with nothing pending, the last
+    # token is taken back to be fed again.
+    resent = [*whole, *second.token_ids]
+    assert session.resume(resent) == [] and session.pending == resent[-1]
+    session.prefill([])  # feeds the pending token
+    assert session.pending is None and session.resume(resent) == resent[-1:] and session.length == len(resent) - 1

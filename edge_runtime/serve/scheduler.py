@@ -188,13 +188,7 @@ class Scheduler:
         try:
             self.pool.activate(slot)
             session = slot.session
-            rest = session.match(job.prompt)
-            if not rest:  # the whole prompt is held: re-run its last token for the reply's first logits
-                if session.rollback_limit >= 1:
-                    session.truncate(1)
-                else:
-                    session.reset()
-                rest = job.prompt[session.length :]
+            rest = session.resume(job.prompt)  # what the slot's cache does not hold yet, never empty
             slot.tokens = job.prompt[: session.length]
         except EdgeRuntimeError as e:
             self.pool.forget(slot)
