@@ -115,11 +115,12 @@ def ensure_bundle(source: Path, profile: TargetProfile, progress: Progress = lam
     from .targets.export_settings import settings_for
 
     check_source(source)
-    # The device exports its own bundle, so the edge kernels are used exactly where they run here.
+    # The device exports its own bundle, so the edge kernels are used exactly where they run here. The bundle is
+    # named by what its plan is made of, the profile's settings (there are no flags), so a cached one is found
+    # without importing the exporters; a profile always names its block (targets/schema.py).
     s = settings_for(profile, edge_kernels_here=kernels.available())
-    block = s.block or (32 if s.flavor == "ort" else 128)
     root = bundle_cache.bundles_dir()
-    out = root / bundle_cache.first_use_name(source, s.flavor, s.quant, block, s.kernel, s.table_bits, s.mixed)
+    out = root / bundle_cache.first_use_name(source, s.flavor, s.quant, s.block, s.kernel, s.table_bits, s.mixed)
     if (out / "manifest.json").is_file():
         return out
     root.mkdir(parents=True, exist_ok=True)
@@ -127,37 +128,15 @@ def ensure_bundle(source: Path, profile: TargetProfile, progress: Progress = lam
         if (out / "manifest.json").is_file():  # another process exported it while this one waited
             progress(f"using {out}, exported meanwhile by another process")
             return out
-        from .exporters.decoder import Flavor
-        from .exporters.export import ExportOptions
         from .exporters.from_source import export_source, summary_line
-        from .exporters.quant import MatMulKernel, MixedPlan, QuantConfig, QuantMethod
+        from .exporters.plan import ExportFlags, plan_export
 
         progress(f"exporting {source.name} for target {profile.name} on first use into {out}")
-        qconfig = QuantConfig(
-            method=QuantMethod.parse(s.quant),
-            block=block,
-            table_bits=s.table_bits,
-            kernel=MatMulKernel(s.kernel),
-            mixed=MixedPlan(s.mixed),
-        )
-        opts = ExportOptions(
-            checkpoint=source,
-            out=out,
-            flavor=Flavor(s.flavor),
-            quant=qconfig,
-            sinks=s.sinks,
-            window=s.window,
-            fit_window=True,
-            fit_block=True,
-            target=profile.name,
-            # A half-written directory of a killed export (no manifest) is replaced, not refused: nobody else
-            # writes here while the lock is held.
-            overwrite=out.exists(),
-        )
+        # A half-written directory of a killed export (no manifest) is replaced, not refused: nobody else
+        # writes here while the lock is held.
+        plan = plan_export(source, out, ExportFlags(overwrite=out.exists()), profile)
         t0 = time.perf_counter()
-        manifest = export_source(
-            opts, plan_from_profile=True, progress=lambda m: progress(f"[{time.perf_counter() - t0:6.1f}s] {m}")
-        )
+        manifest = export_source(plan, progress=lambda m: progress(f"[{time.perf_counter() - t0:6.1f}s] {m}"))
         progress(summary_line(out, manifest))
     return out
 

@@ -13,7 +13,6 @@ the cache [1, Hkv, capacity, D].
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,39 +29,10 @@ from edge_runtime.models.layer_plan import Sublayer, run_layers
 from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .graph import GraphBuilder, TensorSink
-from .quant import MatMulKernel, QuantConfig
+from .plan import Flavor, KvDtype, Precision, kv_dtype_problem
+from .quant import MatMulKernel
 from .quant_graph import edge_matmul, quantized_format
 from .quant_model import QuantizedModel
-
-
-class Flavor(enum.Enum):
-    ORT = "ort"
-    TRT = "trt"
-
-
-class Precision(enum.Enum):
-    FP32 = "fp32"
-    FP16 = "fp16"
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self is Precision.FP16 else np.float32)
-
-
-class KvDtype(enum.Enum):
-    """The KV cache's element type (`edge-export --kv-dtype`). fp16 halves the bytes attention reads per token
-    at a full ring, q8 (int8 codes and an fp32 scale a row, llama.cpp's q8_0 with one block a row) nearly
-    quarters them; only edge-runtime's LinearAttention/RingAttention take them under fp32 activations."""
-
-    FP32 = "fp32"
-    FP16 = "fp16"
-    Q8 = "q8"
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The cache buffers' storage dtype (q8 rows are uint8 bytes: blocks_ort.Q8_ROW_EXTRA)."""
-        return np.dtype({KvDtype.FP16: np.float16, KvDtype.Q8: np.uint8}.get(self, np.float32))
-
 
 OPSET = {Flavor.ORT: 24, Flavor.TRT: 21}
 
@@ -80,28 +50,6 @@ class BuiltGraph:
 def activation_dtype(flavor: Flavor, precision: Precision) -> np.dtype:
     # CPU kernels are fastest and exact in fp32; fp16 weights are widened once at session load.
     return precision.dtype if flavor is Flavor.TRT else np.dtype(np.float32)
-
-
-def kv_dtype_problem(args: ModelArgs | None, flavor: Flavor, quant: QuantConfig | None, kv: KvDtype) -> str | None:
-    """Why the graph cannot hold a `kv` cache (None: it can; `args` None: the options alone, before a model is
-    read). FP32 is every graph's default (`trt` keeps its cache in its activation dtype). GroupQueryAttention,
-    ONNX Attention and TensorScatter need the cache in the activation dtype, so an fp16 cache needs
-    edge-runtime's attention ops at every fill; so does a q8 one."""
-    if kv is KvDtype.FP32:
-        return None
-    if flavor is Flavor.TRT:
-        return f"--kv-dtype {kv.value} needs the ort flavor (the trt graph keeps its cache in its activation dtype)"
-    if quant is None or not quant.enabled or quant.kernel is not MatMulKernel.EDGE:
-        return (
-            f"--kv-dtype {kv.value} needs --kernel edge with a quantized model (--quant int8/int4*): ONNX Runtime's "
-            "GroupQueryAttention and Attention need the cache in the activation dtype (fp32)"
-        )
-    if args is not None and not blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim):
-        return (
-            f"--kv-dtype {kv.value}: RingAttention does not take head size {args.head_dim} (rotary {args.rotary_dim}), "
-            "and ONNX Attention, used instead, needs the cache in the activation dtype (fp32)"
-        )
-    return None
 
 
 def build_decoder(
@@ -164,8 +112,8 @@ def build_decoder(
             "update": (KvUpdate.IN_PLACE_SCATTER if flavor is Flavor.ORT else KvUpdate.HOST_COPY).value,
             "layout": KV_HEADS_FIRST,
             "attended_columns": LINEAR_UNTIL_FULL if flavor is Flavor.ORT else "capacity_plus_tokens",
-            # the buffers the runtime allocates (manifest.KV_DTYPES)
-            "dtype": "q8" if kv_dtype is KvDtype.Q8 else g.kv_dtype.name,
+            # the buffers the runtime allocates (manifest.KV_DTYPES): trt's are its activation dtype
+            "dtype": kv_dtype.manifest_dtype if flavor is Flavor.ORT else g.kv_dtype.name,
         },
     }
     return BuiltGraph(

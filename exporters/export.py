@@ -1,7 +1,9 @@
-"""The export pipeline: checkpoint -> graph of one flavor -> validated -> bundle, written atomically.
+"""The export pipeline: an ExportPlan (plan.py) -> graph of one flavor -> validated -> bundle, written atomically.
 
-manifest = export(ExportOptions(checkpoint=Path("models/checkpoints/shakespeare-llama-5m"),
-                                out=Path("bundle"), flavor=Flavor.ORT, precision=Precision.FP32))
+manifest = export(ExportPlan(checkpoint=Path("models/checkpoints/shakespeare-llama-5m"),
+                             out=Path("bundle"), flavor=Flavor.ORT, precision=Precision.FP32))
+
+`ExportOptions` is the plan's older name, kept for the callers that build one directly.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,37 +24,34 @@ import onnxruntime as ort
 
 from edge_runtime import __version__, kernels
 from edge_runtime.bundle import sha256_file
-from edge_runtime.errors import ExportError, ValidationError
+from edge_runtime.errors import ValidationError
 from edge_runtime.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     TEMPLATE_ORIGIN_KEY,
-    CacheSpec,
     GraphSpec,
     Manifest,
     ModelSpec,
     ValidationCase,
     ValidationRecord,
 )
-from edge_runtime.ring import geometry_problem
 from edge_runtime.rss import peak_rss_bytes
 
 from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
-from .decoder import OPSET, BuiltGraph, Flavor, KvDtype, Precision, build_decoder, kv_dtype_problem
+from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
 from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_convert import is_gguf
-from .gguf_quant import SourceCodes
 from .lazy_layers import LazyLayers
-from .memory_plan import estimate_export_memory, return_freed_memory
+from .memory_plan import estimate_plan_memory, return_freed_memory
+from .plan import ExportPlan
 from .progress import Progress, as_progress
 from .prune import pruned_args
-from .quant import INT4_BLOCKS, TRT_INT4_BLOCKS, QuantConfig
 from .quant_graph import fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .scratch import Scratch
-from .tokenizer_export import BundleTokenizer, TemplateFile, bundle_tokenizer, check_source_template, read_json
+from .tokenizer_export import BundleTokenizer, bundle_tokenizer, check_source_template, read_json
 from .validate import (
     CaseResult,
     ReferenceMemo,
@@ -66,44 +64,7 @@ from .validate import (
 )
 
 GRAPH_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
-DEFAULT_SINKS = 4
-DEFAULT_WINDOW_CAP = 2044  # S + W = 2048 unless the model's trained context is shorter
-DEFAULT_SLACK = 63  # a 64-token prefill chunk fits past capacity
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    checkpoint: Path
-    out: Path
-    flavor: Flavor = Flavor.ORT
-    precision: Precision = Precision.FP32
-    sinks: int = DEFAULT_SINKS
-    window: int | None = None  # None: fill the model's trained context (capped at DEFAULT_WINDOW_CAP)
-    overwrite: bool = False
-    quant: QuantConfig = field(default_factory=QuantConfig)  # method none: float weights of `precision`
-    prune: float | None = None  # fraction of attention + MLP parameters to remove, in (0, 1)
-    # Instead of `prune`: the largest pruning whose calibration perplexity rises at most this many percent
-    prune_budget: float | None = None
-    prune_layers: int = 0  # whole decoder layers to remove besides (prune_layers.py); the budget picks its own
-    calibration: Path | None = None  # None: calibration.txt beside the checkpoint, else models.GENERAL_CALIBRATION
-    # A device profile's window is a memory budget, not a model property: cut it to the trained context
-    # (`edge-export --target`, first-use exports) instead of refusing the export.
-    fit_window: bool = False
-    # Likewise a profile's INT4 block: where it does not divide a Linear's input width (SmolLM2's 576 and the
-    # Jetson profiles' 128), the largest supported block that does, instead of refusing a block nobody typed.
-    fit_block: bool = False
-    target: str | None = None  # the target profile the options came from (provenance); None: portable
-    kv_dtype: KvDtype = KvDtype.FP32  # the KV cache's element type (fp16: --kernel edge, ort flavor)
-    # A GGUF source's Q4_0/Q8_0 codes kept as they are (gguf_quant.read_codes); None: quantize every weight
-    source_codes: SourceCodes | None = None
-    # Refuse before any work when the estimated peak RSS (memory_plan.py) is above this many bytes
-    max_memory: int | None = None
-    # What the user named when `checkpoint` is a conversion of it (a .gguf file): the provenance's source, so
-    # the first-use cache can tell when that file is gone or changed
-    source: Path | None = None
-    # A chat template of the user's (`edge-export --chat-template`), read and checked before any work: the
-    # bundle's template in place of the checkpoint's (or a GGUF's), or where the source has none
-    chat_template: TemplateFile | None = None
+ExportOptions = ExportPlan  # the older name: tests and scripts build one directly
 
 
 ProgressArg = Progress | Callable[[str], None]  # a plain callable gets plain lines (progress.as_progress)
@@ -128,47 +89,38 @@ class _Stages:
         self._t = now
 
 
-def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest:
+def export(plan: ExportPlan, progress: ProgressArg | None = None) -> Manifest:
     t_start = time.perf_counter()
     progress = as_progress(progress)
     return_freed_memory()
     stages = _Stages()
-    progress(f"loading {opts.checkpoint}")
+    progress(f"loading {plan.checkpoint}")
     # A quantized table is read a block of rows at a time from the checkpoint (an 8B model's two float32
     # tables are 4.2 GB); a float one goes into the graph whole.
-    stored_tables = opts.quant.enabled and not opts.quant.fp_embeddings
-    ckpt = load_checkpoint(opts.checkpoint, stored_tables=stored_tables)
-    opts = _fit_block(ckpt, opts, progress)
-    tokenizer = _tokenizer(ckpt, opts, progress)
-    cache = _cache_spec(ckpt, opts)
-    kv_problem = kv_dtype_problem(ckpt.args, opts.flavor, opts.quant, opts.kv_dtype)  # before minutes of quantizing
-    if kv_problem:
-        raise ExportError(kv_problem)
-    pruning = opts.prune is not None or opts.prune_budget is not None or opts.prune_layers > 0
-    scratch = _scratch(opts.out) if opts.quant.enabled else None
-    imported = opts.source_codes is not None and bool(opts.source_codes.tensors)
-    codes_held = imported or (opts.quant.enabled and scratch is None)
-    estimate = estimate_export_memory(
-        ckpt, opts.quant, opts.flavor, pruning, codes_held, spilled=scratch is not None, kv_dtype=opts.kv_dtype
-    )
+    stored_tables = plan.quant.enabled and not plan.quant.fp_embeddings
+    ckpt = load_checkpoint(plan.checkpoint, stored_tables=stored_tables)
+    plan = plan.fitted(ckpt, progress)
+    tokenizer = _tokenizer(ckpt, plan, progress)
+    cache = plan.cache_spec(ckpt.args)
+    plan.check_model(ckpt.args)  # before minutes of quantizing
+    scratch = _scratch(plan.out) if plan.quant.enabled else None
+    imported = plan.source_codes is not None and bool(plan.source_codes.tensors)
+    codes_held = imported or (plan.quant.enabled and scratch is None)
+    estimate = estimate_plan_memory(ckpt, plan, codes_held=codes_held, spilled=scratch is not None)
     progress(f"estimated peak memory {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
-    if opts.max_memory is not None and estimate.total > opts.max_memory:
-        raise ExportError(
-            f"this export needs about {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB), over "
-            f"--max-memory {opts.max_memory / 1e6:,.0f} MB; a smaller --quant, or a machine with more memory"
-        )
+    plan.check_memory(estimate)
     stages.done("load")
     prepared = prepare_weights(
         ckpt,
-        opts.quant,
-        opts.prune,
-        opts.calibration,
-        prune_budget=opts.prune_budget,
-        prune_layers=opts.prune_layers,
-        trt=opts.flavor is Flavor.TRT,
-        weights_label=opts.precision.value,
+        plan.quant,
+        plan.prune,
+        plan.calibration,
+        prune_budget=plan.prune_budget,
+        prune_layers=plan.prune_layers,
+        trt=plan.flavor is Flavor.TRT,
+        weights_label=plan.precision.value,
         progress=progress,
-        source_codes=opts.source_codes,
+        source_codes=plan.source_codes,
         scratch=scratch,
     )
 
@@ -178,8 +130,8 @@ def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest
     ckpt.weights = prepared.weights
     ckpt.args = pruned_args(ckpt.args, prepared.weights)  # whole-layer pruning leaves fewer layers
 
-    with atomic_directory(opts.out, overwrite=opts.overwrite) as tmp:
-        progress(f"building {opts.flavor.value} graph ({opts.precision.value}, {ckpt.args.num_layers} layers)")
+    with atomic_directory(plan.out, overwrite=plan.overwrite) as tmp:
+        progress(f"building {plan.flavor.value} graph ({plan.precision.value}, {ckpt.args.num_layers} layers)")
         # Each initializer's bytes go to the data file as the builder makes it: the graph holds references only.
         writer = ExternalDataWriter(tmp / DATA_FILE)
         # a stage of one unit for its heartbeat: an 8B model's graph is minutes of packing and writing
@@ -187,10 +139,10 @@ def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest
             built = build_decoder(
                 ckpt.args,
                 prepared.weights,
-                opts.flavor,
-                opts.precision,
+                plan.flavor,
+                plan.precision,
                 prepared.quantized,
-                kv_dtype=opts.kv_dtype,
+                kv_dtype=plan.kv_dtype,
                 sink=writer,
             )
             stages.done("graph")
@@ -212,7 +164,7 @@ def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest
             quantization=prepared.record,
             validation=validation,
             provenance={
-                **_provenance(ckpt, opts, time.perf_counter() - t_start, stages, estimate.total),
+                **_provenance(ckpt, plan, time.perf_counter() - t_start, stages, estimate.total),
                 TEMPLATE_ORIGIN_KEY: dataclasses.asdict(o) if (o := tokenizer.template_origin) else None,
             },
             files=files,
@@ -220,15 +172,15 @@ def export(opts: ExportOptions, progress: ProgressArg | None = None) -> Manifest
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
     rss = manifest.provenance["peak_rss_bytes"] / 2**20
     breakdown = ", ".join(f"{k} {v:.1f}s" for k, v in stages.seconds.items())
-    progress(f"wrote {opts.out} in {time.perf_counter() - t_start:.1f}s ({breakdown}; peak RSS {rss:.0f} MiB)")
+    progress(f"wrote {plan.out} in {time.perf_counter() - t_start:.1f}s ({breakdown}; peak RSS {rss:.0f} MiB)")
     return manifest
 
 
-def _tokenizer(ckpt: Checkpoint, opts: ExportOptions, progress: Progress) -> BundleTokenizer:
+def _tokenizer(ckpt: Checkpoint, plan: ExportPlan, progress: Progress) -> BundleTokenizer:
     """The bundle's tokenizer, with --chat-template's file in place of the source's template where given."""
-    converted_from = opts.source if opts.source is not None and is_gguf(opts.source) else None
+    converted_from = plan.source if plan.source is not None and is_gguf(plan.source) else None
     tokenizer = bundle_tokenizer(ckpt, converted_from=converted_from)
-    given = opts.chat_template
+    given = plan.chat_template
     if given is None:
         check_source_template(tokenizer)  # the runtime's bounds, before the export's work
         return tokenizer
@@ -382,21 +334,6 @@ def _check(cases: list, tol: float, label: str) -> float:
     return worst
 
 
-def _cache_spec(ckpt: Checkpoint, opts: ExportOptions) -> CacheSpec:
-    args = ckpt.args
-    context = args.max_position_embeddings
-    sinks, window = opts.sinks, opts.window
-    if args.sliding_window is not None:  # trained with a local window (Mistral): no sinks, that window
-        sinks, window = 0, min(window or args.sliding_window, args.sliding_window)
-    if window is not None and opts.fit_window:
-        window = max(1, min(window, context - sinks))
-    window = window or min(context, DEFAULT_WINDOW_CAP + sinks) - sinks
-    problem = geometry_problem(sinks, window, context)
-    if problem:
-        raise ExportError(problem)
-    return CacheSpec(sinks=sinks, window=window, slack=DEFAULT_SLACK)
-
-
 def _generation_defaults(path: Path) -> dict[str, Any]:
     gen = read_json(path / "generation_config.json")
     keys = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")
@@ -461,26 +398,8 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
     return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
 
 
-def _fit_block(ckpt: Checkpoint, opts: ExportOptions, progress: Progress) -> ExportOptions:
-    """`opts` with a profile's INT4 block cut to one that divides every decoder Linear's input width."""
-    q = opts.quant
-    if not opts.fit_block or q.method.linear_bits != 4:
-        return opts
-    shapes = [ckpt.tensors.shape(n) for n in ckpt.tensors if ".layers." in n and n.endswith("_proj.weight")]
-    widths = {s[1] for s in shapes if len(s) == 2}
-    blocks = TRT_INT4_BLOCKS if opts.flavor is Flavor.TRT else INT4_BLOCKS
-    fits = [b for b in blocks if b <= q.block and all(w % b == 0 for w in widths)]
-    if not fits or fits[-1] == q.block:
-        return opts  # nothing divides (the quantizer says so, naming the tensor) or the block already fits
-    progress(
-        f"target {opts.target}'s INT4 block {q.block} does not divide this model's widths "
-        f"({', '.join(map(str, sorted(widths)))}); using block {fits[-1]}"
-    )
-    return replace(opts, quant=replace(q, block=fits[-1]))
-
-
 def _provenance(
-    ckpt: Checkpoint, opts: ExportOptions, seconds: float, stages: _Stages, estimated_peak: int
+    ckpt: Checkpoint, plan: ExportPlan, seconds: float, stages: _Stages, estimated_peak: int
 ) -> dict[str, Any]:
     return {
         "exporter": f"edge-runtime {__version__}",
@@ -491,19 +410,19 @@ def _provenance(
         # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
         "peak_rss_bytes": peak_rss_bytes(),
         "estimated_peak_rss_bytes": estimated_peak,  # memory_plan.py, before any work
-        "source": str((opts.source or ckpt.path).resolve()),
-        "target": opts.target,
+        "source": str((plan.source or ckpt.path).resolve()),
+        "target": plan.target,
         "options": {
-            "flavor": opts.flavor.value,
-            "quant": opts.quant.method.value,
-            "block": opts.quant.block,
-            "int8_block": opts.quant.int8_block,
-            "kernel": opts.quant.kernel.value,
-            "table_bits": opts.quant.table_bits,
-            "prune": opts.prune,
-            "prune_budget": opts.prune_budget,
-            "prune_layers": opts.prune_layers,
-            "kv_dtype": opts.kv_dtype.value,
+            "flavor": plan.flavor.value,
+            "quant": plan.quant.method.value,
+            "block": plan.quant.block,
+            "int8_block": plan.quant.int8_block,
+            "kernel": plan.quant.kernel.value,
+            "table_bits": plan.quant.table_bits,
+            "prune": plan.prune,
+            "prune_budget": plan.prune_budget,
+            "prune_layers": plan.prune_layers,
+            "kv_dtype": plan.kv_dtype.value,
         },
         "source_files": {p.name: sha256_file(p) for p in ckpt.tensors.files},
         "onnx": onnx.__version__,

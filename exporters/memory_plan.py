@@ -1,5 +1,5 @@
 """What an export will hold in memory at its peak, estimated from the checkpoint's shapes before any work
-(`edge-export --max-memory`). docs/architecture.md §6.1 explains the parts.
+(`edge-export --max-memory`: ExportPlan.check_memory). docs/architecture.md §6.1 explains the parts.
 
 The export streams: layers are read and widened one at a time (LazyLayers), INT4 codes are held two to a
 byte, initializers go to the data file as the graph builder makes them, and validation reads each layer
@@ -29,18 +29,22 @@ import ctypes
 import ctypes.util
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edge_runtime import kernels
 from edge_runtime.models import ModelArgs
 
 from .calibrate import DEFAULT_CALIBRATION_TOKENS
-from .decoder import Flavor, KvDtype
 from .input_stats import SAMPLE_ROWS
+from .plan import Flavor, KvDtype
 from .quant import QuantConfig
 from .quant_graph import FP32_HEAD_MAX_BYTES
 from .quant_pipeline import samples_wide_inputs
 from .reference import F64_COPY_MAX_PARAMS
 from .tables import RowTable
+
+if TYPE_CHECKING:
+    from .plan import ExportPlan
 
 BASELINE = 200 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tokenizer (180 MB seen at load)
 # float32 copies of one layer's Linears alive at once, fitted to the Llama-3.2-1B shape's measured phases:
@@ -105,6 +109,11 @@ def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
     """One layer's input statistics: X^T X in float64, or a float32 row sample of the inputs wider than
     it where the consumer allows (input_stats.py)."""
     return sum(SAMPLE_ROWS * k * 4 if sampled and k > SAMPLE_ROWS else k * k * 8 for k in widths)
+
+
+def estimate_plan_memory(ckpt, plan: ExportPlan, *, codes_held: bool, spilled: bool) -> MemoryEstimate:
+    """What `plan` holds at its peak on `ckpt` (a loaded Checkpoint): estimate_export_memory of its options."""
+    return estimate_export_memory(ckpt, plan.quant, plan.flavor, plan.pruning, codes_held, spilled, plan.kv_dtype)
 
 
 def estimate_export_memory(

@@ -1,6 +1,7 @@
 """The export's weight stage: [calibrate] -> [prune] -> [quantize] -> held-out perplexity (docs/architecture.md §2, §6).
 
-Every option is checked before any work, so a bad one fails fast and leaves nothing behind.
+The options were checked before any work by the export's plan (plan.py), so a bad one fails fast and leaves
+nothing behind; what needs the model (layers to prune, blocks that divide each Linear) is checked here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_runtime.errors import ExportError
 from edge_runtime.models import ModelArgs, ModelWeights
 
 from .calibrate import (
@@ -28,10 +28,11 @@ from .calibrate import (
     load_calibration,
 )
 from .checkpoint import Checkpoint
+from .plan import check_options as check_options  # the plan checks a QuantConfig against the flavor; for importers
 from .progress import Progress, as_progress
 from .prune import RECON_SINK_WEIGHT, PruneConfig, calibration_record, prune_model, prune_to_budget
 from .prune_layers import BlockStats, check_layer_pruning, supports_layer_pruning
-from .quant import TRT_INT4_BLOCKS, MatMulKernel, QuantConfig
+from .quant import MatMulKernel, QuantConfig
 from .quant_model import LINEARS, QuantizedModel, check_blocks, quantize_model
 from .scratch import Scratch
 
@@ -57,31 +58,6 @@ class PreparedWeights:
     quantized: QuantizedModel | None
     record: dict[str, Any]  # the manifest's `quantization`
     pruned: bool
-
-
-def check_options(quant: QuantConfig, trt: bool) -> None:
-    if trt and quant.method.linear_bits == 4 and quant.block not in TRT_INT4_BLOCKS:
-        raise ExportError(
-            f"INT4 block size {quant.block} is not supported by TensorRT (blocks {TRT_INT4_BLOCKS}); "
-            f"use --block 64 or --block 128 with --flavor trt"
-        )
-    if trt and quant.kernel is MatMulKernel.EDGE:
-        raise ExportError("--kernel edge needs --flavor ort: TensorRT runs its own kernels")
-    if quant.kernel is MatMulKernel.EDGE and not quant.enabled:
-        raise ExportError("--kernel edge applies to quantized bundles; add --quant int4 (or int8) or drop --kernel")
-    if quant.kernel is MatMulKernel.EDGE:
-        from edge_runtime import kernels
-
-        reason = kernels.unavailable_reason()
-        if reason is not None:  # the export validates the graph here, so the op must run here
-            raise ExportError(f"--kernel edge cannot be used: {reason}; export with --kernel mlas")
-        kernels.check_pin()
-    if trt and quant.int8_block is not None:
-        raise ExportError("INT8 blocks need --flavor ort: the trt flavor stores INT8 weights per channel")
-    if trt and quant.asymmetric:
-        raise ExportError("asymmetric INT4 blocks need --flavor ort: TensorRT 10.3 takes symmetric Q/DQ only")
-    if trt and quant.enabled and quant.table_bits == 4 and not quant.fp_embeddings:
-        raise ExportError("--table-bits 4 needs --flavor ort: the trt flavor stores the table as INT8 per row")
 
 
 def samples_wide_inputs(quant: QuantConfig) -> bool:
@@ -114,18 +90,11 @@ def prepare_weights(
     manifest even when it imports nothing, saying why). `scratch`: where quantized Linears' codes wait
     between uses instead of memory (quantize_model)."""
     progress = as_progress(progress)
-    if prune_ratio is not None and prune_budget is not None:
-        raise ExportError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
-    if prune_budget is not None and not (isinstance(prune_budget, (int, float)) and 0 < prune_budget < 1e6):
-        raise ExportError(f"prune budget {prune_budget!r} must be a positive percentage (e.g. --prune-budget 10)")
     check_layer_pruning(ckpt.args, prune_layers)
-    if prune_layers and prune_budget is not None:
-        raise ExportError("--prune-layers and --prune-budget are mutually exclusive: the budget picks layers itself")
     prune = None
     if prune_ratio is not None or prune_layers:
         prune = PruneConfig(prune_ratio or 0.0, unit=pruning_unit(quant), layers=prune_layers)
     pruning = prune is not None or prune_budget is not None
-    check_options(quant, trt)
     args, weights = ckpt.args, ckpt.weights
     # Pruning changes the inputs of o_proj and down_proj only (to multiples of the block).
     check_blocks(weights, ckpt.arch.weights, quant, ("q", "k", "v", "gate", "up") if pruning else LINEARS)

@@ -13,18 +13,27 @@ from dataclasses import dataclass, replace
 
 from edge_runtime.targets.schema import TargetProfile
 
+# The INT4 block where neither --block nor a profile gives one: 32 for ort (MatMulQ4, llama.cpp's Q4_0), 128 for
+# trt (TensorRT's INT4 blocks are 64 and 128). exporters/plan.py's default_block reads it.
+DEFAULT_INT4_BLOCK = {"ort": 32, "trt": 128}
+
 
 @dataclass(frozen=True)
 class ExportSettings:
     flavor: str = "ort"
     quant: str = "none"
-    block: int | None = None  # None: 32 for ort, 128 for trt
+    block: int | None = None  # None: DEFAULT_INT4_BLOCK[flavor]
     kernel: str = "mlas"
     table_bits: int = 8
     mixed: str = "none"  # MixedPlan value: INT4 bundles only
     sinks: int = 4
     window: int | None = None  # None: the model's trained context (capped by the exporter)
     target: str | None = None  # the profile these came from; recorded in the manifest's provenance
+
+    @property
+    def int4_block(self) -> int:
+        """The INT4 block these settings export with (INT4 quantization or an INT4 table)."""
+        return self.block if self.block is not None else DEFAULT_INT4_BLOCK[self.flavor]
 
     def with_overrides(self, **explicit: object) -> ExportSettings:
         """These settings with every explicitly given value (not None) in its place: flags win."""

@@ -37,8 +37,7 @@ def measurements_path() -> Path:
 def settings_key(s: ExportSettings) -> str:
     """The settings an export's time depends on, as one string: profiles with the same key export alike (the
     cache geometry changes only the ring's size, not the work)."""
-    block = s.block or (32 if s.flavor == "ort" else 128)
-    return f"{s.flavor}/{s.quant}/block-{block}/{s.kernel}/table-{s.table_bits}/mixed-{s.mixed}"
+    return f"{s.flavor}/{s.quant}/block-{s.int4_block}/{s.kernel}/table-{s.table_bits}/mixed-{s.mixed}"
 
 
 def here_settings(profile: TargetProfile) -> ExportSettings:
@@ -156,7 +155,7 @@ def _block(s: ExportSettings) -> str | int | None:
     """What the Linear weights are quantized in: INT4 blocks, INT8 channels (a profile's block_size sizes INT4
     only: `edge-export --target` keeps INT8 per channel), or nothing."""
     if s.quant.startswith("int4"):
-        return s.block or (32 if s.flavor == "ort" else 128)
+        return s.int4_block
     return "channel" if s.quant == "int8" else None
 
 

@@ -14,7 +14,8 @@ any machine with ONNX Runtime); --target T takes the device profile's settings, 
 
 from __future__ import annotations
 
-import dataclasses
+import enum
+import importlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -24,23 +25,28 @@ import click
 from .common import debug_option, friendly_errors
 
 
-class QuantChoice(click.ParamType):
-    """--quant checked when parsed against exporters.quant.QuantMethod, the one list of methods (imported
-    then, not when the CLI loads: the exporters pull numpy and the reference model in)."""
+class _Parsed(click.ParamType):
+    """An option checked when parsed by its enum's `parse` (QuantMethod, KvDtype: the one list of values, and
+    the aliases it takes), imported then, not when the CLI loads: the exporters pull numpy and the reference
+    model in. The value is the enum member the export plan holds."""
 
-    name = "method"
+    def __init__(self, module: str, enum_name: str, name: str) -> None:
+        self.module, self.enum_name, self.name = module, enum_name, name
+
+    def _enum(self) -> type[enum.Enum]:
+        return getattr(importlib.import_module(self.module), self.enum_name)
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        from edge_runtime.exporters.quant import QuantMethod
+        return "[" + "|".join(m.value for m in self._enum()) + "]"
 
-        return "[" + "|".join(m.value for m in QuantMethod) + "]"
-
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> enum.Enum:
         from edge_runtime.errors import ExportError
-        from edge_runtime.exporters.quant import QuantMethod
 
+        kind = self._enum()
+        if isinstance(value, kind):
+            return value
         try:
-            return QuantMethod.parse(str(value)).value
+            return kind.parse(str(value))  # type: ignore[attr-defined]
         except ExportError as e:
             self.fail(str(e), param, ctx)
 
@@ -67,9 +73,10 @@ class _ByteSize(click.ParamType):
 
 
 if TYPE_CHECKING:
+    from edge_runtime.exporters.plan import KvDtype
+    from edge_runtime.exporters.quant import QuantMethod
     from edge_runtime.manifest import Manifest
     from edge_runtime.targets import TargetProfile
-    from edge_runtime.targets.export_settings import ExportSettings
 
 
 class _DefaultToBuild(click.Group):
@@ -132,7 +139,7 @@ def main() -> None:
 )
 @click.option(
     "--quant",
-    type=QuantChoice(),
+    type=_Parsed("edge_runtime.exporters.quant", "QuantMethod", "method"),
     default=None,
     help="Weight quantization: none, int8 (per channel), int4 (round to nearest), int4-awq (activation-aware), "
     "int4-gptq [default: none, or the target's].",
@@ -208,12 +215,13 @@ def main() -> None:
 )
 @click.option(
     "--kv-dtype",
-    type=click.Choice(["fp32", "fp16", "q8"]),
+    type=_Parsed("edge_runtime.exporters.plan", "KvDtype", "type"),
     default="fp32",
     show_default=True,
     help="KV cache element type. fp16 halves the cache's memory and the bytes attention reads per token at a full "
     "ring; q8 (int8 codes and an fp32 scale per row) nearly quarters them. Both need --kernel edge "
-    "(LinearAttention/RingAttention) on a quantized ort bundle.",
+    "(LinearAttention/RingAttention) on a quantized ort bundle. The manifest's graph.kv.dtype spellings "
+    "(float32, float16) are taken too.",
 )
 @click.option(
     "--max-memory",
@@ -257,7 +265,7 @@ def build(
     dtype: str,
     sinks: int | None,
     window: int | None,
-    quant: str | None,
+    quant: QuantMethod | None,
     block: int | None,
     prune: float | None,
     prune_budget: float | None,
@@ -268,7 +276,7 @@ def build(
     kernel: str | None,
     mixed: str | None,
     gguf_codes: str | None,
-    kv_dtype: str,
+    kv_dtype: KvDtype,
     max_memory: int | None,
     chat_template: Path | None,
     overwrite: bool,
@@ -277,69 +285,48 @@ def build(
 ) -> None:
     """Export CHECKPOINT (a Hugging Face directory, a .gguf file, or a bundled model's name: demo) to a validated
     bundle in OUT. Without --target the defaults are portable; --target T applies the device profile's."""
-    from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision
-    from edge_runtime.exporters.export import ExportOptions
-    from edge_runtime.exporters.quant import MatMulKernel, MixedPlan, QuantConfig, QuantMethod
+    from edge_runtime.exporters import plan as p
+    from edge_runtime.exporters.gguf_quant import GGUFCodes
+    from edge_runtime.exporters.quant import MatMulKernel, MixedPlan
     from edge_runtime.models import resolve_checkpoint
+    from edge_runtime.targets import resolve_target
 
-    if prune is not None and prune_budget is not None:
-        raise click.UsageError("--prune and --prune-budget are mutually exclusive: give a ratio or a perplexity budget")
-    if prune_layers and prune_budget is not None:
-        raise click.UsageError(
-            "--prune-layers and --prune-budget are mutually exclusive: the budget picks layers itself"
-        )
+    conflict = p.prune_conflict(prune, prune_budget, prune_layers)
+    if conflict:
+        raise click.UsageError(conflict)
     source = resolve_checkpoint(checkpoint)
-    s = _settings(
-        target, flavor=flavor, quant=quant, block=block, kernel=kernel, table_bits=table_bits, mixed=mixed, quiet=quiet
-    )
-    s = s.with_overrides(sinks=sinks, window=window)
-    _check_options(window=window, block=block, quant=s.quant, table_bits=str(s.table_bits))
-    _check_output(source, out, overwrite=overwrite)
-    engine_target = _engine_target(target) if build_engine else None  # refused before the export, not after
-    from edge_runtime.exporters.tokenizer_export import read_template_file
-
-    template = read_template_file(chat_template) if chat_template is not None else None  # before any work
-    opts = ExportOptions(
-        checkpoint=source,
-        out=out,
-        flavor=Flavor(s.flavor),
-        precision=Precision(dtype),
-        sinks=s.sinks,
-        window=s.window,
-        fit_window=s.target is not None and window is None,
-        fit_block=s.target is not None and block is None,
-        target=s.target,
-        overwrite=overwrite,
-        quant=QuantConfig(
-            QuantMethod.parse(s.quant),
-            block=s.block if s.block is not None else 32 if s.flavor == "ort" else 128,
-            fp_embeddings=fp_embeddings,
-            table_bits=s.table_bits,
-            kernel=MatMulKernel(s.kernel),
-            mixed=MixedPlan(s.mixed),
-            # the flag only, not a profile's block_size (which sizes INT4): INT8 stays per channel unless asked
-            int8_block=block if s.quant == "int8" else None,
-        ),
+    profile = resolve_target(target).profile if target is not None else None
+    flags = p.ExportFlags(
+        flavor=p.Flavor(flavor) if flavor else None,
+        precision=p.Precision(dtype),
+        quant=quant,
+        block=block,
+        kernel=MatMulKernel(kernel) if kernel else None,
+        table_bits=int(table_bits) if table_bits else None,  # type: ignore[arg-type]  # click.Choice: "8" or "4"
+        mixed=MixedPlan(mixed) if mixed else None,
+        fp_embeddings=fp_embeddings,
+        gguf_codes=GGUFCodes(gguf_codes) if gguf_codes else None,
+        kv_dtype=kv_dtype,
+        sinks=sinks,
+        window=window,
         prune=prune,
         prune_budget=prune_budget,
         prune_layers=prune_layers,
         calibration=calib,
-        kv_dtype=KvDtype(kv_dtype),
         max_memory=max_memory,
-        chat_template=template,
+        chat_template=chat_template,
+        overwrite=overwrite,
     )
+    plan = p.plan_export(source, out, flags, profile)
+    for note in () if quiet else plan.notes:
+        click.echo(f"note: {note}", err=True)
+    engine_target = _engine_target(profile) if build_engine else None  # refused before the export, not after
     from edge_runtime.exporters.from_source import export_source, summary_line
-    from edge_runtime.exporters.gguf_quant import GGUFCodes
     from edge_runtime.exporters.progress import for_stream
 
     # sys.stderr as it is now (a test's CliRunner swaps it in), not as it was when the module loaded
     progress = for_stream(sys.stderr, quiet=quiet)
-    manifest = export_source(
-        opts,
-        gguf_codes=GGUFCodes(gguf_codes) if gguf_codes else None,
-        plan_from_profile=mixed is None,
-        progress=progress,
-    )
+    manifest = export_source(plan, progress=progress)
     if not quiet:
         click.echo(summary_line(out, manifest))
     if engine_target is not None:
@@ -348,13 +335,11 @@ def build(
         click.echo(f"{out}: TensorRT engine {engine_for_target(out, engine_target, progress)}")
 
 
-def _engine_target(target: str | None) -> TargetProfile:
+def _engine_target(profile: TargetProfile | None) -> TargetProfile:
     """--build-engine's target: a TensorRT one where TensorRT runs here, else a one-line error."""
     from edge_runtime.backends.tensorrt import unavailable_reason
     from edge_runtime.errors import ExportError
-    from edge_runtime.targets import resolve_target
 
-    profile = resolve_target(target).profile if target is not None else None
     if profile is None or profile.backend.tensorrt is None:
         raise ExportError(
             "--build-engine builds a TensorRT engine: give a TensorRT --target (orin-nano, orin-nx, orin-agx)"
@@ -366,80 +351,6 @@ def _engine_target(target: str | None) -> TargetProfile:
             "engine on the device on first use"
         )
     return profile
-
-
-def _settings(
-    target: str | None,
-    *,
-    flavor: str | None,
-    quant: str | None,
-    block: int | None,
-    kernel: str | None,
-    table_bits: str | None,
-    mixed: str | None = None,
-    quiet: bool = False,
-) -> ExportSettings:
-    """The portable defaults, or the target profile's, with every explicit flag in its place. A profile value
-    the explicit flags make meaningless (its kernel or INT4 table under --flavor trt or --quant none; its
-    mixed-precision plan, chosen for its own flavor and method, under another) is dropped rather than
-    refused: only what the user typed can be wrong."""
-    from edge_runtime import kernels
-    from edge_runtime.targets import resolve_target
-    from edge_runtime.targets.export_settings import PORTABLE, settings_for
-
-    base = PORTABLE
-    if target is not None:
-        profile = resolve_target(target).profile
-        base = settings_for(profile, edge_kernels_here=kernels.available())
-        if profile.matmul_kernel == "edge" and base.kernel != "edge" and (quant or base.quant) != "none" and not quiet:
-            click.echo(
-                f"note: target {profile.name} uses edge-runtime's kernels, which do not run on this machine; "
-                "exporting with ONNX Runtime's (--kernel mlas)",
-                err=True,
-            )
-    if flavor is not None and flavor != base.flavor:
-        base = dataclasses.replace(base, block=None, kernel="mlas", table_bits=8, mixed="none")
-    if quant is not None and quant != base.quant:  # the profile's plan was chosen for its own method
-        base = dataclasses.replace(base, mixed="none")
-    s = base.with_overrides(
-        flavor=flavor,
-        quant=quant,
-        block=block,
-        kernel=kernel,
-        table_bits=int(table_bits) if table_bits else None,
-        mixed=mixed,
-    )
-    if s.quant == "none":
-        s = dataclasses.replace(s, kernel=kernel or "mlas", table_bits=int(table_bits or 8))
-    return s  # a typed --mixed is checked against the quantization by QuantConfig
-
-
-def _check_options(*, window: int | None, block: int | None, quant: str, table_bits: str) -> None:
-    """Options that would otherwise be silently ignored (--window 0 meant "the default")."""
-    from edge_runtime.errors import ExportError
-
-    if window is not None and window < 1:
-        raise ExportError(f"--window {window} is out of range; use 1 or more, or leave it out for the model's context")
-    # what --block sizes: INT4 blocks, the INT4 table's, or INT8 Linears' (only when given: per channel otherwise)
-    blocked = quant.startswith("int4") or quant == "int8" or (quant != "none" and table_bits == "4")
-    if block is not None and not blocked:
-        raise ExportError(
-            f"--block {block} sizes quantized blocks (--quant int4*, int8, or --table-bits 4), which this export "
-            "has none of; drop --block or add --quant"
-        )
-
-
-def _check_output(checkpoint: Path, out: Path, *, overwrite: bool) -> None:
-    """Refuse a bad -o before minutes of work, not after (the writer checks again at the rename): the
-    checkpoint itself or a folder holding it, or anything --overwrite may not replace."""
-    from edge_runtime.errors import ExportError
-    from edge_runtime.exporters.bundle_writer import check_target
-
-    src, dst = checkpoint.resolve(), out.resolve()
-    if src == dst or src.is_relative_to(dst):
-        what = "is the checkpoint" if src == dst else "holds the checkpoint"
-        raise ExportError(f"output '{out}' {what} '{checkpoint}'; choose another -o")
-    check_target(out, overwrite=overwrite)
 
 
 @main.command("inspect")
