@@ -79,7 +79,12 @@ class RingGeometry:
         return self.sinks + self.window
 
     def slot(self, t: int) -> int:
+        """The row token t is written to (sinks keep theirs; the rest cycle through the ring's R rows)."""
         return t if t < self.sinks else self.sinks + (t - self.sinks) % self.ring
+
+    def slots(self, t: np.ndarray) -> np.ndarray:
+        """`slot` of each token index in `t`."""
+        return np.where(t < self.sinks, t, self.sinks + (t - self.sinks) % self.ring)
 
     def max_chunk(self, t0: int) -> int:
         """Most tokens from token index t0 that one graph call may take.

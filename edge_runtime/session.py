@@ -428,8 +428,7 @@ class Session:
 
     def _ids(self, tokens: np.ndarray) -> np.ndarray:
         """Ids of tokens (stream indices) still in their rows."""
-        g = self.geometry
-        return self._row_ids[np.where(tokens < g.sinks, tokens, g.sinks + (tokens - g.sinks) % g.ring)]
+        return self._row_ids[self.geometry.slots(tokens)]
 
     def _feed(self, ids: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
         ring = self.engine.ring
@@ -456,7 +455,7 @@ class Session:
                 self._evicted.add(token)
         new = np.arange(t0, t1)
         keep = (new < g.sinks) | (new >= t1 - g.ring)  # the ids that stay in their rows
-        self._row_ids[np.where(new < g.sinks, new, g.sinks + (new - g.sinks) % g.ring)[keep]] = ids[keep]
+        self._row_ids[g.slots(new)[keep]] = ids[keep]
         self._expect = t1
 
     def _decode_pending(self, token: int) -> np.ndarray:
@@ -465,7 +464,7 @@ class Session:
         t = ring.tokens
         if ring.tokens != self._expect:
             self._check_engine()
-        row = t if t < g.sinks else g.sinks + (t - g.sinks) % g.ring
+        row = g.slot(t)
         evicts = t >= ring.written and t - g.ring >= g.sinks  # reuses the row of token t - R
         with atomic():  # the step and its bookkeeping: a Ctrl-C lands before or after both
             logits = self.engine.decode(token)
