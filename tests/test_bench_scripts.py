@@ -1,4 +1,4 @@
-"""The llama.cpp comparison reads llama-bench's JSON the way the issue's figures need it."""
+"""The llama.cpp comparison reads llama-bench's JSON the way the benchmark pages' figures need it."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ ENERGY_LABELS = ("sensor", "boundary", "estimate")
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)  # process_resident_memory_bytes: the RSS the issue asks for
+        ProcessCollector(registry=r)  # process_resident_memory_bytes: the server's RSS
         p = "edge_serve_"
         self.info = Info(p + "model", "The model served and how it was loaded.", registry=r)
         self.requests = Counter(
