@@ -15,10 +15,12 @@ from edge_runtime.bundle import stored_bytes
 from edge_runtime.manifest import Manifest
 
 from .export import ProgressArg, export
-from .gguf_convert import checkpoint_dir, is_gguf
+from .gguf_convert import build_config, checkpoint_dir, is_gguf
 from .gguf_quant import declined, linears_kept, read_codes, summary
+from .gguf_reader import GGUFFile
+from .memory_plan import estimate_conversion_memory
 from .plan import ExportPlan
-from .progress import as_progress
+from .progress import Progress, as_progress
 
 
 def export_source(plan: ExportPlan, progress: ProgressArg | None = None) -> Manifest:
@@ -32,13 +34,11 @@ def export_source(plan: ExportPlan, progress: ProgressArg | None = None) -> Mani
     progress = as_progress(progress)
     gguf_source = is_gguf(plan.checkpoint)
     reason = plan.gguf_declined()
-    with checkpoint_dir(plan.checkpoint, out=plan.out, progress=progress) as hf_dir:
+    gg = _open_gguf(plan, progress) if gguf_source else None
+    with checkpoint_dir(plan.checkpoint, out=plan.out, progress=progress, gg=gg) as hf_dir:
         if gguf_source:
-            if reason:
-                codes = declined(reason)
-            else:  # the file's metadata parsed again (seconds for a large vocabulary): the heartbeat covers it
-                with progress.stage(f"reading {plan.checkpoint.name}'s quantized codes", 1, "file"):
-                    codes = read_codes(plan.checkpoint, plan.quant)
+            codes = declined(reason) if reason else read_codes(plan.checkpoint, plan.quant, gg)
+            gg = None  # the reader's metadata objects (hundreds of MB for a large vocabulary) go before the export
             held = plan.deferred_mixed
             if held is not None:
                 if linears_kept(codes):
@@ -51,6 +51,19 @@ def export_source(plan: ExportPlan, progress: ProgressArg | None = None) -> Mani
             progress(summary(codes))
             plan = dataclasses.replace(plan, source_codes=codes)
         return export(dataclasses.replace(plan, checkpoint=hf_dir, source=plan.checkpoint), progress=progress)
+
+
+def _open_gguf(plan: ExportPlan, progress: Progress) -> GGUFFile:
+    """The .gguf opened once for the whole export (its metadata is parsed in Python: seconds for a large
+    vocabulary), and --max-memory checked against the conversion's estimate before anything is dequantized."""
+    with progress.stage(f"opening {plan.checkpoint.name}", 1, "file"):
+        gg = GGUFFile(plan.checkpoint)
+        build_config(gg)  # a file refused for what it holds says only why, before any estimate
+        gg.check_types()
+    estimate = estimate_conversion_memory(plan.checkpoint.stat().st_size, gg.entries("tokenizer.ggml.tokens"))
+    progress(f"the conversion to float32 needs about {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
+    plan.check_memory(estimate)
+    return gg
 
 
 def summary_line(out: Path, manifest: Manifest) -> str:

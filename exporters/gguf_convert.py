@@ -277,8 +277,11 @@ def _safetensors_header(plan: list[tuple[str, str, tuple[int, ...]]], dtype: str
     return raw + b" " * (-len(raw) % 8)  # data 8-byte aligned, as the reference writer does
 
 
-def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: ProgressArg | None = None) -> dict[str, Any]:
-    """Write a Hugging Face checkpoint for `src` into directory `out` (created); returns config.json's dict."""
+def convert_gguf(
+    src: Path, out: Path, *, dtype: str = "bf16", progress: ProgressArg | None = None, gg: GGUFFile | None = None
+) -> dict[str, Any]:
+    """Write a Hugging Face checkpoint for `src` into directory `out` (created); returns config.json's dict.
+    `gg`: `src` already opened (an export reads a file's metadata once: seconds for a large vocabulary)."""
     if dtype not in _ST_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_ST_DTYPES)}")
     progress = as_progress(progress)
@@ -286,7 +289,7 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
     # The metadata is parsed in Python, a value at a time: seconds for a 262k-token vocabulary, which the stage's
     # heartbeat covers. No line before it: a file refused here says only why.
     with progress.stage(f"reading {src.name}", 1, "file"):
-        gg = GGUFFile(src)
+        gg = GGUFFile(src) if gg is None else gg
         split = gg.meta("split.count", 1)
         if isinstance(split, int) and split > 1:
             raise CheckpointError(
@@ -313,19 +316,27 @@ def convert_gguf(src: Path, out: Path, *, dtype: str = "bf16", progress: Progres
     with (out / "model.safetensors").open("wb") as f, dequantizing as stage:
         f.write(struct.pack("<Q", len(header)))
         f.write(header)
-        for (name, _, shape), size in zip(plan, sizes, strict=True):
+        for name, _, shape in plan:
             stage.status(name)
-            w = gg.tensor(name)
-            if lay.permuted_qk and ".attn_q." in name:
-                w = reverse_permute(w, q_heads)
-            elif lay.permuted_qk and ".attn_k." in name:
-                w = reverse_permute(w, kv_heads)
-            if lay.norms_plus_one and name.endswith("norm.weight"):
-                w = w - np.float32(1.0)
-            if w.shape != shape:  # cannot happen for a well-formed file; guards the header we wrote
-                raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to {w.shape}, expected {shape}")
-            f.write((f32_to_bf16_bits(w) if dtype == "bf16" else np.ascontiguousarray(w, np.float32)).tobytes())
-            stage.advance(size * per_weight)
+            permuted = lay.permuted_qk and (".attn_q." in name or ".attn_k." in name)
+            plus_one = lay.norms_plus_one and name.endswith("norm.weight")
+            # Whole where a transform needs the whole tensor (small ones); else a block of rows at a time, so
+            # the largest tensor's dequantization temporaries stay bounded (GGUFFile.tensor_rows).
+            blocks = [gg.tensor(name)] if permuted or plus_one else gg.tensor_rows(name)
+            count = 0
+            for w in blocks:
+                if permuted:
+                    w = reverse_permute(w, q_heads if ".attn_q." in name else kv_heads)
+                if plus_one:
+                    w = w - np.float32(1.0)
+                # cannot fail for a well-formed file; guards the header we wrote
+                if w.shape[1:] != shape[1:] or count + w.size > math.prod(shape):
+                    raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to more or other than {shape}")
+                count += w.size
+                f.write((f32_to_bf16_bits(w) if dtype == "bf16" else np.ascontiguousarray(w, np.float32)).tobytes())
+                stage.advance(w.size * per_weight)
+            if count != math.prod(shape):
+                raise CheckpointError(f"'{src.name}': tensor '{name}' dequantized to {count} values, expected {shape}")
     config["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype]
     _write_json(out / "config.json", config)
     tokenizer.save(str(out / "tokenizer.json"))
@@ -343,7 +354,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def checkpoint_dir(path: Path, *, out: Path | None = None, progress: ProgressArg | None = None) -> Iterator[Path]:
+def checkpoint_dir(
+    path: Path, *, out: Path | None = None, progress: ProgressArg | None = None, gg: GGUFFile | None = None
+) -> Iterator[Path]:
     """`path` itself when it is not a GGUF; else a float32 conversion of it in a temporary directory,
     removed on exit.
 
@@ -371,7 +384,7 @@ def checkpoint_dir(path: Path, *, out: Path | None = None, progress: ProgressArg
                 lock = lock_directory(tmp)
             else:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-"))
-            convert_gguf(path, tmp, dtype="f32", progress=progress)
+            convert_gguf(path, tmp, dtype="f32", progress=progress, gg=gg)
             yield tmp
         finally:
             if tmp is not None:

@@ -116,10 +116,11 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tu
     return codes.reshape(out, k), scales
 
 
-def read_codes(path: Path, quant: QuantConfig) -> SourceCodes:
+def read_codes(path: Path, quant: QuantConfig, gg: GGUFFile | None = None) -> SourceCodes:
     """Every Linear (and, where the table format allows, embedding / LM-head) tensor of `path` whose
-    codes fit the export's bits at block 32, in Hugging Face orientation and row order."""
-    gg = GGUFFile(path)
+    codes fit the export's bits at block 32, in Hugging Face orientation and row order. `gg`: `path` already
+    opened."""
+    gg = GGUFFile(path) if gg is None else gg
     config = build_config(gg)
     arch = get_arch(config)
     if arch.folds is not None and arch.folds(config).linear:  # no such architecture declares a GGUF layout yet

@@ -111,6 +111,31 @@ def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
     return sum(SAMPLE_ROWS * k * 4 if sampled and k > SAMPLE_ROWS else k * k * 8 for k in widths)
 
 
+# A GGUF's conversion to a float32 checkpoint (gguf_convert.py), before the export proper. gguf-py's reader
+# keeps Python objects per metadata value, so its memory grows with the vocabulary; fitted on two real files
+# (SmolLM2-135M Q4_1: 94 MB, 49,152 tokens, reader 161 MiB, tokenizer 19 MiB; Gemma 3 270M Q4_K_M: 241 MB,
+# 262,144 tokens, reader 687 MiB, tokenizer 121 MiB) with a fifth more per token than the fit asks.
+READER_FILE_SHARE = 0.7  # of the file's bytes: the pages of it the reader maps and touches
+READER_TOKEN_BYTES = 2600  # the reader's objects per vocabulary entry
+TOKENIZER_TOKEN_BYTES = 600  # the tokenizer built from them (tokenizers' vocabulary and merges, its JSON)
+DEQUANTIZE_CHUNKS = 4  # a tensor_rows block's float32 output and gguf's dequantization temporaries
+
+
+def estimate_conversion_memory(file_bytes: int, vocab_size: int) -> MemoryEstimate:
+    """The GGUF conversion's peak: the interpreter, the open file and its metadata, the tokenizer, and a block
+    of rows being dequantized (gguf_reader.CHUNK_BYTES; the float32 checkpoint goes to disk as it is made)."""
+    from .gguf_reader import CHUNK_BYTES
+
+    return MemoryEstimate(
+        {
+            "baseline": BASELINE,
+            "gguf": int(READER_FILE_SHARE * file_bytes) + READER_TOKEN_BYTES * vocab_size,
+            "tokenizer": TOKENIZER_TOKEN_BYTES * vocab_size,
+            "dequantize": DEQUANTIZE_CHUNKS * CHUNK_BYTES,
+        }
+    )
+
+
 def estimate_plan_memory(ckpt, plan: ExportPlan, *, codes_held: bool, spilled: bool) -> MemoryEstimate:
     """What `plan` holds at its peak on `ckpt` (a loaded Checkpoint): estimate_export_memory of its options."""
     return estimate_export_memory(ckpt, plan.quant, plan.flavor, plan.pruning, codes_held, spilled, plan.kv_dtype)
