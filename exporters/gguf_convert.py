@@ -385,6 +385,7 @@ def checkpoint_dir(
             else:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.gguf-"))
             convert_gguf(path, tmp, dtype="f32", progress=progress, gg=gg)
+            gg = None  # this frame lives through the export: the reader's objects must not
             yield tmp
         finally:
             if tmp is not None:

@@ -60,6 +60,11 @@ REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activ
 # quant_graph.FP32_TABLE_PART_ROWS): the 1B shape's twin needs 0.52, the 8B shape's 0.16 (its session
 # held 5.3 GiB beside a 5.0 GB bundle), so the smaller model's figure bounds both
 TWIN_HEAD_COPIES = 0.6
+# The validation grid's tokens (validate.validation_grid: prefills of 1, 7 and 64 each followed by 8 decode
+# steps, and 64 + 40 past capacity) and the bytes each holds a logit in: the reference's float64 row (kept for
+# every stream, ReferenceMemo), the graph's float32 row, and a float64 temporary of the comparison
+VALIDATION_TOKENS = (1 + 8) + (7 + 8) + (64 + 8) + (64 + 40)
+LOGIT_BYTES = 8 + 4 + 8
 # One layer's statistics' worth alive while it is calibrated and quantized: its statistics, AWQ's
 # rescaled copies, GPTQ's Hessian and its factorisation
 LAYER_GRAM_COPIES = 3
@@ -220,12 +225,16 @@ def estimate_export_memory(
     float_head = quant.table_bits == 8 and head_f32 <= FP32_HEAD_MAX_BYTES
     twin_head = 2 * head_f32 if float_head else TWIN_HEAD_COPIES * head_f32
     twin = int(twin_head) if table_codes and flavor is Flavor.ORT and not own_twin else 0
-    run = {**held, "runtime": bundle + twin}
-    reference = {
+    # Validation runs the graph's session and the reference side by side, and keeps every case's logits from both
+    # (measured on Gemma 3 270M fp32: the session's 1.1 GB, the reference's float64 table 1.3 GB and 200 tokens'
+    # logits over a 262k-token vocabulary at once).
+    validate = {
         **held,
+        "runtime": bundle + twin,
         "layer": REFERENCE_LAYERS * layer,
         # a quantized table is read from its codes a block of rows at a time, not copied to float64
         "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS and not table_codes else 0,
+        "logits": VALIDATION_TOKENS * v * LOGIT_BYTES,
     }
-    phases = (prepare, graph, run, reference)
+    phases = (prepare, graph, validate)
     return MemoryEstimate(max(phases, key=lambda p: sum(p.values())))

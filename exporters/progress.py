@@ -187,11 +187,12 @@ class LineProgress:
         if projected < ESTIMATE_FROM_SECONDS:
             return False
         finish = time.strftime("%H:%M", time.localtime(time.time() + per_unit * (st.total - st.done)))
-        first = "the first" if st.done == 1 else f"the first {st.done:g}"
+        whole = abs(st.done - round(st.done)) < 1e-6 or st.done >= 10  # units or fractions (weights: M weights)
+        first = "the first" if st.done == 1 else f"the first {round(st.done) if whole else f'{st.done:.1f}'}"
         self._write(
             f"{st.name}: about {duration(projected)} for {st.total} {st.unit}s"
             + (f" ({st.plan})" if st.plan else "")
-            + f", {per_unit:.1f} s a {st.unit} as measured on {first}; done about {finish}"
+            + f", {per_unit:.{1 if per_unit >= 0.1 else 3}f} s a {st.unit} as measured on {first}; done about {finish}"
         )
         return True
 
