@@ -64,6 +64,8 @@ TWIN_HEAD_COPIES = 0.6
 # steps, and 64 + 40 past capacity) and the bytes each holds a logit in: the reference's float64 row (kept for
 # every stream, ReferenceMemo), the graph's float32 row, and a float64 temporary of the comparison
 VALIDATION_TOKENS = (1 + 8) + (7 + 8) + (64 + 8) + (64 + 40)
+VALIDATION_PREFILL = 64
+PROBE_TOKENS = (1 + 8) + (7 + 8) + (64 + 8)  # the dense cases
 LOGIT_BYTES = 8 + 4 + 8
 # One layer's statistics' worth alive while it is calibrated and quantized: its statistics, AWQ's
 # rescaled copies, GPTQ's Hessian and its factorisation
@@ -234,7 +236,9 @@ def estimate_export_memory(
         "layer": REFERENCE_LAYERS * layer,
         # a quantized table is read from its codes a block of rows at a time, not copied to float64
         "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS and not table_codes else 0,
-        "logits": VALIDATION_TOKENS * v * LOGIT_BYTES,
+        # and ONNX Runtime's own float32 output for the grid's longest prefill, in its arena until the next run, and
+        # the float32 probe's rows of the dense cases (validate.float32_probe)
+        "logits": (VALIDATION_TOKENS * LOGIT_BYTES + (VALIDATION_PREFILL + PROBE_TOKENS) * 4) * v,
     }
     phases = (prepare, graph, validate)
     return MemoryEstimate(max(phases, key=lambda p: sum(p.values())))
