@@ -103,11 +103,11 @@ class Model:
                 spin=opts.spin,
                 providers=opts.providers,
             )
-        caches = [KVCache(0, pool, first, self.backend)]
-        for i in range(1, opts.caches):
+        caches = [KVCache(pool, first, self.backend)]
+        for _ in range(1, opts.caches):
             ring = self._ring()
             pool = self._pool(ring)
-            caches.append(KVCache(i, pool, ring, self.backend.bind(pool)))
+            caches.append(KVCache(pool, ring, self.backend.bind(pool)))
         self.caches: tuple[KVCache, ...] = tuple(caches)
 
     def _ring(self) -> RingState:

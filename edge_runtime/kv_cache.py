@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 
 
 class KVCache:
-    def __init__(self, index: int, pool: StaticPool, ring: RingState, backend: Backend):
-        self.index = index  # its place among the model's caches (model.caches[index])
+    def __init__(self, pool: StaticPool, ring: RingState, backend: Backend):
         self.pool, self.ring, self.backend = pool, ring, backend
         # Whether the pool's incremental decode inputs (mask, sink angles) are in step with the ring: a prefill
         # or a rollback moves the ring without them, and the next decode step rebuilds them once.
