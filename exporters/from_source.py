@@ -62,7 +62,7 @@ def _open_gguf(plan: ExportPlan, progress: Progress) -> GGUFFile:
         gg.check_types()
     estimate = estimate_conversion_memory(plan.checkpoint.stat().st_size, gg.entries("tokenizer.ggml.tokens"))
     progress(f"the conversion to float32 needs about {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB)")
-    plan.check_memory(estimate)
+    plan.check_memory(estimate, conversion=True)
     return gg
 
 

@@ -266,11 +266,15 @@ class ExportPlan:
         if problem:
             raise ExportError(problem)
 
-    def check_memory(self, estimate: MemoryEstimate) -> None:
+    def check_memory(self, estimate: MemoryEstimate, *, conversion: bool = False) -> None:
+        """`conversion`: the estimate is a GGUF's conversion to float32, which no export option makes smaller."""
         if self.max_memory is not None and estimate.total > self.max_memory:
+            what, remedy = "this export", "a smaller --quant, or a machine with more memory"
+            if conversion:
+                what, remedy = "converting this GGUF to float32", "a machine with more memory"
             raise ExportError(
-                f"this export needs about {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB), over "
-                f"--max-memory {self.max_memory / 1e6:,.0f} MB; a smaller --quant, or a machine with more memory"
+                f"{what} needs about {estimate.total / 1e6:,.0f} MB ({estimate.describe()} MB), over "
+                f"--max-memory {self.max_memory / 1e6:,.0f} MB; {remedy}"
             )
 
 
