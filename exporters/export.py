@@ -47,7 +47,7 @@ from .memory_plan import estimate_plan_memory, return_freed_memory
 from .plan import ExportPlan
 from .progress import Progress, as_progress
 from .prune import pruned_args
-from .quant_graph import fp32_compute_twin
+from .quant_graph import fp32_compute_int8, fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import ReferenceModel
 from .scratch import Scratch
@@ -296,7 +296,8 @@ def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: Pr
     at the 1B shape, page faults included), which MatMulQ8 never does.
     Otherwise the graph is rebuilt with MatMulNBits at accuracy_level 0 (its LM head in parts of rows) into a
     scratch directory beside the bundle (streamed like the bundle, then memory-mapped by ONNX Runtime) rather
-    than serialized in memory: a second copy of every weight."""
+    than serialized in memory: a second copy of every weight. Where the edge ops run, its INT8 per-channel
+    products become MatMulQ8 with fp32_compute too (quant_graph.fp32_compute_int8)."""
     assert prepared.quantized is not None
     # The bundle's own graph carries its cache's element type; the twin is held to the fp32 tolerance with an fp32
     # cache (validate.with_kv_dtype), so an fp16 / q8 cache's bundle gets the rebuilt twin.
@@ -315,7 +316,13 @@ def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: Pr
         del twin  # a GB of the builder's garbage (a float layer, packing temporaries) sits in cycles until
         LazyLayers.release_all()  # collected, and the session's 1.1 GB would come on top of it
         gc.collect()
-        return _session(str(graph), built)  # the session keeps its own map of the (then unlinked) data file
+        # the session keeps its own map of the (then unlinked) data file
+        if kernels.available():  # its INT8 per-channel products (the LM head, --mixed's groups) read as stored
+            model = onnx.load(str(graph), load_external_data=False)
+            if fp32_compute_int8(model, graph.parent):
+                return _session(model.SerializeToString(), built, data_dir=graph.parent)
+            del model
+        return _session(str(graph), built)
 
 
 def _label(precision: str, tol: Tolerance) -> str:

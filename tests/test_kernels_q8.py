@@ -461,6 +461,39 @@ def test_fp32_compute_twin_turns_int8_products_into_matmul_q8_and_refuses_the_re
 
 
 @needs_kernels
+def test_the_rebuilt_twin_reads_its_int8_products_as_stored_and_keeps_its_int4_ones(tmp_path, monkeypatch):
+    """An INT4 export's rebuilt accuracy_level 0 twin: its INT8 per-channel LM head becomes MatMulQ8 with
+    fp32_compute (MatMulNBits would dequantize it whole on every step), its INT4 products stay MatMulNBits, and
+    the export still validates at the fp32 twin's tolerance through it."""
+    from edge_runtime.exporters import export as export_module
+    from edge_runtime.exporters import quant_graph
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+    from edge_runtime.exporters.quant_graph import fp32_compute_int8
+
+    from .tiny_models import save_tiny_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint("llama-untied", ckpt, intermediate_size=128)
+    converted = []
+
+    def spy(model, data_dir):
+        n = fp32_compute_int8(model, data_dir)
+        converted.append([(node.op_type, node.name) for node in model.graph.node if "MatMul" in node.op_type])
+        return n
+
+    monkeypatch.setattr(export_module, "fp32_compute_int8", spy)
+    monkeypatch.setattr(quant_graph, "FP32_HEAD_MAX_BYTES", 0)  # a head too large for a float32 Gemm, as Gemma's
+    quant = QuantConfig(QuantMethod.INT4, kernel=MatMulKernel.EDGE)
+    manifest = export(ExportOptions(checkpoint=ckpt, out=tmp_path / "b", window=60, quant=quant))
+    assert manifest.quantization["exact_parity"]["max_rel_err"] <= manifest.quantization["exact_parity"]["tolerance"]
+    (ops,) = converted
+    head = [op for op, name in ops if "lm_head" in name]
+    assert head and set(head) == {kernels.MATMUL_Q8}
+    assert {op for op, name in ops if "lm_head" not in name and "layers" in name} == {"MatMulNBits"}
+
+
+@needs_kernels
 @pytest.mark.parametrize("kv", ["fp16", "q8"])
 def test_an_int8_edge_export_with_a_narrow_cache_gets_the_rebuilt_fp32_twin(kv, tmp_path, monkeypatch):
     """The bundle's own graph carries its fp16 / q8 cache, which the fp32 twin's tolerance does not allow for:
