@@ -1,11 +1,14 @@
 """Calibration text, the inputs of every Linear on it, and held-out perplexity.
 
-Activations come from the float64 reference forward itself (exporters/reference.py): each tapped
-weight is an ndarray subclass that records the left operand of `x @ w.T`, so the forward is not
-duplicated here. The default calibration text is `calibration.txt` beside the checkpoint (the demo
-model ships one from its own training plays), else the project's general one, technical English and
-Python code (models/calibration/, never another model's file): a model is calibrated on text like what
-it will read, and the manifest records which file, its checksum and token count.
+Activations come from the reference forward itself (exporters/reference.py), run in float32: each
+tapped weight is an ndarray subclass that records the left operand of `x @ w.T`, so the forward is not
+duplicated here. float32 is what the runtime computes in, and the statistics are summed in float64
+(input_stats.py); the float64 forward took twice as long for statistics that differ by float32 rounding.
+
+The default calibration text is `calibration.txt` beside the checkpoint (the demo model ships one from
+its own training plays), else the project's general one, technical English and Python code
+(models/calibration/, never another model's file): a model is calibrated on text like what it will
+read, and the manifest records which file, its checksum and token count.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ CALIBRATION_FILE = "calibration.txt"
 HELDOUT_FILE = "heldout.txt"
 # GPTQ's Hessian of a 1536-wide down_proj input wants many more rows than 2048. On SmolLM2-135M (int4
 # GPTQ block 32, held-out ORT perplexity, fp32 15.07): 17.30 with 2048 tokens, 16.62 with 16384 (all of
-# general_en_code.txt), for ~3 more minutes of float64 calibration forward (2 x86 cores). The
-# statistics (InputStats) do not grow with the token count.
+# general_en_code.txt). The statistics (InputStats) do not grow with the token count.
 DEFAULT_CALIBRATION_TOKENS = 16384
+CALIBRATION_DTYPE = np.float32  # the calibration forward's precision (module docstring)
 MIN_CALIBRATION_TOKENS = 64
 HELDOUT_TOKENS = 512  # BOS + the first 511 held-out tokens, as the demo's training script reports
 
@@ -210,7 +213,7 @@ class LayerInputStream:
         """`sample_wide`: inputs wider than input_stats.SAMPLE_ROWS keep a row sample instead of X^T X
         (for consumers that only measure output errors: AWQ, the manifest's record). `blocks`: also gather
         what whole-layer pruning needs (prune_layers.BlockStats) from the same forward."""
-        self._ref = ReferenceModel(args, weights)
+        self._ref = ReferenceModel(args, weights, CALIBRATION_DTYPE)
         self._blocks = blocks
         self._calib, self._progress = calib, as_progress(progress)
         self._sample_rows = calib.tokens - len(calib.sequences) if sample_wide else None
@@ -227,7 +230,7 @@ class LayerInputStream:
 
     def layer(self, i: int, stage: Stage | None = None) -> LayerInputs:
         """Layer i's input statistics; `stage`: the consumer's stage, told which sequence is in flight (a layer
-        of a 16k-token float64 forward takes tens of seconds on a small CPU), else a line once it is done."""
+        of a 16k-token forward takes seconds on a small CPU), else a line once it is done."""
         if i != self._next:  # a caller bug: the streams have moved past earlier layers
             raise ValueError(f"calibration inputs are computed layer by layer: asked for {i}, next is {self._next}")
         t0 = time.perf_counter()
@@ -250,6 +253,8 @@ class LayerInputStream:
                 stage.status(f"layer {i + 1}: calibration forward, sequence {n + 1}/{len(self._streams)}")
             stream[0] = ref.layer(i, tapped, *stream)
             stream[3].forget(i)  # no later layer reads layer i's keys
+        for x in stats.values():
+            x.release()
         if self._blocks is not None:
             self._blocks.add_layer(i, before, [s[0] for s in self._streams], down_rows)
         self._next += 1
@@ -273,7 +278,7 @@ def capture_linear_inputs(
     progress = as_progress(progress)
     stream = LayerInputStream(args, weights, calib, progress, blocks=blocks)
     out = LinearInputs()
-    plan = f"{calib.tokens} tokens, float64 reference"
+    plan = f"{calib.tokens} tokens, float32 forward"
     with progress.stage("calibrating", len(stream), "layer", plan=plan) as stage:
         for i in range(len(stream)):
             out.append(stream.layer(i, stage))

@@ -14,8 +14,9 @@ once per case. What it still holds whole is named here, part by part, so a refus
     runtime   ONNX Runtime's view of the bundle while the graph runs (the data file it maps and touches,
               and the twin's dequantized LM head), or the table's bytes on their way to the file
     reference the float64 reference's tables (models up to reference.F64_COPY_MAX_PARAMS parameters)
-    calibration  AWQ/GPTQ: one layer's input statistics (X^T X, or AWQ's row sample of a wide input) and
-              the calibration tokens' residual streams (the layers are calibrated one at a time as each
+    calibration  AWQ/GPTQ: one layer's input statistics (X^T X, or AWQ's row sample of a wide input), their
+              rows waiting for X^T X, and the calibration tokens' float32 residual streams (the layers are
+              calibrated one at a time as each
               is quantized; --mixed sensitivity scores each layer then); pruning compares layers: every
               layer's statistics and the pruned model whole; AWQ under --mixed sensitivity keeps its
               scaled Linears in float32
@@ -31,11 +32,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from edge_runtime import kernels
 from edge_runtime.models import ModelArgs
 
-from .calibrate import DEFAULT_CALIBRATION_TOKENS
-from .input_stats import SAMPLE_ROWS
+from .calibrate import CALIBRATION_DTYPE, DEFAULT_CALIBRATION_TOKENS
+from .input_stats import GRAM_ROWS, SAMPLE_ROWS
 from .plan import Flavor, KvDtype
 from .quant import QuantConfig
 from .quant_graph import FP32_HEAD_MAX_BYTES
@@ -118,6 +121,11 @@ def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
     return sum(SAMPLE_ROWS * k * 4 if sampled and k > SAMPLE_ROWS else k * k * 8 for k in widths)
 
 
+def _gram_buffers(widths: tuple[int, ...], sampled: bool) -> int:
+    """The float32 rows waiting for X^T X (input_stats.GRAM_ROWS), per input that keeps a Gram matrix."""
+    return sum(0 if sampled and k > SAMPLE_ROWS else GRAM_ROWS * k * 4 for k in widths)
+
+
 # A GGUF's conversion to a float32 checkpoint (gguf_convert.py), before the export proper. gguf-py's reader
 # keeps Python objects per metadata value, so its memory grows with the vocabulary; fitted on two real files
 # (SmolLM2-135M Q4_1: 94 MB, 49,152 tokens, reader 161 MiB, tokenizer 19 MiB; Gemma 3 270M Q4_K_M: 241 MB,
@@ -194,15 +202,23 @@ def estimate_export_memory(
     stored = isinstance(ckpt.weights.embed, RowTable)
     prepare = {**held, "tables": table_codes + (0 if stored else table_f32), "layer": PREPARE_LAYERS * layer}
     ref_bytes = 8 if params <= F64_COPY_MAX_PARAMS else 4
+    stream_bytes = np.dtype(CALIBRATION_DTYPE).itemsize  # the calibration forward's activations
     if pruning:  # every layer's statistics at once, the pruned model whole
-        prepare["calibration"] = _stats_bytes(widths, False) * args.num_layers + params * ref_bytes
+        prepare["calibration"] = (
+            _stats_bytes(widths, False) * args.num_layers + _gram_buffers(widths, False) + params * ref_bytes
+        )
         # whole-layer candidates (prune_layers.BlockStats): X^T D per layer, and two layers' down inputs (the
         # previous one's, held for this one's block output) (a plain --prune gathers neither: an over-estimate)
         inter = args.intermediate_size
-        prepare["calibration"] += args.num_layers * inter * h * 8 + 2 * DEFAULT_CALIBRATION_TOKENS * inter * ref_bytes
+        down_rows = 2 * DEFAULT_CALIBRATION_TOKENS * inter * stream_bytes
+        prepare["calibration"] += args.num_layers * inter * h * 8 + down_rows
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
-        stats = _stats_bytes(widths, samples_wide_inputs(quant))
-        prepare["calibration"] = LAYER_GRAM_COPIES * stats + DEFAULT_CALIBRATION_TOKENS * h * ref_bytes
+        sampled = samples_wide_inputs(quant)
+        prepare["calibration"] = (
+            LAYER_GRAM_COPIES * _stats_bytes(widths, sampled)
+            + _gram_buffers(widths, sampled)
+            + DEFAULT_CALIBRATION_TOKENS * h * stream_bytes
+        )
         if quant.mixed.needs_calibration and quant.method.awq:  # the scaled layers, re-read for the INT8 groups
             prepare["calibration"] += linear * 4
     graph_layers = GRAPH_LAYERS_QUANTIZED if quant.enabled else GRAPH_LAYERS

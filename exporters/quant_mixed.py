@@ -54,20 +54,37 @@ def _energy(stats: InputStats, w: np.ndarray, gram: np.ndarray | None = None) ->
 
 
 def layer_scores(
-    lw: LayerWeights, int4: Mapping[str, QuantizedMatrix], x: LayerInputs, sink_weight: float
+    lw: LayerWeights,
+    int4: Mapping[str, QuantizedMatrix],
+    x: LayerInputs,
+    sink_weight: float,
+    energies: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, float]:
     """score(g) of the module docstring for each group of one layer, from its INT4 forms `int4[linear]` and its
-    calibration statistics: computed as the layer is quantized, so no layer's statistics outlive it."""
-    block_energy = {
-        "attn": _energy(x.of("o"), lw.o) / max(x.of("o").rows, 1),
-        "mlp": _energy(x.of("down"), lw.down) / max(x.of("down").rows, 1),
-    }
+    calibration statistics: computed as the layer is quantized, so no layer's statistics outlive it.
+    `energies`: a Linear's (||X dW^T||^2, ||X W^T||^2) over the plain Gram matrix where already computed (the
+    record's output errors, InputStats.output_energies), used instead of computing them again: at the 1B shape
+    each of down_proj's is a [2048, 8192] x [8192, 8192] float64 product."""
+    energies = energies or {}
+
+    def pair(f: str, gram: np.ndarray, plain: bool) -> tuple[float, float]:
+        if plain and f in energies:
+            return energies[f]
+        stats, w = x.of(f), getattr(lw, f)
+        return _energy(stats, int4[f].dequantize() - w, gram), _energy(stats, w, gram)
+
+    def output(f: str) -> float:  # the block output energy per token that g feeds
+        total = energies[f][1] if f in energies else _energy(x.of(f), getattr(lw, f))
+        return total / max(x.of(f).rows, 1)
+
+    block_energy = {"attn": output("o"), "mlp": output("down")}
     scores = {}
     for group, parts in GROUPS.items():
         stats = x.of(parts[0])
-        gram = stats.sink_weighted(sink_weight) if group in SINK_WEIGHTED else stats.gram
-        err = sum(_energy(stats, int4[f].dequantize() - getattr(lw, f), gram) for f in parts)
-        ref = sum(_energy(stats, getattr(lw, f), gram) for f in parts)
+        plain = group not in SINK_WEIGHTED
+        gram = stats.gram if plain else stats.sink_weighted(sink_weight)
+        pairs = [pair(f, gram, plain) for f in parts]
+        err, ref = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
         block = "attn" if group in ("qkv", "o") else "mlp"
         scores[group] = (err / ref if ref > 0 else 0.0) * block_energy[block]
     return scores

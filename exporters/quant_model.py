@@ -25,6 +25,7 @@ from edge_runtime.errors import ExportError
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, WeightNames
 
 from .calibrate import InputStats, LayerInputStream, LinearInputs, copy_layer
+from .input_stats import relative
 from .lazy_layers import LazyLayers
 from .progress import Progress, as_progress
 from .quant import (
@@ -34,7 +35,7 @@ from .quant import (
     QuantizedTable,
     QuantMethod,
     check_block,
-    gptq,
+    gptq_rows,
     quantize_rtn,
     relative_error,
     table_error,
@@ -167,14 +168,15 @@ def quantize_model(
             entry["rel_out_err"] = rel_out_err
         per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
 
-    def note(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> float:
-        """A Linear's integer form recorded; its weight error."""
+    def note(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> tuple[float, tuple | None]:
+        """A Linear's integer form recorded; its weight error, and its output energies on `x` (output_energies)."""
         deq = qm.dequantize()
         if name in imported and not np.array_equal(deq, w):
             raise ExportError(f"'{name}': the GGUF's codes do not dequantize to the checkpoint's weights")
         rel = relative_error(deq, w)
-        record(name, qm, rel, None if x is None else x.output_error(deq, w))
-        return rel
+        energies = None if x is None else x.output_energies(deq, w)
+        record(name, qm, rel, None if energies is None else relative(*energies))
+        return rel, energies
 
     def table(name: str, w: np.ndarray, qm: QuantizedMatrix) -> QuantizedTable:
         """A table's integer form recorded, a chunk of rows at a time, and held as its codes only."""
@@ -228,6 +230,7 @@ def quantize_model(
             if method.awq:
                 scaled.append(lw if sensitivity else small[-1])
             sizes.update({(i, g): n for g, n in group_sizes(lw).items()})
+            joint: dict[str, QuantizedMatrix] = {}  # GPTQ's forms of the rest of a fused group
             for f in LINEARS:
                 w, name = getattr(lw, f), names.layer[f].format(i=i)
                 if (i, group_of[f]) in int8_groups:
@@ -237,26 +240,32 @@ def quantize_model(
                 elif bits == 8:
                     qm = quantize_rtn(w, 8, int8_block if int8_block and w.shape[1] % int8_block == 0 else None)
                 elif method.gptq:
-                    stage.status(f"layer {i + 1}: GPTQ {f}")
-                    # the Hessian made inline, so gptq's copy is the only one (0.5 GB each at the 1B shape's down)
-                    qm = gptq(
-                        w, x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block, damp, act_order=GPTQ_ACT_ORDER,
-                        asymmetric=config.asymmetric,
-                    )  # fmt: skip
+                    if f not in joint:  # the Linears of f's fused group, which read the same inputs, as one
+                        together = GROUPS[group_of[f]]
+                        stage.status(f"layer {i + 1}: GPTQ {'/'.join(together)}")
+                        # the Hessian made inline, so gptq's copy is the only one (0.5 GB each at the 1B shape's down)
+                        joint.update(zip(together, gptq_rows(
+                            [getattr(lw, g) for g in together], x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block,
+                            damp, act_order=GPTQ_ACT_ORDER, asymmetric=config.asymmetric,
+                        ), strict=True))  # fmt: skip
+                    qm = joint.pop(f)
                 else:
                     qm = quantize_rtn(w, 4, block, asymmetric=config.asymmetric)
                 forms[(i, f)] = qm
             # the record as each layer is quantized: a layer widened from the file once, not again for the record
             stage.status(f"layer {i + 1}: errors")
-            errors = [
-                note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if x is None else x.of(f))
+            noted = {
+                f: note(names.layer[f].format(i=i), getattr(lw, f), forms[(i, f)], None if x is None else x.of(f))
                 for f in LINEARS
-            ]
-            worst = max(errors)
+            }
+            worst = max(rel for rel, _ in noted.values())
             if sensitivity:
                 stage.status(f"layer {i + 1}: --mixed sensitivity scores")
                 layer_forms = {f: forms[(i, f)] for f in LINEARS}
-                scores.update({(i, g): s for g, s in layer_scores(lw, layer_forms, x, GPTQ_SINK_WEIGHT).items()})
+                # the output energies just recorded, over the Gram matrix (not where it is a row sample)
+                energies = {f: e for f, (_, e) in noted.items() if e is not None and x.of(f).sample is None}
+                layer = layer_scores(lw, layer_forms, x, GPTQ_SINK_WEIGHT, energies)
+                scores.update({(i, g): s for g, s in layer.items()})
             if scratch is not None:
                 for f in LINEARS:
                     forms[(i, f)].spill(scratch)

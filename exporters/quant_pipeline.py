@@ -135,7 +135,7 @@ def prepare_weights(
             acts = LayerInputStream(args, weights, calib, progress, sample_wide=samples_wide_inputs(quant))
     elif quant.needs_calibration:
         progress(
-            f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float64 reference forward), "
+            f"calibrating on {calib.tokens} tokens of '{calib.path.name}' (float32 forward), "
             "a layer at a time as it is quantized"
         )
         acts = LayerInputStream(args, weights, calib, progress, sample_wide=samples_wide_inputs(quant))

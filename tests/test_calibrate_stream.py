@@ -1,5 +1,5 @@
-"""calibrate.LayerInputStream: each layer's calibration statistics computed when that layer is reached
-, equal bit for bit to tapping a whole-model forward one sequence at a time."""
+"""calibrate.LayerInputStream: each layer's calibration statistics computed when that layer is reached,
+equal bit for bit to tapping a whole-model forward (in the calibration's float32) one sequence at a time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from edge_runtime.exporters import load_checkpoint
-from edge_runtime.exporters.calibrate import TAPPED, InputStats, LayerInputStream, _Tap, load_calibration
+from edge_runtime.exporters.calibrate import (
+    CALIBRATION_DTYPE,
+    TAPPED,
+    InputStats,
+    LayerInputStream,
+    _Tap,
+    load_calibration,
+)
 from edge_runtime.exporters.reference import ReferenceModel
 
 from .tiny_models import _TEXT, save_tiny_checkpoint
@@ -23,7 +30,7 @@ def ckpt(request, tmp_path_factory):
 
 def _whole_model_taps(ck, calib) -> dict[tuple[int, str], InputStats]:
     """The way calibration ran before: the reference held whole, its weights tapped, one forward a sequence."""
-    ref = ReferenceModel(ck.args, ck.weights, lazy=False)
+    ref = ReferenceModel(ck.args, ck.weights, CALIBRATION_DTYPE, lazy=False)
     stats = {}
     for i, lw in enumerate(ref.layers):
         for f, group in TAPPED.items():

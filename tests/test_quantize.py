@@ -16,11 +16,11 @@ from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from edge_runtime.cli.export import main as export_cli
 from edge_runtime.errors import ExportError
-from edge_runtime.exporters import ReferenceModel, load_checkpoint
+from edge_runtime.exporters import ReferenceModel, input_stats, load_checkpoint, quant
 from edge_runtime.exporters.calibrate import InputStats, capture_linear_inputs, load_calibration
 from edge_runtime.exporters.decoder import Flavor, Precision, build_decoder
 from edge_runtime.exporters.export import ExportOptions, export
-from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, quantize_rtn
+from edge_runtime.exporters.quant import QuantConfig, QuantMethod, gptq, gptq_rows, quantize_rtn
 from edge_runtime.exporters.quant_awq import awq_layer, search_scales
 from edge_runtime.exporters.quant_graph import pack_nbits
 from edge_runtime.exporters.quant_model import quantize_model
@@ -132,6 +132,47 @@ def test_gptq_lowers_output_error_against_rtn(act_order):
     print(f"output error RTN {out_err[0]:.4f}, GPTQ {out_err[1]:.4f}")
     assert out_err[1] < 0.8 * out_err[0]
     assert opt.codes.min() >= -8 and opt.codes.max() <= 7 and (opt.scales > 0).all()
+
+
+@pytest.mark.parametrize("act_order", [False, True], ids=["input-order", "act-order"])
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["symmetric", "asymmetric"])
+def test_gptq_of_stacked_weights_is_each_weights_own(act_order, asymmetric, monkeypatch):
+    """q, k and v (gate and up) read the same inputs, so the exporter quantizes them as one stack: each
+    part must be exactly what GPTQ gives that weight alone (rows are independent given H), a dead input
+    channel included, and so must the stack walked a slice of rows at a time (quant.GPTQ_ROWS)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((400, 96)) * np.exp(rng.standard_normal(96))
+    x[:, 5] = 0.0  # never active: zeroed in every part
+    ws = [rng.standard_normal((n, 96)) * 0.1 for n in (48, 16, 16)]
+    together = gptq_rows(ws, x.T @ x, 4, 32, 0.01, act_order=act_order, asymmetric=asymmetric)
+    monkeypatch.setattr(quant, "GPTQ_ROWS", 20)  # slices that cut across the parts
+    sliced = gptq_rows(ws, x.T @ x, 4, 32, 0.01, act_order=act_order, asymmetric=asymmetric)
+    for a, b in zip(together, sliced, strict=True):
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scales, b.scales)
+        assert (a.zeros is None and b.zeros is None) or np.array_equal(a.zeros, b.zeros)
+    monkeypatch.undo()
+    for w, got in zip(ws, together, strict=True):
+        alone = gptq(w, x.T @ x, 4, 32, 0.01, act_order=act_order, asymmetric=asymmetric)
+        assert got.shape == w.shape and np.array_equal(got.codes, alone.codes)
+        assert np.array_equal(got.scales, alone.scales)
+        assert (got.zeros is None) == (not asymmetric) and np.array_equal(got.dequantize(), alone.dequantize())
+        assert np.array_equal(got.dequantize()[:, 5], np.zeros(len(w)))
+
+
+def test_the_gram_matrix_is_exact_across_its_row_buffer(monkeypatch):
+    """X^T X is taken a buffer of rows at a time: sequences that straddle the buffer's end, and a read in
+    the middle, give the Gram matrix of all rows added."""
+    monkeypatch.setattr(input_stats, "GRAM_ROWS", 64)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 24)).astype(np.float32)
+    stats = InputStats.empty(24)
+    stats.add(x[:50])
+    stats.add(x[50:180])  # fills the buffer twice, leaves 52 rows waiting
+    x64 = x.astype(np.float64)
+    assert _close(stats.gram, x64[:180].T @ x64[:180])
+    stats.add(x[180:])
+    stats.release()
+    assert stats.rows == 300 and _close(stats.gram, x64.T @ x64) and stats._pending is None
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
