@@ -43,7 +43,7 @@ from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
 from .external_data import ExternalDataWriter, save_with_external_data
 from .gguf_convert import is_gguf
 from .lazy_layers import LazyLayers
-from .memory_plan import estimate_plan_memory, return_freed_memory
+from .memory_plan import MemoryEstimate, estimate_plan_memory, return_freed_memory
 from .plan import ExportPlan
 from .progress import Progress, as_progress
 from .prune import pruned_args
@@ -164,7 +164,7 @@ def export(plan: ExportPlan, progress: ProgressArg | None = None) -> Manifest:
             quantization=prepared.record,
             validation=validation,
             provenance={
-                **_provenance(ckpt, plan, time.perf_counter() - t_start, stages, estimate.total),
+                **_provenance(ckpt, plan, time.perf_counter() - t_start, stages, estimate),
                 TEMPLATE_ORIGIN_KEY: dataclasses.asdict(o) if (o := tokenizer.template_origin) else None,
             },
             files=files,
@@ -406,7 +406,7 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
 
 
 def _provenance(
-    ckpt: Checkpoint, plan: ExportPlan, seconds: float, stages: _Stages, estimated_peak: int
+    ckpt: Checkpoint, plan: ExportPlan, seconds: float, stages: _Stages, estimated_peak: MemoryEstimate
 ) -> dict[str, Any]:
     return {
         "exporter": f"edge-runtime {__version__}",
@@ -416,7 +416,8 @@ def _provenance(
         "stage_peak_rss_bytes": dict(stages.peak_rss),
         # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
         "peak_rss_bytes": peak_rss_bytes(),
-        "estimated_peak_rss_bytes": estimated_peak,  # memory_plan.py, before any work
+        "estimated_peak_rss_bytes": estimated_peak.total,  # memory_plan.py, before any work
+        "estimated_phase_bytes": dict(estimated_peak.phases),  # each phase's: prepare, graph, validate
         "source": str((plan.source or ckpt.path).resolve()),
         "target": plan.target,
         "options": {

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -96,7 +96,8 @@ def return_freed_memory() -> bool:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    parts: dict[str, int]  # bytes per part (module docstring)
+    parts: dict[str, int]  # bytes per part (module docstring) of the phase with the largest sum
+    phases: dict[str, int] = field(default_factory=dict)  # each phase's sum (an export's: prepare, graph, validate)
 
     @property
     def total(self) -> int:
@@ -256,5 +257,6 @@ def estimate_export_memory(
         # the float32 probe's rows of the dense cases (validate.float32_probe)
         "logits": (VALIDATION_TOKENS * LOGIT_BYTES + (VALIDATION_PREFILL + PROBE_TOKENS) * 4) * v,
     }
-    phases = (prepare, graph, validate)
-    return MemoryEstimate(max(phases, key=lambda p: sum(p.values())))
+    phases = {"prepare": prepare, "graph": graph, "validate": validate}
+    largest = max(phases.values(), key=lambda p: sum(p.values()))
+    return MemoryEstimate(largest, {name: sum(p.values()) for name, p in phases.items()})

@@ -44,6 +44,8 @@ class Result:
     wall_s: float | None
     stages: dict[str, float]
     failure: str | None = None
+    phase_mb: dict[str, int] | None = None  # the estimate's phases (manifest `estimated_phase_bytes`)
+    stage_peak_mb: dict[str, int] | None = None  # the process's peak when each stage ended
 
 
 def _mb(pattern: re.Pattern[str], text: str) -> int | None:
@@ -71,9 +73,14 @@ def run_case(spec: str, work: Path) -> Result:
             failure = errors[-1] if errors else failure
     text = log.read_text(errors="replace")
     stages: dict[str, float] = {}
+    phases = peaks = None
     manifest = out / "manifest.json"
     if manifest.exists():
-        stages = json.loads(manifest.read_text())["provenance"].get("stage_seconds", {})
+        provenance = json.loads(manifest.read_text())["provenance"]
+        stages = provenance.get("stage_seconds", {})
+        phases = {k: round(v / 1e6) for k, v in provenance.get("estimated_phase_bytes", {}).items()}
+        peaks = {k: round(v / 1e6) for k, v in provenance.get("stage_peak_rss_bytes", {}).items()}
+        out.with_suffix(".provenance.json").write_text(json.dumps(provenance, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     return Result(
         label,
@@ -84,6 +91,8 @@ def run_case(spec: str, work: Path) -> Result:
         None if t is None else t.wall_s,
         stages,
         failure,
+        phases,
+        peaks,
     )
 
 
@@ -100,6 +109,25 @@ def table(results: list[Result]) -> str:
         ratio = f"{100 * (estimate / r.peak_mb - 1):+.0f}%"
         stage_cells = " | ".join(f"{r.stages[s]:.1f}" if s in r.stages else "-" for s in STAGES)
         lines.append(f"| {r.label} | {estimate:,} | {r.peak_mb:,.0f} | {ratio} | {r.wall_s:.1f} | {stage_cells} |")
+    return "\n".join(lines)
+
+
+# Each phase of the estimate against the process's peak when the stages it covers ended (a peak only grows: a
+# stage's figure is its own peak where it is above the stage's before it)
+PHASE_STAGES = {"prepare": "weights", "graph": "write", "validate": "validate"}
+
+
+def phase_table(results: list[Result]) -> str:
+    head = "| export | " + " | ".join(f"{p} est. / peak at {s} MB" for p, s in PHASE_STAGES.items()) + " |"
+    lines = [head, "| --- " * (1 + len(PHASE_STAGES)) + "|"]
+    for r in results:
+        if not r.phase_mb or not r.stage_peak_mb:
+            continue
+        cells = [
+            f"{r.phase_mb.get(p, 0):,} / {r.stage_peak_mb[s]:,}" if s in r.stage_peak_mb else "-"
+            for p, s in PHASE_STAGES.items()
+        ]
+        lines.append(f"| {r.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -128,6 +156,11 @@ def page(results: list[Result], cases: list[str]) -> str:
             "",
             table(results),
             "",
+            "By phase: the estimate's phases beside the process's peak when the stages they cover had ended "
+            "(a peak only grows, so a phase's own peak shows where it is above the one before):",
+            "",
+            phase_table(results),
+            "",
             "Commands:",
             "",
             *[f"- {r.label}: `{r.command}`" for r in results],
@@ -151,6 +184,7 @@ def main() -> int:
         results.append(run_case(spec, work))
         print(table(results[-1:]).splitlines()[-1], flush=True)
     print(table(results))
+    print(phase_table(results))
     if a.write:
         a.write.write_text(page(results, a.case))
     return 0
