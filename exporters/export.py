@@ -417,7 +417,7 @@ def _provenance(
         # The process's peak resident set so far (getrusage): an export's own peak when edge-export runs it.
         "peak_rss_bytes": peak_rss_bytes(),
         "estimated_peak_rss_bytes": estimated_peak.total,  # memory_plan.py, before any work
-        "estimated_phase_bytes": dict(estimated_peak.phases),  # each phase's: prepare, graph, validate
+        "estimated_phase_bytes": estimated_peak.phase_totals(),  # each phase's: prepare, graph, validate
         "source": str((plan.source or ckpt.path).resolve()),
         "target": plan.target,
         "options": {

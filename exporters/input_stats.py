@@ -152,7 +152,12 @@ class InputStats:
     def sink_weighted(self, weight: float) -> np.ndarray:
         """X^T X with each sequence's first row also counted `weight` times per later token (GPTQ's Hessian)."""
         gram = self._full("the sink-weighted Gram matrix")
-        return gram + weight * self.sink_gram if weight else gram
+        if not weight:
+            return gram
+        out = self.sink_gram  # a new K x K array, scaled and summed in place: one copy, not three
+        out *= weight
+        out += gram
+        return out
 
     def squared_output(self, weight: float = 0.0) -> Callable[[np.ndarray], float]:
         """d [out, K] -> ||X d^T||^2 over the calibration rows, the sinks also counted `weight` times per

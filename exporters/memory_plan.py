@@ -64,14 +64,17 @@ REFERENCE_LAYERS = 3  # the dequantized layer, the reference's view of it, activ
 # held 5.3 GiB beside a 5.0 GB bundle), so the smaller model's figure bounds both
 TWIN_HEAD_COPIES = 0.6
 # The validation grid's tokens (validate.validation_grid: prefills of 1, 7 and 64 each followed by 8 decode
-# steps, and 64 + 40 past capacity) and the bytes each holds a logit in: the reference's float64 row (kept for
-# every stream, ReferenceMemo), the graph's float32 row, and a float64 temporary of the comparison
+# steps, and 64 + 40 past capacity), each a row of logits (the estimate's validate phase)
 VALIDATION_TOKENS = (1 + 8) + (7 + 8) + (64 + 8) + (64 + 40)
 VALIDATION_PREFILL = 64
-PROBE_TOKENS = (1 + 8) + (7 + 8) + (64 + 8)  # the dense cases
-LOGIT_BYTES = 8 + 4 + 8
-# One layer's statistics' worth alive while it is calibrated and quantized: its statistics, AWQ's
-# rescaled copies, GPTQ's Hessian and its factorisation
+LONGEST_CASE = 64 + 40
+COMPARED_COPIES = 3  # rel_err's float64 copy of the graph's rows, their difference and its absolute value
+# ONNX Runtime's allocations beside the weights while a graph runs (its arena, thread pools, the graph itself):
+# what a quantized export's validation held above the parts counted here (measured 20-50 MB, SmolLM2-135M)
+SESSION_OVERHEAD = 48 * 10**6
+PROBE_ROWS = (1 + 8) + (7 + 8) + (64 + 8)  # the dense cases' rows the float32 probe scores
+# One layer's statistics' worth alive while it is calibrated and quantized: its statistics and AWQ's
+# rescaled copies (GPTQ's working set is counted on its own: _gptq_bytes)
 LAYER_GRAM_COPIES = 3
 
 
@@ -97,7 +100,10 @@ def return_freed_memory() -> bool:
 @dataclass(frozen=True)
 class MemoryEstimate:
     parts: dict[str, int]  # bytes per part (module docstring) of the phase with the largest sum
-    phases: dict[str, int] = field(default_factory=dict)  # each phase's sum (an export's: prepare, graph, validate)
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)  # each phase's parts (prepare, graph, validate)
+
+    def phase_totals(self) -> dict[str, int]:
+        return {name: sum(parts.values()) for name, parts in self.phases.items()}
 
     @property
     def total(self) -> int:
@@ -120,6 +126,15 @@ def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
     """One layer's input statistics: X^T X in float64, or a float32 row sample of the inputs wider than
     it where the consumer allows (input_stats.py)."""
     return sum(SAMPLE_ROWS * k * 4 if sampled and k > SAMPLE_ROWS else k * k * 8 for k in widths)
+
+
+def _gptq_bytes(args: ModelArgs) -> int:
+    """GPTQ's working set on a layer's widest fused group (quant.gptq_rows, K inputs, `out` stacked rows): its
+    Hessian, the Cholesky's copy and factor (3 K x K float64), and W^T with its permuted copy (2 K x out)."""
+    h, d, i = args.hidden_size, args.head_dim, args.intermediate_size
+    q, kv = args.num_heads * d, args.num_kv_heads * d
+    groups = ((h, q + 2 * kv), (q, h), (h, 2 * i), (i, h))  # qkv, o, gate_up, down: (K, out)
+    return max(3 * k * k * 8 + 2 * k * out * 8 for k, out in groups)
 
 
 def _gram_buffers(widths: tuple[int, ...], sampled: bool) -> int:
@@ -215,11 +230,11 @@ def estimate_export_memory(
         prepare["calibration"] += args.num_layers * inter * h * 8 + down_rows
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
         sampled = samples_wide_inputs(quant)
-        prepare["calibration"] = (
-            LAYER_GRAM_COPIES * _stats_bytes(widths, sampled)
-            + _gram_buffers(widths, sampled)
-            + DEFAULT_CALIBRATION_TOKENS * h * stream_bytes
-        )
+        stats = _stats_bytes(widths, sampled)
+        # the row buffers live while a layer's forward runs, GPTQ's working set after it: one or the other
+        working = max(_gram_buffers(widths, sampled), _gptq_bytes(args) if quant.method.gptq else 0)
+        copies = LAYER_GRAM_COPIES if quant.method.awq else 1
+        prepare["calibration"] = copies * stats + working + DEFAULT_CALIBRATION_TOKENS * h * stream_bytes
         if quant.mixed.needs_calibration and quant.method.awq:  # the scaled layers, re-read for the INT8 groups
             prepare["calibration"] += linear * 4
     graph_layers = GRAPH_LAYERS_QUANTIZED if quant.enabled else GRAPH_LAYERS
@@ -244,19 +259,36 @@ def estimate_export_memory(
     float_head = quant.table_bits == 8 and head_f32 <= FP32_HEAD_MAX_BYTES
     twin_head = 2 * head_f32 if float_head else TWIN_HEAD_COPIES * head_f32
     twin = int(twin_head) if table_codes and flavor is Flavor.ORT and not own_twin else 0
-    # Validation runs the graph's session and the reference side by side, and keeps every case's logits from both
-    # (measured on Gemma 3 270M fp32: the session's 1.1 GB, the reference's float64 table 1.3 GB and 200 tokens'
-    # logits over a 262k-token vocabulary at once).
-    validate = {
+    # Validation (validate.validation_grid) runs the graph over every case, closes its session, then runs the
+    # reference over the cases' streams. What both see: the reference's float64 tables (a float export's, held
+    # from the start: 1.3 GB for Gemma 3 270M) and the graph's float32 logits of every case; the session adds its
+    # arena's output of the longest prefill and ONNX Runtime's own allocations, the reference its float64 logits
+    # of every stream (ReferenceMemo), the comparison's float64 temporaries of the longest case (validate.rel_err)
+    # and the float32 probe's rows of the dense cases. A quantized export peaks at the larger of the two
+    # (measured, MB: SmolLM2-135M int4 567-594 and nuc 601, Gemma 3 270M nuc 1,546). A float export peaks near
+    # their sum (SmolLM2-135M fp32 1,237, Gemma 3 270M fp32 4,485, against 1,139 and 3,741 for the larger): its
+    # session's float weights and the reference's float64 ones are not both let go between the two.
+    both = {
         **held,
-        "runtime": bundle + twin,
-        "layer": REFERENCE_LAYERS * layer,
         # a quantized table is read from its codes a block of rows at a time, not copied to float64
         "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS and not table_codes else 0,
-        # and ONNX Runtime's own float32 output for the grid's longest prefill, in its arena until the next run, and
-        # the float32 probe's rows of the dense cases (validate.float32_probe)
-        "logits": (VALIDATION_TOKENS * LOGIT_BYTES + (VALIDATION_PREFILL + PROBE_TOKENS) * 4) * v,
+        "logits": VALIDATION_TOKENS * 4 * v,
     }
+    running = {**both, "runtime": bundle + twin + SESSION_OVERHEAD}
+    running["logits"] += VALIDATION_PREFILL * 4 * v
+    scoring = {**both, "layer": REFERENCE_LAYERS * layer}
+    probe_rows = VALIDATION_PREFILL + PROBE_ROWS
+    scoring["logits"] += (VALIDATION_TOKENS * 8 + COMPARED_COPIES * LONGEST_CASE * 8 + probe_rows * 4) * v
+    if table_codes:
+        validate = max(running, scoring, key=lambda p: sum(p.values()))
+    else:  # the session's weights, the reference's layers and tables, and one float64 and float32 logit row each
+        # (and a float64 temporary) per grid token, the arena's prefill and the probe's rows: fitted to the sum
+        validate = {
+            **both,
+            "runtime": bundle + twin,
+            "layer": REFERENCE_LAYERS * layer,
+            "logits": (VALIDATION_TOKENS * (8 + 4 + 8) + (VALIDATION_PREFILL + PROBE_ROWS) * 4) * v,
+        }
     phases = {"prepare": prepare, "graph": graph, "validate": validate}
     largest = max(phases.values(), key=lambda p: sum(p.values()))
-    return MemoryEstimate(largest, {name: sum(p.values()) for name, p in phases.items()})
+    return MemoryEstimate(largest, phases)

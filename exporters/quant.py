@@ -428,12 +428,15 @@ def gptq_rows(
     damp: float = 0.01,
     act_order: bool = False,
     asymmetric: bool = False,
+    *,
+    overwrite_hessian: bool = False,
 ) -> list[QuantizedMatrix]:
     """gptq() of several weights that read the same inputs (q, k and v; gate and up) as one: GPTQ treats
     each output row on its own given H, so stacking the rows gives each weight its own result, for one
     factorisation of H and one pass over the columns instead of one per weight (a Llama layer's 7
     become 4). The columns are walked in a transposed copy W^T [K, out], so each step reads and updates
-    contiguous rows."""
+    contiguous rows. `overwrite_hessian`: `hessian` (float64) may be used as scratch, saving a K x K copy
+    (0.5 GB at K = 8192)."""
     sizes = [w.shape[0] for w in ws]
     out, k = sum(sizes), ws[0].shape[1]
     WT = np.empty((k, out), np.float64)  # one input column of every output row per row
@@ -441,7 +444,7 @@ def gptq_rows(
     for w in ws:
         WT[:, r : r + w.shape[0]] = np.asarray(w).T
         r += w.shape[0]
-    H = np.array(hessian, dtype=np.float64)
+    H = np.asarray(hessian, np.float64) if overwrite_hessian else np.array(hessian, np.float64)
     # K x K float64 arrays are 0.5 GB each at K = 8192 (a 1B model's down_proj): drop each as soon as it is
     # used up (a caller that passes its Hessian inline frees it here too)
     del hessian
@@ -460,11 +463,11 @@ def gptq_rows(
         sc, zc = grid(WT.T.reshape(out, k // block, block))
         scalesT, zerosT = np.ascontiguousarray(sc.T), np.ascontiguousarray(zc.T)
         perm = np.argsort(-np.diag(H), kind="stable")
-        WT, H = WT[perm], H[np.ix_(perm, perm)]
-        col_scales = scalesT[perm // block].astype(np.float64)  # per permuted column, per output row
-        col_zeros = zerosT[perm // block].astype(np.float64)
+        WT = WT[perm]
     else:
         perm = np.arange(k)
+    # H in the column order, and reversed for _inverse_cholesky_upper: one copy for both
+    H = H[np.ix_(perm[::-1], perm[::-1])]
     H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
     try:
         Hinv = _inverse_cholesky_upper(H)
@@ -490,8 +493,9 @@ def gptq_rows(
                 j2 = min(j1 + GPTQ_STEP, i2 - i1)
                 for i in range(j1, j2):
                     col = i1 + i
-                    if act_order:
-                        s, z = col_scales[col, rows], col_zeros[col, rows]
+                    if act_order:  # the static grid of the block this column came from
+                        g = perm[col] // block
+                        s, z = scalesT[g, rows].astype(np.float64), zerosT[g, rows].astype(np.float64)
                     elif col % block == 0:
                         sb, zb = grid(W1[i : i + block].T)
                         scalesT[col // block, rows], zerosT[col // block, rows] = sb, zb
@@ -513,12 +517,12 @@ def gptq_rows(
     return parts
 
 
-def _inverse_cholesky_upper(h: np.ndarray) -> np.ndarray:
-    """U upper triangular with U^T U = h^-1 (GPTQ's `Hinv`), without forming h^-1. With J the reversal of
-    rows and columns, cholesky(J h J) = L gives h = V V^T for the upper triangular V = J L J, so h^-1 =
-    V^-T V^-1 and U = V^-1: a Cholesky and a triangular inverse where a general inverse and a second
-    Cholesky did about three times the arithmetic."""
-    low = np.linalg.cholesky(np.ascontiguousarray(h[::-1, ::-1]))
+def _inverse_cholesky_upper(reversed_h: np.ndarray) -> np.ndarray:
+    """U upper triangular with U^T U = h^-1 (GPTQ's `Hinv`), without forming h^-1, from `reversed_h` = J h J
+    (J the reversal of rows and columns): cholesky(J h J) = L gives h = V V^T for the upper triangular
+    V = J L J, so h^-1 = V^-T V^-1 and U = V^-1. A Cholesky and a triangular inverse, where a general inverse
+    and a second Cholesky did about three times the arithmetic."""
+    low = np.linalg.cholesky(reversed_h)
     v = np.ascontiguousarray(low[::-1, ::-1])
     del low
     out = np.zeros_like(v)

@@ -247,6 +247,7 @@ def quantize_model(
                         joint.update(zip(together, gptq_rows(
                             [getattr(lw, g) for g in together], x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block,
                             damp, act_order=GPTQ_ACT_ORDER, asymmetric=config.asymmetric,
+                            overwrite_hessian=GPTQ_SINK_WEIGHT != 0,  # sink_weighted made it: a new array
                         ), strict=True))  # fmt: skip
                     qm = joint.pop(f)
                 else:

@@ -225,13 +225,32 @@ def test_the_sensitivity_plan_is_estimated_a_layer_at_a_time():
     ckpt = load_checkpoint(DEMO_CHECKPOINT)
 
     def calib(method, mixed=MixedPlan.NONE):
-        return estimate_export_memory(ckpt, QuantConfig(method, mixed=mixed), Flavor.ORT).parts.get("calibration")
+        estimate = estimate_export_memory(ckpt, QuantConfig(method, mixed=mixed), Flavor.ORT)
+        return estimate.phases["prepare"].get("calibration")
 
     assert calib(QuantMethod.INT4_GPTQ, MixedPlan.SENSITIVITY) == calib(QuantMethod.INT4_GPTQ) > 0
     a = ckpt.args
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     linear = a.num_layers * (a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * a.intermediate_size)
     assert calib(QuantMethod.INT4_AWQ, MixedPlan.SENSITIVITY) == calib(QuantMethod.INT4_AWQ) + 4 * linear
+
+
+def test_the_manifest_records_each_phase_of_the_estimate_and_the_peak_is_under_it(tmp_path):
+    """The estimate is the largest of its phases, each recorded beside the stages' peaks; a quantized export
+    validates its graph and its reference one after the other, so its validate phase is the larger of the two,
+    not their sum (the peak itself is measured by scripts/export_memory.py, one process per export: this test's
+    process holds the whole suite)."""
+    ckpt = load_checkpoint(DEMO_CHECKPOINT, stored_tables=True)
+    estimate = estimate_export_memory(ckpt, _INT4, Flavor.ORT)
+    assert set(estimate.phases) == {"prepare", "graph", "validate"}
+    assert estimate.total == max(estimate.phase_totals().values())
+    validate = estimate.phases["validate"]
+    assert ("runtime" in validate) != ("layer" in validate)  # the session's side or the reference's, not both
+    manifest = export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=tmp_path / "b", quant=_INT4))
+    provenance = manifest.provenance
+    assert provenance["estimated_phase_bytes"] == estimate.phase_totals()
+    assert provenance["estimated_peak_rss_bytes"] == estimate.total
+    assert set(provenance["stage_peak_rss_bytes"]) >= {"weights", "write", "validate"}
 
 
 def test_max_memory_refuses_up_front_with_the_estimate(tmp_path):
