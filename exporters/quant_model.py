@@ -243,7 +243,7 @@ def quantize_model(
                     if f not in joint:  # the Linears of f's fused group, which read the same inputs, as one
                         together = GROUPS[group_of[f]]
                         stage.status(f"layer {i + 1}: GPTQ {'/'.join(together)}")
-                        # the Hessian made inline, so gptq's copy is the only one (0.5 GB each at the 1B shape's down)
+                        # made inline and taken as gptq_rows' scratch: the only K x K copy (0.5 GB at 1B's down)
                         joint.update(zip(together, gptq_rows(
                             [getattr(lw, g) for g in together], x.of(f).sink_weighted(GPTQ_SINK_WEIGHT), 4, block,
                             damp, act_order=GPTQ_ACT_ORDER, asymmetric=config.asymmetric,
