@@ -47,9 +47,10 @@ from .memory_plan import MemoryEstimate, estimate_plan_memory, return_freed_memo
 from .plan import ExportPlan
 from .progress import Progress, as_progress
 from .prune import pruned_args
+from .quant import MatMulKernel
 from .quant_graph import fp32_compute_int8, fp32_compute_twin
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
-from .reference import ReferenceModel
+from .reference import Int8Activations, ReferenceModel
 from .scratch import Scratch
 from .tokenizer_export import BundleTokenizer, bundle_tokenizer, check_source_template, read_json
 from .validate import (
@@ -59,6 +60,8 @@ from .validate import (
     fixed_tolerance,
     float32_probe,
     fp32_tolerance,
+    int8_probe,
+    int8_tolerance,
     validation_grid,
     with_kv_dtype,
 )
@@ -269,8 +272,20 @@ def _validate(
     if int8_act:
         # fed the twin's tokens: the reference's logits of the twin's grid serve this one (validation_grid)
         cases = grid(lambda: _session(str(graph), built), follow=twin_cases)
-        tol = fixed_tolerance(precision, int8_activations=True)
-        worst = _check(cases, tol.value, f"{precision} with int8 activations")
+        # the dense streams the twin was scored on, rounded as the integer products round them
+        rounding = Int8Activations(
+            block=32 if q.config.kernel is MatMulKernel.EDGE else q.config.block, head=not q.config.fp_embeddings
+        )
+        probe8 = int8_probe(ckpt.args, prepared.weights, rounding)
+        streams = [c.stream for c in twin_cases if c.stream is not None]
+        tol = int8_tolerance(memo.probe_error(probe8, streams, progress))
+        del probe8
+        worst = _check(
+            cases,
+            tol.value,
+            f"{precision} with int8 activations (a numpy float32 forward with their "
+            f"rounding: {tol.basis['int8_probe_rel_err']:.2e} off float64)",
+        )
     else:
         cases = grid(lambda: _session(str(graph), built), probe)
         tol = fp32_tolerance(cases) if fp32 else fixed_tolerance(precision, int8_activations=False)

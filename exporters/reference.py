@@ -114,6 +114,27 @@ class NumpyLowering:
         return x + y
 
 
+@dataclass(frozen=True)
+class Int8Activations:
+    """How the graph's integer products round their inputs: per row and block of `block` inputs to int8
+    (scale = the block's max |x| / 127, round half to even), the LM head's too where `head`."""
+
+    block: int = 32
+    head: bool = True
+
+
+def round_int8_blocks(h: np.ndarray, block: int) -> np.ndarray:
+    """h [T, K] with each row's blocks of `block` (the last one shorter where `block` does not divide K) rounded
+    to int8 codes and back: MatMulQ4 / MatMulQ8 (csrc/q4gemm.h) and MatMulNBits at accuracy_level 4."""
+    t, k = h.shape
+    pad = -k % block
+    x = np.pad(h, ((0, 0), (0, pad))) if pad else h
+    x = x.reshape(t, -1, block)
+    scale = np.abs(x).max(axis=-1, keepdims=True) / h.dtype.type(127)
+    codes = np.rint(np.divide(x, scale, out=np.zeros_like(x), where=scale > 0))
+    return (codes * scale).reshape(t, -1)[:, :k]
+
+
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE on the first `2 * cos.shape[-1]` dims of x [heads, T, D]; cos/sin [T, rot/2]."""
     half = cos.shape[-1]
@@ -126,13 +147,21 @@ class ReferenceModel:
     float32 above F64_COPY_MAX_PARAMS parameters (`dtype`)."""
 
     def __init__(
-        self, args: ModelArgs, weights: ModelWeights, dtype: type[np.floating] | None = None, *, lazy: bool = True
+        self,
+        args: ModelArgs,
+        weights: ModelWeights,
+        dtype: type[np.floating] | None = None,
+        *,
+        lazy: bool = True,
+        int8_activations: Int8Activations | None = None,
     ):
         """`dtype` forces the compute precision (float32: the precision test of validate.py); None picks
         float64 up to F64_COPY_MAX_PARAMS parameters. `lazy`: where `weights.layers` are built on demand
         (LazyLayers), so are the reference's, each forward; False holds them all, for callers that change
-        `self.layers` in place."""
+        `self.layers` in place. `int8_activations`: round the inputs of the Linears (and of the LM head, if it
+        says so) to int8 as the graph's integer products do (validate.py's int8 bound)."""
         self.args = args
+        self.int8_activations = int8_activations
         if dtype is None:
             # a generator: lazy layers are counted one at a time, not all held at once
             arrays = (getattr(lw, f.name) for lw in weights.layers for f in fields(lw))
@@ -216,8 +245,17 @@ class ReferenceModel:
 
         return run_layer(NumpyLowering(self.args.rms_norm_eps, attend, self._mlp), i, lw, x)
 
+    def linear(self, h: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        """h @ w.T (+ b): a Linear of the rows h [T, in], its inputs rounded as `int8_activations` says."""
+        if self.int8_activations is not None:
+            h = round_int8_blocks(h, self.int8_activations.block)
+        y = h @ w.T
+        return y if b is None else y + b
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.final_norm, self.args.rms_norm_eps)
+        if self.int8_activations is not None and self.int8_activations.head:
+            h = round_int8_blocks(h, self.int8_activations.block)
         if not isinstance(self.lm_head, RowTable):
             return h @ self.lm_head.T  # [T, V]
         out = np.empty((h.shape[0], self.lm_head.shape[0]), h.dtype)
@@ -240,7 +278,7 @@ class ReferenceModel:
         hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
 
         def proj(w: np.ndarray, b: np.ndarray | None, heads: int) -> np.ndarray:
-            y = h @ w.T if b is None else h @ w.T + b  # [T, heads*D]
+            y = self.linear(h, w, b)  # [T, heads*D]
             return y.reshape(t, heads, d).transpose(1, 0, 2)  # [heads, T, D]
 
         eps = self.args.rms_norm_eps
@@ -274,14 +312,12 @@ class ReferenceModel:
         probs = np.exp(scores, out=scores)
         probs /= probs.sum(axis=-1, keepdims=True)
         out = (probs @ values).transpose(1, 0, 2).reshape(t, hq * d)  # [T, Hq*D]
-        out = out @ lw.o.T
-        return out if lw.o_bias is None else out + lw.o_bias
+        return self.linear(out, lw.o, lw.o_bias)
 
     def _mlp(self, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
-        gate = h @ lw.gate.T if lw.gate_bias is None else h @ lw.gate.T + lw.gate_bias
-        up = h @ lw.up.T if lw.up_bias is None else h @ lw.up.T + lw.up_bias
-        out = (self.act(gate) * up) @ lw.down.T
-        return out if lw.down_bias is None else out + lw.down_bias
+        gate = self.linear(h, lw.gate, lw.gate_bias)
+        up = self.linear(h, lw.up, lw.up_bias)
+        return self.linear(self.act(gate) * up, lw.down, lw.down_bias)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -399,9 +435,10 @@ class StreamingReference:
         """q [T, Hq, 1, D] and the pre-RoPE k, v [T, Hkv, D] of the normed rows h [T, H]."""
         d, eps = self.model.args.head_dim, self.model.args.rms_norm_eps
         hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
-        q = head_norm((h @ lw.q.T + (0 if lw.q_bias is None else lw.q_bias)).reshape(-1, hq, 1, d), lw.q_norm, eps)
-        k = head_norm((h @ lw.k.T + (0 if lw.k_bias is None else lw.k_bias)).reshape(-1, hkv, d), lw.k_norm, eps)
-        v = (h @ lw.v.T + (0 if lw.v_bias is None else lw.v_bias)).reshape(-1, hkv, d)
+        m = self.model
+        q = head_norm(m.linear(h, lw.q, lw.q_bias).reshape(-1, hq, 1, d), lw.q_norm, eps)
+        k = head_norm(m.linear(h, lw.k, lw.k_bias).reshape(-1, hkv, d), lw.k_norm, eps)
+        v = m.linear(h, lw.v, lw.v_bias).reshape(-1, hkv, d)
         return q, k, v
 
     def _attend(self, layer: int, q: np.ndarray, keys: np.ndarray, values: np.ndarray, back: np.ndarray) -> np.ndarray:
@@ -423,10 +460,8 @@ class StreamingReference:
         probs /= probs.sum(axis=-1, keepdims=True)
         return np.einsum("hn,hnd->hd", probs, values).reshape(hq * d)
 
-    @staticmethod
-    def _out(lw: LayerWeights, attn: np.ndarray) -> np.ndarray:
-        attn = attn @ lw.o.T
-        return attn if lw.o_bias is None else attn + lw.o_bias
+    def _out(self, lw: LayerWeights, attn: np.ndarray) -> np.ndarray:
+        return self.model.linear(attn, lw.o, lw.o_bias)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from edge_runtime.ring import LocalLayers, RingGeometry, RingState
 from .decoder import Flavor
 from .lazy_layers import LazyLayers
 from .progress import Progress, as_progress
-from .reference import ReferenceModel, Stream, forward_streams
+from .reference import Int8Activations, ReferenceModel, Stream, forward_streams
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 # MatMulNBits with accuracy_level 4 quantizes each activation block to int8 (scale = block max / 127)
@@ -37,6 +37,12 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 # has to catch gross breakage: export.py also validates the same integer weights at accuracy_level 0
 # against the fp32 tolerance.
 INT8_ACTIVATION_TOLERANCE = 0.15
+# A real model can round further than the tiny ones: on Gemma 3 270M (plain --quant int4) a numpy float32 forward
+# with the same int8 rounding of every Linear's input (int8_probe) is 0.158 off float64 on the grid's 7 + 8 case,
+# where MatMulQ4 is 0.156 and MatMulNBits 0.169 off: the arithmetic is right and the fixed bound too tight. So
+# the bound is max(INT8_ACTIVATION_TOLERANCE, INT8_FACTOR * the probe's worst error on the dense cases), measured
+# per export as the fp32 bound is (docs/decisions/int8-activation-bound.md).
+INT8_FACTOR = 1.5
 
 
 def tolerance_for(precision: str, *, int8_activations: bool) -> float:
@@ -98,6 +104,26 @@ def with_kv_dtype(tol: Tolerance, kv_dtype: str) -> Tolerance:
 def float32_probe(args: ModelArgs, weights: ModelWeights, reference: ReferenceModel) -> ReferenceModel | None:
     """The float32 twin of `reference` for fp32_tolerance; None where the reference is float32 itself."""
     return ReferenceModel(args, weights, np.float32) if reference.dtype == np.float64 else None
+
+
+def int8_probe(args: ModelArgs, weights: ModelWeights, rounding: Int8Activations) -> ReferenceModel:
+    """A float32 forward of the same weights whose Linears round their inputs as the graph's integer products
+    do (int8_tolerance)."""
+    return ReferenceModel(args, weights, np.float32, int8_activations=rounding)
+
+
+def int8_tolerance(probe_error: float) -> Tolerance:
+    """The bound of a graph with int8 activations, given int8_probe's worst error on the dense cases."""
+    return Tolerance(
+        max(INT8_ACTIVATION_TOLERANCE, INT8_FACTOR * probe_error),
+        {
+            "rule": f"max({INT8_ACTIVATION_TOLERANCE:g}, factor * int8_probe_rel_err)",
+            "int8_probe_rel_err": probe_error,
+            "factor": INT8_FACTOR,
+            "reason": "MatMulNBits accuracy_level 4 / MatMulQ4 / MatMulQ8 round activations to int8; a numpy float32 "
+            "forward with the same rounding, on the tokens of the dense cases, against the reference (validate.py)",
+        },
+    )
 
 
 def fp32_tolerance(cases: Sequence[CaseResult]) -> Tolerance:
@@ -326,6 +352,16 @@ class ReferenceMemo:
 
     def logits(self, stream: Stream) -> np.ndarray:
         return self._logits[stream]
+
+    def probe_error(self, model: ReferenceModel, streams: Sequence[Stream], progress: Progress | None = None) -> float:
+        """`model`'s worst rel_err against the reference's logits on the dense ones of `streams` (scored
+        already): one pass over its layers."""
+        dense = list(dict.fromkeys(s for s in streams if s.ring is None))
+        layers = len(model.layers)
+        plan = f"{len(dense)} dense streams in float32 with int8-rounded Linear inputs, for the int8 bound"
+        with as_progress(progress).stage("int8 probe", layers, "layer", plan=plan) as stage:
+            logits = forward_streams(model, dense, on_layer=lambda i: stage.advance())
+        return max((rel_err(x, self._logits[s]) for s, x in zip(dense, logits, strict=True)), default=0.0)
 
     def probed(self, stream: Stream) -> float | None:
         return self._probed.get(stream)

@@ -116,6 +116,26 @@ def test_matmul_q4_is_matmulnbits_at_accuracy_level_4(m, k, n, rank, scale_dtype
 
 
 @needs_kernels
+def test_the_references_int8_rounding_is_matmul_q4s():
+    """exporters.reference.round_int8_blocks (the int8 bound's probe, exporters/validate.py) rounds a Linear's
+    input as MatMulQ4 does: its product with the dequantized weights is the op's result to float noise."""
+    from edge_runtime.exporters.reference import round_int8_blocks
+
+    rng = np.random.default_rng(7)
+    k, n = 576, 45
+    b, s = _weights(rng, k, n)
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    x[:, :32] *= 40
+    x[3, 64:96] = 0.0  # a block of zeros: scale 0, codes 0
+    codes = np.stack([(b & 15), (b >> 4)], axis=-1).reshape(n, k).astype(np.float64) - 8
+    w = codes * np.repeat(s.astype(np.float64), 32, axis=1)
+    ours = round_int8_blocks(x, 32).astype(np.float64) @ w.T
+    op = _session(_graph("MatMulQ4", k, n, b, s, 2)).run(None, {"x": x})[0]
+    assert np.abs(op - ours).max() / np.abs(ours).max() < 2e-6
+    assert np.abs(x @ w.T - ours).max() / np.abs(ours).max() > 1e-4  # and the rounding is really there
+
+
+@needs_kernels
 def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
     """Every implementation forms the same exact int32 block sums as AVX2's; only float rounding order
     differs (21 rows: AMX tiles where the CPU has them; 1 row: decode)."""

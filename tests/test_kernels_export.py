@@ -108,6 +108,15 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     assert edge.provenance["options"]["kernel"] == "edge"
     assert edge.validation.max_rel_err <= edge.validation.tolerance
     assert edge.quantization["exact_parity"]["max_rel_err"] < 1e-4  # the accuracy_level-0 MLAS twin
+    # the int8 bound: measured by a numpy forward with the same rounding, never under the fixed floor
+    from edge_runtime.exporters.validate import INT8_ACTIVATION_TOLERANCE, INT8_FACTOR
+
+    basis = edge.validation.tolerance_basis
+    e8 = basis["int8_probe_rel_err"]
+    assert basis["factor"] == INT8_FACTOR and "int8_probe_rel_err" in basis["rule"]
+    assert edge.validation.tolerance == max(INT8_ACTIVATION_TOLERANCE, INT8_FACTOR * e8)
+    # the graph is off by what the rounding itself costs, not more (a probe of fp32 activations is ~1e-7)
+    assert 1e-4 < e8 and edge.validation.max_rel_err <= 2 * e8
 
     prompt = list(range(3, 40))
     a, b = load(tmp_path / "edge"), load(tmp_path / "mlas")
