@@ -43,6 +43,7 @@ HELDOUT_FILE = "heldout.txt"
 DEFAULT_CALIBRATION_TOKENS = 16384
 CALIBRATION_DTYPE = np.float32  # the calibration forward's precision (module docstring)
 MIN_CALIBRATION_TOKENS = 64
+CALIBRATION_SEQUENCE = 512  # tokens a calibration sequence holds at most (BOS included)
 HELDOUT_TOKENS = 512  # BOS + the first 511 held-out tokens, as the demo's training script reports
 
 ProgressArg = Progress | Callable[[str], None]
@@ -70,7 +71,7 @@ def default_calibration_file(ckpt: Checkpoint) -> Path:
 def load_calibration(
     ckpt: Checkpoint, path: Path | None = None, max_tokens: int = DEFAULT_CALIBRATION_TOKENS
 ) -> CalibrationSet:
-    """Tokenize a calibration text into sequences of at most the model's context (<= 512 tokens)."""
+    """Tokenize a calibration text into sequences of at most the model's context (<= CALIBRATION_SEQUENCE)."""
     path = Path(path) if path is not None else default_calibration_file(ckpt)
     if not path.is_file():
         raise ExportError(
@@ -90,7 +91,7 @@ def load_calibration(
             f"(a few KB of text)"
         )
     bos = [] if ckpt.args.bos_token_id is None else [ckpt.args.bos_token_id]
-    span = min(512, ckpt.args.max_position_embeddings) - len(bos)
+    span = min(CALIBRATION_SEQUENCE, ckpt.args.max_position_embeddings) - len(bos)
     span = -(-len(ids) // -(-len(ids) // span))  # equal lengths: no short tail sequence
     seqs = [np.asarray(bos + ids[i : i + span], np.int64) for i in range(0, len(ids), span)]
     return CalibrationSet(path=path, sha256=hashlib.sha256(raw).hexdigest(), sequences=seqs)

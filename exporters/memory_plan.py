@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_runtime import kernels
-from edge_runtime.models import ModelArgs
+from edge_runtime.models import ModelArgs, RopeKind
 
-from .calibrate import CALIBRATION_DTYPE, DEFAULT_CALIBRATION_TOKENS
+from .calibrate import CALIBRATION_DTYPE, CALIBRATION_SEQUENCE, DEFAULT_CALIBRATION_TOKENS
 from .input_stats import GRAM_ROWS, SAMPLE_ROWS
 from .plan import Flavor, KvDtype
-from .quant import QuantConfig
+from .quant import FACTOR_BLOCK, QuantConfig
 from .quant_graph import FP32_HEAD_MAX_BYTES
 from .quant_pipeline import samples_wide_inputs
 from .reference import F64_COPY_MAX_PARAMS
@@ -49,7 +49,11 @@ from .tables import RowTable
 if TYPE_CHECKING:
     from .plan import ExportPlan
 
-BASELINE = 200 * 2**20  # the interpreter, numpy, onnx, ONNX Runtime and the tokenizer (180 MB seen at load)
+# The interpreter, numpy, onnx and ONNX Runtime, and the tokenizer built from the checkpoint's files, fitted to
+# the export's peak at the end of its load stage: 88-91 MB for the demo model (4,096 tokens), 124 MB for
+# SmolLM2-135M (49,152), 183 MB for the Llama-3.2-1B shape (128,256)
+BASELINE = 96 * 10**6
+TOKENIZER_LOAD_TOKEN_BYTES = 750
 # float32 copies of one layer's Linears alive at once, fitted to the Llama-3.2-1B shape's measured phases:
 PREPARE_LAYERS = 2  # the widened source layer and quantization's temporaries
 GRAPH_LAYERS = 5  # a float graph: the source layer, its initializers' copies, two branches' lookups
@@ -70,10 +74,11 @@ VALIDATION_PREFILL = 64
 LONGEST_CASE = 64 + 40
 COMPARED_COPIES = 3  # rel_err's float64 copy of the graph's rows, their difference and its absolute value
 # ONNX Runtime's allocations beside the weights while a graph runs (its arena, thread pools, the graph itself,
-# prepacked weights), fitted to what quantized exports' validation held above the parts counted here: 20-50 MB
-# on SmolLM2-135M (bundle 100 MB), 16 MB more than 48 on the Llama-3.2-1B shape's int4 (bundle 876 MB)
+# and prepacked copies, a share of every weight byte the session holds: the bundle's, and the twin's float LM
+# head), fitted to what quantized exports' validation held above the parts counted here (SmolLM2-135M int4: the
+# twin's session peaked at 554-567 MB against 563 without the share; the Llama-3.2-1B shape's int4 at 1,910)
 SESSION_OVERHEAD = 48 * 10**6
-SESSION_OVERHEAD_SHARE = 0.1  # of the bundle's bytes
+SESSION_OVERHEAD_SHARE = 0.2  # of the bytes of the weights the session holds
 PROBE_ROWS = (1 + 8) + (7 + 8) + (64 + 8)  # the dense cases' rows the float32 probe scores
 # One layer's statistics' worth alive while it is calibrated and quantized: its statistics and AWQ's
 # rescaled copies (GPTQ's working set is counted on its own: _gptq_bytes)
@@ -132,11 +137,27 @@ def _stats_bytes(widths: tuple[int, ...], sampled: bool) -> int:
 
 def _gptq_bytes(args: ModelArgs) -> int:
     """GPTQ's working set on a layer's widest fused group (quant.gptq_rows, K inputs, `out` stacked rows): its
-    Hessian, the Cholesky's copy and factor (3 K x K float64), and W^T with its permuted copy (2 K x out)."""
+    Hessian, factorised and inverted where it lies (one K x K float64), and W^T with its permuted copy
+    (2 K x out)."""
     h, d, i = args.hidden_size, args.head_dim, args.intermediate_size
     q, kv = args.num_heads * d, args.num_kv_heads * d
     groups = ((h, q + 2 * kv), (q, h), (h, 2 * i), (i, h))  # qkv, o, gate_up, down: (K, out)
-    return max(3 * k * k * 8 + 2 * k * out * 8 for k, out in groups)
+    # and the factorisation's temporaries: a few blocks of FACTOR_BLOCK rows (quant._cholesky_in_place)
+    return max(k * k * 8 + 2 * k * out * 8 + 3 * FACTOR_BLOCK * k * 8 for k, out in groups)
+
+
+def _calibration_streams(args: ModelArgs, stream_bytes: int) -> int:
+    """What calibrate.LayerInputStream holds for all its sequences: the residual streams into and out of the
+    layer being run, and each sequence's RoPE tables (cos and sin, [T, head_dim / 2] per kind of layer)."""
+    tokens = DEFAULT_CALIBRATION_TOKENS
+    return 2 * tokens * args.hidden_size * stream_bytes + tokens * args.head_dim * len(RopeKind) * stream_bytes
+
+
+def _sequence_temporaries(args: ModelArgs, stream_bytes: int) -> int:
+    """One sequence's forward through a layer (CALIBRATION_SEQUENCE tokens): its attention scores and the MLP's
+    gate, up and their product."""
+    t = CALIBRATION_SEQUENCE
+    return (args.num_heads * t * t + 3 * t * args.intermediate_size) * stream_bytes
 
 
 def _gram_buffers(widths: tuple[int, ...], sampled: bool) -> int:
@@ -212,7 +233,11 @@ def estimate_export_memory(
     # After the weight stage a quantized export holds nothing of its tables (their codes and the Linears'
     # wait in the scratch file, read a block of rows at a time) unless there is no scratch file; a float
     # export holds its float tables.
-    held = {"baseline": BASELINE, "tables": (0 if spilled else table_codes) if table_codes else table_f32}
+    held = {
+        "baseline": BASELINE,
+        "tokenizer": TOKENIZER_LOAD_TOKEN_BYTES * v,
+        "tables": (0 if spilled else table_codes) if table_codes else table_f32,
+    }
 
     if codes_held:  # counted in every phase: an over-estimate after the weight stage for a GGUF's
         held["codes"] = codes
@@ -233,10 +258,12 @@ def estimate_export_memory(
     elif quant.needs_calibration:  # a layer at a time (calibrate.LayerInputStream): its statistics, the streams
         sampled = samples_wide_inputs(quant)
         stats = _stats_bytes(widths, sampled)
-        # the row buffers live while a layer's forward runs, GPTQ's working set after it: one or the other
-        working = max(_gram_buffers(widths, sampled), _gptq_bytes(args) if quant.method.gptq else 0)
+        # the row buffers and a sequence's temporaries live while a layer's forward runs, GPTQ's working set
+        # after it: one or the other
+        forward = _gram_buffers(widths, sampled) + _sequence_temporaries(args, stream_bytes)
+        working = max(forward, _gptq_bytes(args) if quant.method.gptq else 0)
         copies = LAYER_GRAM_COPIES if quant.method.awq else 1
-        prepare["calibration"] = copies * stats + working + DEFAULT_CALIBRATION_TOKENS * h * stream_bytes
+        prepare["calibration"] = copies * stats + working + _calibration_streams(args, stream_bytes)
         if quant.mixed.needs_calibration and quant.method.awq:  # the scaled layers, re-read for the INT8 groups
             prepare["calibration"] += linear * 4
     graph_layers = GRAPH_LAYERS_QUANTIZED if quant.enabled else GRAPH_LAYERS
@@ -276,7 +303,7 @@ def estimate_export_memory(
         "reference": tables * v * h * 8 if params <= F64_COPY_MAX_PARAMS and not table_codes else 0,
         "logits": VALIDATION_TOKENS * 4 * v,
     }
-    running = {**both, "runtime": bundle + twin + SESSION_OVERHEAD + int(SESSION_OVERHEAD_SHARE * bundle)}
+    running = {**both, "runtime": bundle + twin + SESSION_OVERHEAD + int(SESSION_OVERHEAD_SHARE * (bundle + twin))}
     running["logits"] += VALIDATION_PREFILL * 4 * v
     scoring = {**both, "layer": REFERENCE_LAYERS * layer}
     probe_rows = VALIDATION_PREFILL + PROBE_ROWS
