@@ -35,6 +35,7 @@ from edge_runtime.manifest import (
     ValidationCase,
     ValidationRecord,
 )
+from edge_runtime.models import ModelWeights
 from edge_runtime.rss import peak_rss_bytes
 
 from .bundle_writer import atomic_directory
@@ -47,8 +48,9 @@ from .memory_plan import MemoryEstimate, estimate_plan_memory, return_freed_memo
 from .plan import ExportPlan
 from .progress import Progress, as_progress
 from .prune import pruned_args
-from .quant import MatMulKernel
-from .quant_graph import fp32_compute_int8, fp32_compute_twin
+from .quant import MatMulKernel, QuantConfig, QuantizedTable
+from .quant_graph import edge_matmul, fp32_compute_int8, fp32_compute_twin, nbits_block
+from .quant_model import LINEARS
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import Int8Activations, ReferenceModel
 from .scratch import Scratch
@@ -272,11 +274,8 @@ def _validate(
     if int8_act:
         # fed the twin's tokens: the reference's logits of the twin's grid serve this one (validation_grid)
         cases = grid(lambda: _session(str(graph), built), follow=twin_cases)
-        # the dense streams the twin was scored on, rounded as the integer products round them
-        rounding = Int8Activations(
-            block=32 if q.config.kernel is MatMulKernel.EDGE else q.config.block, head=not q.config.fp_embeddings
-        )
-        probe8 = int8_probe(ckpt.args, prepared.weights, rounding)
+        # the dense streams the twin was scored on, each product's inputs rounded as its op rounds them
+        probe8 = int8_probe(ckpt.args, prepared.weights, _activation_rounding(prepared.weights, q.config))
         streams = [c.stream for c in twin_cases if c.stream is not None]
         tol = int8_tolerance(memo.probe_error(probe8, streams, progress))
         del probe8
@@ -301,6 +300,26 @@ def _validate(
         seconds=round(time.perf_counter() - t0, 2),
         tolerance_basis=tol.basis,
     )
+
+
+def _activation_rounding(weights: ModelWeights, config: QuantConfig) -> Int8Activations:
+    """The block each integer product of the graph built from `weights` rounds its inputs with (validate.int8_probe):
+    32 where an edge op computes it (quant_graph.edge_matmul), MatMulNBits' own block otherwise (nbits_block:
+    a per-channel INT8 product's is the largest of 128..16 dividing K), None for a product left in float."""
+    edge = config.kernel is MatMulKernel.EDGE
+
+    def block(w: np.ndarray, name: str) -> int | None:
+        if not isinstance(w, QuantizedTable):
+            return None
+        qm = w.qm
+        if edge and qm.zeros is None and edge_matmul(qm.bits, qm.per_channel, qm.block, qm.shape[1]) is not None:
+            return 32
+        return nbits_block(qm, name)
+
+    layers = tuple(
+        {f: block(getattr(lw, f), f"layer {i} {f}") for f in LINEARS} for i, lw in enumerate(weights.layers)
+    )
+    return Int8Activations(layers, block(weights.lm_head, "lm_head"))
 
 
 def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: PreparedWeights) -> ort.InferenceSession:

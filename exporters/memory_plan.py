@@ -155,9 +155,9 @@ def _calibration_streams(args: ModelArgs, stream_bytes: int) -> int:
 
 def _sequence_temporaries(args: ModelArgs, stream_bytes: int) -> int:
     """One sequence's forward through a layer (CALIBRATION_SEQUENCE tokens): its attention scores and the MLP's
-    gate, up and their product."""
+    gate, up, the activation of gate and their product."""
     t = CALIBRATION_SEQUENCE
-    return (args.num_heads * t * t + 3 * t * args.intermediate_size) * stream_bytes
+    return (args.num_heads * t * t + 4 * t * args.intermediate_size) * stream_bytes
 
 
 def _gram_buffers(widths: tuple[int, ...], sampled: bool) -> int:

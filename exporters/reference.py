@@ -96,7 +96,7 @@ class NumpyLowering:
 
     eps: float
     attend: Callable[[int, LayerWeights, np.ndarray], np.ndarray]
-    mlp_of: Callable[[LayerWeights, np.ndarray], np.ndarray]
+    mlp_of: Callable[[LayerWeights, np.ndarray, int], np.ndarray]
 
     def norm(self, layer: int, sub: Sublayer, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return rms_norm(x, sub.norm, self.eps), x
@@ -105,7 +105,7 @@ class NumpyLowering:
         return self.attend(layer, lw, h)
 
     def mlp(self, layer: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
-        return self.mlp_of(lw, h)
+        return self.mlp_of(lw, h, layer)
 
     def post_norm(self, layer: int, sub: Sublayer, y: np.ndarray) -> np.ndarray:
         return post_norm(y, sub.post_norm, self.eps)
@@ -116,11 +116,16 @@ class NumpyLowering:
 
 @dataclass(frozen=True)
 class Int8Activations:
-    """How the graph's integer products round their inputs: per row and block of `block` inputs to int8
-    (scale = the block's max |x| / 127, round half to even), the LM head's too where `head`."""
+    """How the graph's integer products round their inputs: per row and block of inputs to int8 (scale = the
+    block's max |x| / 127, round half to even). `layers[i]` maps layer i's Linears (LayerWeights field names:
+    q, k, v, o, gate, up, down) to the block their op rounds with, None where it takes float inputs; `head`
+    is the LM head's."""
 
-    block: int = 32
-    head: bool = True
+    layers: tuple[dict[str, int | None], ...]
+    head: int | None
+
+    def block(self, layer: int, name: str) -> int | None:
+        return self.layers[layer].get(name) if 0 <= layer < len(self.layers) else None
 
 
 def round_int8_blocks(h: np.ndarray, block: int) -> np.ndarray:
@@ -245,17 +250,21 @@ class ReferenceModel:
 
         return run_layer(NumpyLowering(self.args.rms_norm_eps, attend, self._mlp), i, lw, x)
 
-    def linear(self, h: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        """h @ w.T (+ b): a Linear of the rows h [T, in], its inputs rounded as `int8_activations` says."""
-        if self.int8_activations is not None:
-            h = round_int8_blocks(h, self.int8_activations.block)
+    def linear(
+        self, h: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *, layer: int = -1, name: str = ""
+    ) -> np.ndarray:
+        """h @ w.T (+ b): layer `layer`'s Linear `name` of the rows h [T, in], its inputs rounded as
+        `int8_activations` says for it."""
+        block = None if self.int8_activations is None else self.int8_activations.block(layer, name)
+        if block is not None:
+            h = round_int8_blocks(h, block)
         y = h @ w.T
         return y if b is None else y + b
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.final_norm, self.args.rms_norm_eps)
-        if self.int8_activations is not None and self.int8_activations.head:
-            h = round_int8_blocks(h, self.int8_activations.block)
+        if self.int8_activations is not None and self.int8_activations.head is not None:
+            h = round_int8_blocks(h, self.int8_activations.head)
         if not isinstance(self.lm_head, RowTable):
             return h @ self.lm_head.T  # [T, V]
         out = np.empty((h.shape[0], self.lm_head.shape[0]), h.dtype)
@@ -277,14 +286,15 @@ class ReferenceModel:
         t = h.shape[0]
         hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
 
-        def proj(w: np.ndarray, b: np.ndarray | None, heads: int) -> np.ndarray:
-            y = self.linear(h, w, b)  # [T, heads*D]
+        def proj(name: str, heads: int) -> np.ndarray:
+            w, b = getattr(lw, name), getattr(lw, f"{name}_bias")
+            y = self.linear(h, w, b, layer=i, name=name)  # [T, heads*D]
             return y.reshape(t, heads, d).transpose(1, 0, 2)  # [heads, T, D]
 
         eps = self.args.rms_norm_eps
-        q = apply_rope(head_norm(proj(lw.q, lw.q_bias, hq), lw.q_norm, eps), cos, sin)
-        k = apply_rope(head_norm(proj(lw.k, lw.k_bias, hkv), lw.k_norm, eps), cos, sin)
-        v = proj(lw.v, lw.v_bias, hkv)
+        q = apply_rope(head_norm(proj("q", hq), lw.q_norm, eps), cos, sin)
+        k = apply_rope(head_norm(proj("k", hkv), lw.k_norm, eps), cos, sin)
+        v = proj("v", hkv)
         if i < len(cache.keys):
             cache.keys[i] = np.concatenate([cache.keys[i], k], axis=1)
             cache.values[i] = np.concatenate([cache.values[i], v], axis=1)
@@ -312,12 +322,12 @@ class ReferenceModel:
         probs = np.exp(scores, out=scores)
         probs /= probs.sum(axis=-1, keepdims=True)
         out = (probs @ values).transpose(1, 0, 2).reshape(t, hq * d)  # [T, Hq*D]
-        return self.linear(out, lw.o, lw.o_bias)
+        return self.linear(out, lw.o, lw.o_bias, layer=i, name="o")
 
-    def _mlp(self, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
-        gate = self.linear(h, lw.gate, lw.gate_bias)
-        up = self.linear(h, lw.up, lw.up_bias)
-        return self.linear(self.act(gate) * up, lw.down, lw.down_bias)
+    def _mlp(self, lw: LayerWeights, h: np.ndarray, layer: int = -1) -> np.ndarray:
+        gate = self.linear(h, lw.gate, lw.gate_bias, layer=layer, name="gate")
+        up = self.linear(h, lw.up, lw.up_bias, layer=layer, name="up")
+        return self.linear(self.act(gate) * up, lw.down, lw.down_bias, layer=layer, name="down")
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -397,11 +407,11 @@ class StreamingReference:
         """The residual stream x [T, H] of a whole stream after layer i; `retained` from plan()."""
 
         def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
-            q, k, v = self._project(lw, h)
+            q, k, v = self._project(i, lw, h)
             attn = np.empty((h.shape[0], q.shape[1] * q.shape[3]), self.model.dtype)
             for t, kept in enumerate(retained):
                 attn[t] = self._attend(i, q[t], k[kept].transpose(1, 0, 2), v[kept].transpose(1, 0, 2), t - kept)
-            return self._out(lw, attn)
+            return self._out(i, lw, attn)
 
         return run_layer(NumpyLowering(self.model.args.rms_norm_eps, attend, self.model._mlp), i, lw, x)
 
@@ -415,11 +425,11 @@ class StreamingReference:
         back = self.tokens - np.asarray(self.token_ids)  # [n]: how far back each retained token is
 
         def attend(i: int, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
-            q, k, v = self._project(lw, h)
+            q, k, v = self._project(i, lw, h)
             self.keys[i].append(k[0])
             self.values[i].append(v[0])
             keys, values = np.stack(self.keys[i], axis=1), np.stack(self.values[i], axis=1)  # [Hkv, n, D]
-            return self._out(lw, self._attend(i, q[0], keys, values, back)[None, :])
+            return self._out(i, lw, self._attend(i, q[0], keys, values, back)[None, :])
 
         lowering = NumpyLowering(m.args.rms_norm_eps, attend, m._mlp)
         for i, lw in enumerate(m.layers):
@@ -431,14 +441,14 @@ class StreamingReference:
                 del cache[self.sinks]
         return m.logits(x)[0]
 
-    def _project(self, lw: LayerWeights, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _project(self, i: int, lw: LayerWeights, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q [T, Hq, 1, D] and the pre-RoPE k, v [T, Hkv, D] of the normed rows h [T, H]."""
         d, eps = self.model.args.head_dim, self.model.args.rms_norm_eps
         hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
         m = self.model
-        q = head_norm(m.linear(h, lw.q, lw.q_bias).reshape(-1, hq, 1, d), lw.q_norm, eps)
-        k = head_norm(m.linear(h, lw.k, lw.k_bias).reshape(-1, hkv, d), lw.k_norm, eps)
-        v = m.linear(h, lw.v, lw.v_bias).reshape(-1, hkv, d)
+        q = head_norm(m.linear(h, lw.q, lw.q_bias, layer=i, name="q").reshape(-1, hq, 1, d), lw.q_norm, eps)
+        k = head_norm(m.linear(h, lw.k, lw.k_bias, layer=i, name="k").reshape(-1, hkv, d), lw.k_norm, eps)
+        v = m.linear(h, lw.v, lw.v_bias, layer=i, name="v").reshape(-1, hkv, d)
         return q, k, v
 
     def _attend(self, layer: int, q: np.ndarray, keys: np.ndarray, values: np.ndarray, back: np.ndarray) -> np.ndarray:
@@ -460,8 +470,8 @@ class StreamingReference:
         probs /= probs.sum(axis=-1, keepdims=True)
         return np.einsum("hn,hnd->hd", probs, values).reshape(hq * d)
 
-    def _out(self, lw: LayerWeights, attn: np.ndarray) -> np.ndarray:
-        return self.model.linear(attn, lw.o, lw.o_bias)
+    def _out(self, i: int, lw: LayerWeights, attn: np.ndarray) -> np.ndarray:
+        return self.model.linear(attn, lw.o, lw.o_bias, layer=i, name="o")
 
 
 @dataclass(frozen=True)

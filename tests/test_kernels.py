@@ -135,6 +135,40 @@ def test_the_references_int8_rounding_is_matmul_q4s():
     assert np.abs(x @ w.T - ours).max() / np.abs(ours).max() > 1e-4  # and the rounding is really there
 
 
+@pytest.mark.parametrize("block", [32, 128])
+def test_the_references_int8_rounding_is_matmulnbits_8_bit_at_its_block(block):
+    """MatMulNBits at accuracy_level 4 rounds its inputs in blocks of its own block_size (a per-channel INT8
+    product's is the largest of 128..16 dividing K: quant_graph.nbits_block), as the probe does."""
+    from edge_runtime.exporters.reference import round_int8_blocks
+
+    rng = np.random.default_rng(block)
+    k, n = 640, 24
+    codes = rng.integers(-127, 128, (n, k))
+    s = (rng.random((n, k // block), dtype=np.float32) * 0.01 + 1e-4).astype(np.float32)
+    b = (codes + 128).astype(np.uint8).reshape(n, k // block, block)
+    node = helper.make_node(
+        "MatMulNBits", ["x", "B", "S"], ["y"], domain="com.microsoft", K=k, N=n, bits=8, block_size=block,
+        accuracy_level=4,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", n])],
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((7, k)).astype(np.float32)
+    x[:, :32] *= 40
+    w = codes * np.repeat(s.astype(np.float64), block, axis=1)
+    y = sess.run(None, {"x": x})[0]
+    ours = round_int8_blocks(x, block).astype(np.float64) @ w.T
+    other = round_int8_blocks(x, 160 - block).astype(np.float64) @ w.T  # the other block's rounding
+    assert np.abs(y - ours).max() / np.abs(ours).max() < 2e-6 < np.abs(y - other).max() / np.abs(ours).max()
+
+
 @needs_kernels
 def test_matmul_q4_implementations_agree_and_a_bad_pin_is_refused(monkeypatch):
     """Every implementation forms the same exact int32 block sums as AVX2's; only float rounding order
