@@ -168,9 +168,12 @@ def _gram_buffers(widths: tuple[int, ...], sampled: bool) -> int:
 # A GGUF's conversion to a float32 checkpoint (gguf_convert.py), before the export proper. gguf-py's reader
 # keeps Python objects per metadata value, so its memory grows with the vocabulary; fitted on two real files
 # (SmolLM2-135M Q4_1: 94 MB, 49,152 tokens, reader 161 MiB, tokenizer 19 MiB; Gemma 3 270M Q4_K_M: 241 MB,
-# 262,144 tokens, reader 687 MiB, tokenizer 121 MiB) with a fifth more per token than the fit asks.
+# 262,144 tokens, reader 687 MiB, tokenizer 121 MiB), then to the exports' peaks when their load stage (the
+# conversion, the checkpoint's and the tokenizer's load) ends, with BASELINE at 96 MB: 375-400 MB and
+# 1,246-1,304 MB (AMD EPYC, 2026-12-07; provenance.stage_peak_rss_bytes of the exports in
+# docs/benchmarks/export-memory.md), against 429 and 1,389 MB from these.
 READER_FILE_SHARE = 0.7  # of the file's bytes: the pages of it the reader maps and touches
-READER_TOKEN_BYTES = 2600  # the reader's objects per vocabulary entry
+READER_TOKEN_BYTES = 3400  # the reader's objects per vocabulary entry
 TOKENIZER_TOKEN_BYTES = 600  # the tokenizer built from them (tokenizers' vocabulary and merges, its JSON)
 DEQUANTIZE_CHUNKS = 4  # a tensor_rows block's float32 output and gguf's dequantization temporaries
 
