@@ -49,9 +49,9 @@ def test_every_layer_but_the_first_is_scored_and_the_statistics_are_the_blocks_o
         downs = []
         orig = ref._mlp
 
-        def mlp(lw, x, orig=orig, downs=downs):
+        def mlp(lw, x, layer=-1, orig=orig, downs=downs):
             downs.append(ref.act(x @ lw.gate.T) * (x @ lw.up.T))
-            return orig(lw, x)
+            return orig(lw, x, layer)
 
         ref._mlp = mlp
         positions = np.arange(len(seq))
