@@ -94,8 +94,8 @@ def test_the_reference_lowering_equals_the_written_out_layer() -> None:
     lw = _layer(3, post_norms=True)
     x = np.random.default_rng(4).standard_normal((5, 4))
     attend = lambda i, lw, h: np.tanh(h @ lw.q.T) @ lw.o.T  # noqa: E731
-    mlp = lambda lw, h: (h @ lw.gate.T * (h @ lw.up.T)) @ lw.down.T  # noqa: E731
+    mlp = lambda lw, h, layer: (h @ lw.gate.T * (h @ lw.up.T)) @ lw.down.T  # noqa: E731
     got = run_layer(NumpyLowering(1e-6, attend, mlp), 0, lw, x)
     a = x + post_norm(attend(0, lw, rms_norm(x, lw.attn_norm, 1e-6)), lw.post_attn_norm, 1e-6)
-    want = a + post_norm(mlp(lw, rms_norm(a, lw.mlp_norm, 1e-6)), lw.post_mlp_norm, 1e-6)
+    want = a + post_norm(mlp(lw, rms_norm(a, lw.mlp_norm, 1e-6), 0), lw.post_mlp_norm, 1e-6)
     np.testing.assert_array_equal(got, want)
