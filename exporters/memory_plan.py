@@ -38,9 +38,10 @@ from edge_runtime import kernels
 from edge_runtime.models import ModelArgs, RopeKind
 
 from .calibrate import CALIBRATION_DTYPE, CALIBRATION_SEQUENCE, DEFAULT_CALIBRATION_TOKENS
+from .hessian import FACTOR_BLOCK
 from .input_stats import GRAM_ROWS, SAMPLE_ROWS
 from .plan import Flavor, KvDtype
-from .quant import FACTOR_BLOCK, QuantConfig
+from .quant import QuantConfig
 from .quant_graph import FP32_HEAD_MAX_BYTES
 from .quant_pipeline import samples_wide_inputs
 from .reference import F64_COPY_MAX_PARAMS
@@ -142,7 +143,7 @@ def _gptq_bytes(args: ModelArgs) -> int:
     h, d, i = args.hidden_size, args.head_dim, args.intermediate_size
     q, kv = args.num_heads * d, args.num_kv_heads * d
     groups = ((h, q + 2 * kv), (q, h), (h, 2 * i), (i, h))  # qkv, o, gate_up, down: (K, out)
-    # and the factorisation's temporaries: a few blocks of FACTOR_BLOCK rows (quant._cholesky_in_place)
+    # and the factorisation's temporaries: a few blocks of FACTOR_BLOCK rows (hessian.cholesky_in_place)
     return max(k * k * 8 + 2 * k * out * 8 + 3 * FACTOR_BLOCK * k * 8 for k, out in groups)
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from edge_runtime.errors import ExportError
 
+from .hessian import inverse_cholesky_upper, permute_in_place
 from .scratch import OnDisk, Scratch, load, load_rows
 from .tables import RowSelection, RowTable
 
@@ -466,12 +467,12 @@ def gptq_rows(
         WT = WT[perm]
     else:
         perm = np.arange(k)
-    # H in the column order, reversed for _inverse_cholesky_upper, factorised and inverted where it lies: at
+    # H in the column order, reversed for inverse_cholesky_upper, factorised and inverted where it lies: at
     # K = 8192 each K x K copy is 0.5 GB, and a 1B model's down_proj peaked with three of them beside its Grams
-    _permute_in_place(H, perm[::-1])
+    permute_in_place(H, perm[::-1])
     H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
     try:
-        Hinv = _inverse_cholesky_upper(H)  # a reversed view of H's memory
+        Hinv = inverse_cholesky_upper(H)  # a reversed view of H's memory
         del H
     except np.linalg.LinAlgError as e:
         raise ExportError(f"GPTQ: calibration Hessian of a [{out}, {k}] weight is not positive definite ({e})") from e
@@ -517,81 +518,6 @@ def gptq_rows(
                                      bits, block, zeros))  # fmt: skip
         r += n
     return parts
-
-
-# Rows or columns a step of the in-place factorisations works on at a time: their temporaries are this many
-# rows of the matrix (16 MB at K = 8192), never a K x K copy
-FACTOR_BLOCK = 256
-
-
-def _permute_in_place(a: np.ndarray, order: np.ndarray) -> None:
-    """a := a[order][:, order] without a copy of `a`: each block of rows gathers its columns, then the rows
-    move along the cycles of `order` with one row held aside."""
-    n = a.shape[0]
-    if np.array_equal(order, np.arange(n)):
-        return
-    for r in range(0, n, FACTOR_BLOCK):
-        a[r : r + FACTOR_BLOCK] = a[r : r + FACTOR_BLOCK][:, order]
-    placed = np.zeros(n, bool)
-    for start in range(n):
-        if placed[start] or order[start] == start:
-            continue
-        held, i = a[start].copy(), start
-        while True:  # row i takes row order[i]; the cycle closes on the held row
-            placed[i], j = True, order[i]
-            if j == start:
-                a[i] = held
-                break
-            a[i] = a[j]
-            i = j
-
-
-def _inverse_cholesky_upper(reversed_h: np.ndarray) -> np.ndarray:
-    """U upper triangular with U^T U = h^-1 (GPTQ's `Hinv`), without forming h^-1, from `reversed_h` = J h J
-    (J the reversal of rows and columns): cholesky(J h J) = L gives h = V V^T for the upper triangular
-    V = J L J, so h^-1 = V^-T V^-1 and U = V^-1 = J L^-1 J. A Cholesky and a triangular inverse (a general
-    inverse and a second Cholesky did about three times the arithmetic), both done in `reversed_h`'s memory,
-    which this consumes: U is returned as a reversed view of it. numpy's Cholesky and inverse always copy."""
-    _cholesky_in_place(reversed_h)
-    _invert_lower_in_place(reversed_h)
-    return reversed_h[::-1, ::-1]
-
-
-def _cholesky_in_place(a: np.ndarray) -> None:
-    """a (symmetric positive definite, C order) := its lower Cholesky factor L, zeros above: left-looking by
-    blocks of FACTOR_BLOCK columns, each updated by one product with the columns before it, its diagonal
-    block factorised by LAPACK, the rows below solved against it. Raises np.linalg.LinAlgError as
-    np.linalg.cholesky does."""
-    n = a.shape[0]
-    for j in range(0, n, FACTOR_BLOCK):
-        e = min(j + FACTOR_BLOCK, n)
-        if j:
-            a[j:, j:e] -= a[j:, :j] @ a[j:e, :j].T
-        low = np.linalg.cholesky(a[j:e, j:e])
-        a[j:e, j:e] = low
-        a[j:e, e:] = 0.0
-        if e < n:  # X L^T = B: X^T = L^-1 B^T, a block of rows at a time
-            for r in range(e, n, FACTOR_BLOCK):
-                rows = slice(r, min(r + FACTOR_BLOCK, n))
-                a[rows, j:e] = np.linalg.solve(low, a[rows, j:e].T).T
-
-
-def _invert_lower_in_place(low: np.ndarray) -> None:
-    """low (lower triangular, zeros above) := its inverse, by halves ([[A, 0], [B, C]]^-1 =
-    [[A^-1, 0], [-C^-1 B A^-1, C^-1]]), B's products a block of rows or columns at a time: numpy has no
-    triangular inverse, and its general one copies."""
-    n = low.shape[0]
-    if n <= FACTOR_BLOCK:
-        low[:] = np.tril(np.linalg.inv(low))  # LAPACK's inverse of a triangular block: triangular up to rounding
-        return
-    h = n // 2
-    _invert_lower_in_place(low[:h, :h])
-    _invert_lower_in_place(low[h:, h:])
-    b, a_inv, c_inv = low[h:, :h], low[:h, :h], low[h:, h:]
-    for r in range(0, n - h, FACTOR_BLOCK):
-        b[r : r + FACTOR_BLOCK] = b[r : r + FACTOR_BLOCK] @ a_inv
-    for c in range(0, h, FACTOR_BLOCK):
-        b[:, c : c + FACTOR_BLOCK] = -(c_inv @ b[:, c : c + FACTOR_BLOCK])
 
 
 def table_error(qm: QuantizedMatrix, exact: np.ndarray) -> tuple[float, bool]:
