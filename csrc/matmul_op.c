@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ggml_blocks.h"
 #include "op_common.h"
 #include "q4gemm.h"
 #include "q8gemm.h"
@@ -36,7 +37,8 @@
 
 typedef struct {
     int64_t K, N;
-    int bits;     /* 4: MatMulQ4, 8: MatMulQ8 */
+    int bits;     /* 4: MatMulQ4, 8: MatMulQ8, 0: MatMulGGUF */
+    int64_t type; /* MatMulGGUF: the ggml block type (ggml_blocks.h) */
     int silu_mul; /* A is gate | up [..., 2K]; the product is over silu(gate) * up */
     int rms_norm; /* the product is over RMSNorm(A (+ skip)) * gamma */
     float eps;
@@ -45,6 +47,8 @@ typedef struct {
 
 static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
 static const char *q8_name(const OrtCustomOp *op) { (void)op; return "MatMulQ8"; }
+static const char *gguf_name(const OrtCustomOp *op) { (void)op; return "MatMulGGUF"; }
+static const char *op_name(int bits) { return bits == 4 ? "MatMulQ4" : bits == 8 ? "MatMulQ8" : "MatMulGGUF"; }
 static size_t q_inputs(const OrtCustomOp *op) { (void)op; return 5; } /* A, B, scales, skip, gamma */
 static int q_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
@@ -54,6 +58,16 @@ static int q_input_kind(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
+/* MatMulGGUF: the same positions (skip and gamma stay inputs 3 and 4 for the fused norm), with input 2 (the
+ * other ops' scales: a GGUF block holds its own) optional and unread. */
+static int gguf_input_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 1 ? ONNX_UINT8 : i == 2 ? ONNX_UNDEFINED : ONNX_FLOAT;
+}
+static int gguf_input_kind(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
 static size_t q_outputs(const OrtCustomOp *op) { (void)op; return 3; } /* Y, argmax, sum */
 static int q_output_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? ONNX_INT64 : ONNX_FLOAT; }
 static int q_output_kind(const OrtCustomOp *op, size_t i) {
@@ -62,14 +76,22 @@ static int q_output_kind(const OrtCustomOp *op, size_t i) {
 }
 
 static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
-    const char *op = bits == 4 ? "MatMulQ4" : "MatMulQ8";
+    const char *op = op_name(bits);
     char msg[200];
-    int64_t K = 0, N = 0;
+    int64_t K = 0, N = 0, type = 0;
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "K", &K));
     TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "N", &N));
-    if (K <= 0 || K % 64 != 0 || N <= 0) {
-        snprintf(msg, sizeof msg, "%s: K must be a positive multiple of 64 and N positive", op);
+    if (K <= 0 || K % (bits ? 64 : 32) != 0 || N <= 0) { /* MatMulGGUF: whole blocks of 32 (its type checks more) */
+        snprintf(msg, sizeof msg, "%s: K must be a positive multiple of %d and N positive", op, bits ? 64 : 32);
         return fail(ORT_INVALID_ARGUMENT, msg);
+    }
+    if (bits == 0) {
+        TRY(ORT_KernelInfoGetAttribute_int64(g_api)(info, "type", &type));
+        if (!ggml_block_elements(type) || K % ggml_block_elements(type)) {
+            snprintf(msg, sizeof msg, "MatMulGGUF: type %lld is not an executed GGUF block type, or K is not a "
+                     "multiple of its block", (long long)type);
+            return fail(ORT_INVALID_ARGUMENT, msg);
+        }
     }
     int64_t silu_mul = 0;
     OrtStatus *absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "silu_mul", &silu_mul);
@@ -98,23 +120,25 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         fp32_compute = 0;
     }
     if ((fp32_compute != 0 && fp32_compute != 1) || (fp32_compute && bits == 4)) {
-        snprintf(msg, sizeof msg, "%s: fp32_compute is 0 or 1, and only MatMulQ8 takes 1", op);
+        snprintf(msg, sizeof msg, "%s: fp32_compute is 0 or 1, and only MatMulQ8 and MatMulGGUF take 1", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
     const char *isa = getenv("EDGE_KERNELS_ISA");
-    const QImpl *impl = bits == 4 ? q4_impl(isa) : q8_impl(isa);
-    if (impl && fp32_compute) impl = &q8_fp32; /* still needs a CPU the quantized kernels run on: AVX2 */
+    const QImpl *impl = bits == 4 ? q4_impl(isa) : bits == 8 ? q8_impl(isa) : q4_impl(isa) ? ggml_impl(type, 0) : NULL;
+    if (impl && fp32_compute) /* still needs a CPU the quantized kernels run on: AVX2 */
+        impl = bits ? &q8_fp32 : ggml_impl(type, 1);
     if (!impl) {
         snprintf(msg, sizeof msg, "%s: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
                  "(avx2, avx512vnni or amx; unset it to pick the fastest)", op, isa ? isa : "");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     QKernel *k = malloc(sizeof *k);
-    if (!k) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory");
+    if (!k) return fail(ORT_FAIL, "MatMulQ4/Q8/GGUF: out of memory");
     k->K = K;
     k->N = N;
     k->bits = bits;
+    k->type = type;
     k->silu_mul = (int)silu_mul;
     k->rms_norm = (int)rms_norm;
     k->eps = eps;
@@ -131,6 +155,11 @@ static OrtStatus *q4_create(const OrtCustomOp *op, const OrtApi *api, const OrtK
 static OrtStatus *q8_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
     (void)op, (void)api;
     return q_create(info, 8, out);
+}
+
+static OrtStatus *gguf_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    return q_create(info, 0, out);
 }
 
 /* ---- compute ------------------------------------------------------------------------------------ */
@@ -187,7 +216,7 @@ static void column_task(void *data, size_t i) {
     int64_t n1 = n0 + w->cols_per_task < w->N ? n0 + w->cols_per_task : w->N;
     /* A prompt's rows meet the columns 16 pairs of blocks (1024 of K) at a time, so eight rows' share stays
      * in L1 across the chunk's columns: +27% at K = 8192 single-threaded. Decode has one row: K in one go. */
-    int64_t pairs = w->K / 64, step = w->M > 4 && pairs > QGEMM_K_CHUNK_PAIRS ? QGEMM_K_CHUNK_PAIRS : pairs;
+    int64_t pairs = (w->K + 63) / 64, step /* MatMulGGUF's K may end in half a pair */ = w->M > 4 && pairs > QGEMM_K_CHUNK_PAIRS ? QGEMM_K_CHUNK_PAIRS : pairs;
     for (int64_t p0 = 0; p0 < pairs; p0 += step) {
         int64_t p1 = p0 + step < pairs ? p0 + step : pairs;
         for (int64_t r0 = 0; r0 < w->M; r0 += w->impl->rows) {
@@ -209,21 +238,24 @@ static void column_task(void *data, size_t i) {
 
 static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     const QKernel *k = kernel;
-    const char *op = k->bits == 4 ? "MatMulQ4" : "MatMulQ8";
+    const char *op = op_name(k->bits);
     char msg[200];
-    const OrtValue *a_v, *b_v, *s_v;
+    const OrtValue *a_v, *b_v, *s_v = NULL;
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 0, &a_v));
     TRY(ORT_KernelContext_GetInput(g_api)(ctx, 1, &b_v));
-    TRY(ORT_KernelContext_GetInput(g_api)(ctx, 2, &s_v));
+    if (k->bits) TRY(ORT_KernelContext_GetInput(g_api)(ctx, 2, &s_v));
     int64_t dims[8];
     size_t rank = 0, a_count = 0, b_count = 0, s_count = 0;
     TRY(element_count(a_v, &a_count, dims, &rank, NULL));
     TRY(element_count(b_v, &b_count, NULL, NULL, NULL));
-    int s_type = 0;
-    TRY(element_count(s_v, &s_count, NULL, NULL, &s_type));
-    /* MatMulQ4: B [N, K/32, 16], scales float16 or float [N, K/32]; MatMulQ8: B N x K bytes, scales float [N] */
+    int s_type = ONNX_FLOAT;
+    if (s_v) TRY(element_count(s_v, &s_count, NULL, NULL, &s_type));
+    /* MatMulQ4: B [N, K/32, 16], scales float16 or float [N, K/32]; MatMulQ8: B N x K bytes, scales float [N];
+     * MatMulGGUF: B the N rows' GGUF blocks, no scales */
     int scales_ok = s_type == ONNX_FLOAT || (k->bits == 4 && s_type == ONNX_FLOAT16);
-    int64_t b_want = k->bits == 4 ? k->N * k->K / 2 : k->N * k->K, s_want = k->bits == 4 ? k->N * k->K / 32 : k->N;
+    int64_t b_want = k->bits == 4 ? k->N * k->K / 2 : k->bits == 8 ? k->N * k->K : 0,
+            s_want = k->bits == 4 ? k->N * k->K / 32 : k->N;
+    if (!k->bits) b_want = k->N * (k->K / ggml_block_elements(k->type)) * ggml_block_bytes(k->type), s_want = 0;
     if (!scales_ok) {
         snprintf(msg, sizeof msg, "%s: scales must be %s", op, k->bits == 4 ? "float16 or float" : "float");
         return fail(ORT_INVALID_ARGUMENT, msg);
@@ -235,7 +267,8 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     }
     if ((int64_t)b_count != b_want || (int64_t)s_count != s_want) {
         snprintf(msg, sizeof msg, "%s: B or scales do not hold %s", op,
-                 k->bits == 4 ? "N x K/32 blocks" : "N x K bytes and N scales");
+                 k->bits == 4 ? "N x K/32 blocks" : k->bits == 8 ? "N x K bytes and N scales"
+                                                               : "N rows of K / block GGUF blocks (and no scales)");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     int64_t M = (int64_t)a_count / width;
@@ -283,19 +316,19 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     Work w = {0};
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)a_v, (void **)&w.a));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)b_v, (void **)&w.b));
-    TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)s_v, (void **)&w.scales));
+    if (s_v) TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)s_v, (void **)&w.scales));
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
     w.M = M, w.K = k->K, w.N = k->N, w.silu_mul = k->silu_mul;
     w.rms_norm = k->rms_norm, w.eps = k->eps, w.skip = skip, w.gamma = gamma, w.sum = sum;
     w.fp16_scales = s_type == ONNX_FLOAT16;
     w.impl = k->impl;
     w.scratch = grown(&t_scratch, k->impl->scratch_bytes(k->K, M));
-    if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for the quantized activations");
+    if (!w.scratch) return fail(ORT_FAIL, "MatMulQ4/Q8/GGUF: out of memory for the quantized activations");
     if (M == 1)
         quantize_task(&w, 0);
     else
         TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, quantize_task, (size_t)M, 0, &w));
-    if (w.out_of_memory) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for the prologue's row");
+    if (w.out_of_memory) return fail(ORT_FAIL, "MatMulQ4/Q8/GGUF: out of memory for the prologue's row");
     /* Chunks: 32 columns at least (a multiple of 4), at most ~64 tasks, so two to eight threads balance. */
     int64_t per = (k->N + 63) / 64;
     per = per < 32 ? 32 : (per + 3) / 4 * 4;
@@ -303,7 +336,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     size_t tasks = (size_t)((k->N + per - 1) / per);
     if (argmax) {
         char *best = grown(&t_best, tasks * (size_t)M * (sizeof(float) + sizeof(int64_t)));
-        if (!best) return fail(ORT_FAIL, "MatMulQ4/Q8: out of memory for the argmax");
+        if (!best) return fail(ORT_FAIL, "MatMulQ4/Q8/GGUF: out of memory for the argmax");
         w.best_at = (int64_t *)best;
         w.best = (float *)(best + tasks * (size_t)M * sizeof(int64_t));
     }
@@ -321,3 +354,5 @@ const OrtCustomOp edge_matmul_q4_op = EDGE_OP(q4_create, q_compute, q4_name, q_i
                                               q_outputs, q_output_type, q_output_kind);
 const OrtCustomOp edge_matmul_q8_op = EDGE_OP(q8_create, q_compute, q8_name, q_inputs, q_input_type, q_input_kind,
                                               q_outputs, q_output_type, q_output_kind);
+const OrtCustomOp edge_matmul_gguf_op = EDGE_OP(gguf_create, q_compute, gguf_name, q_inputs, gguf_input_type,
+                                                gguf_input_kind, q_outputs, q_output_type, q_output_kind);

@@ -1,4 +1,4 @@
-/* What edge-runtime's ONNX Runtime ops share (ort_ops.c registers them; matmul_op.c holds MatMulQ4/Q8,
+/* What edge-runtime's ONNX Runtime ops share (ort_ops.c registers them; matmul_op.c holds MatMulQ4/Q8/GGUF,
  * ring_attention_op.c RingAttention): the API table, status helpers, per-thread growing buffers and the op
  * description boilerplate. */
 #ifndef EDGE_OP_COMMON_H
@@ -94,7 +94,7 @@ OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *
 static inline size_t attn_cache_elem(int type) { return type == 0 ? 4 : type == 1 ? 2 : 1; }
 
 /* In matmul_op.c. */
-extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op;
+extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op, edge_matmul_gguf_op;
 /* In ring_attention_op.c. */
 extern const OrtCustomOp edge_ring_attention_op, edge_ring_attention_f16_op, edge_ring_attention_q8_op;
 

@@ -241,7 +241,7 @@ static const OrtCustomOp attn_f16_op = EDGE_OP(attn_create, attn_compute, attn_n
 static const OrtCustomOp attn_q8_op = EDGE_OP(attn_create, attn_compute, attn_name, attn_inputs, attn_q8_input_type,
                                               op_required, attn_outputs, attn_q8_output_type, op_required);
 static const OrtCustomOp *const g_ops[] = {
-    &edge_matmul_q4_op, &edge_matmul_q8_op, &silu_op, &attn_op, &attn_f16_op, &attn_q8_op,
+    &edge_matmul_q4_op, &edge_matmul_q8_op, &edge_matmul_gguf_op, &silu_op, &attn_op, &attn_f16_op, &attn_q8_op,
     &edge_ring_attention_op, &edge_ring_attention_f16_op, &edge_ring_attention_q8_op};
 
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where

@@ -1,5 +1,6 @@
 """edge-runtime's own ONNX Runtime kernels (`csrc/`): the `ai.edge_runtime` ops MatMulQ4 (INT4 x int8
-matmul on MatMulNBits' bytes), MatMulQ8 (INT8 per-channel x int8), SiluMul (silu(gate) * up of a fused
+matmul on MatMulNBits' bytes), MatMulQ8 (INT8 per-channel x int8), MatMulGGUF (a GGUF tensor's llama.cpp
+blocks, Q4_0 to Q6_K, as stored, x int8: csrc/ggml_blocks.h), SiluMul (silu(gate) * up of a fused
 gate|up row), LinearAttention (GroupQueryAttention's packed-qkv decode/prefill over the ring while it is
 a linear cache) and RingAttention (the ring at any fill: wrapped rows, the window as a mask, sinks seeing
 the query at its cache-logical position).
@@ -9,7 +10,8 @@ cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are ref
 the ops say so when loaded). MatMulQ4 and MatMulQ8 have three implementations each, chosen when a session
 is created: AMX (Intel Sapphire Rapids and later: tiles for calls of more than 16 rows, the VNNI code for
 fewer), else AVX-512 VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2;
-`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`, `amx`) pins one for both ops, for A/B runs.
+`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`, `amx`) pins one for both ops, for A/B runs. MatMulGGUF has one
+implementation, AVX2, which every CPU the others run on runs.
 
     so = onnxruntime.SessionOptions()
     kernels.register(so)          # True if the ops are now available to sessions made from `so`
@@ -30,10 +32,11 @@ from edge_runtime.errors import KernelPinError
 DOMAIN = "ai.edge_runtime"
 MATMUL_Q4 = "MatMulQ4"
 MATMUL_Q8 = "MatMulQ8"
+MATMUL_GGUF = "MatMulGGUF"
 SILU_MUL = "SiluMul"
 LINEAR_ATTENTION = "LinearAttention"
 RING_ATTENTION = "RingAttention"
-OPS = (MATMUL_Q4, MATMUL_Q8, SILU_MUL, LINEAR_ATTENTION, RING_ATTENTION)
+OPS = (MATMUL_Q4, MATMUL_Q8, MATMUL_GGUF, SILU_MUL, LINEAR_ATTENTION, RING_ATTENTION)
 _MODULE = "edge_runtime._edge_kernels"
 ISA_VARIABLE = "EDGE_KERNELS_ISA"
 ISAS = ("avx2", "avx512vnni", "amx")
@@ -43,7 +46,8 @@ ISAS = ("avx2", "avx512vnni", "amx")
 # AVX2 MatMulQ4 sums up to four rows in decode's two-accumulator order, and more rows (prompt tiles of
 # eight, K in chunks past four rows) in their own; the AMX implementations run VNNI's code up to 16 rows
 # and AMX tiles above (csrc/qgemm_amx.c). SiluMul, LinearAttention and RingAttention
-# compute each row alike at any row count.
+# compute each row alike at any row count, and so does MatMulGGUF (one body for every row, its float sums closed at
+# the same K chunks).
 _EXACT_ROWS: dict[tuple[str, str], int | None] = {
     (MATMUL_Q4, "avx512vnni"): None,
     (MATMUL_Q4, "avx2"): 4,

@@ -1,0 +1,172 @@
+"""GGUF blocks as stored (exporters/gguf_blocks.py) and the MatMulGGUF op that runs them (csrc/ggml_blocks.h).
+
+Every block type's bytes dequantize to gguf-py's values bit for bit, and the op's product equals a float64
+product of those weights with the int8-rounded activations to float32 accumulation, at every row count, each
+row equal to that row computed alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from onnx import TensorProto, helper, numpy_helper
+
+from edge_runtime import kernels
+from edge_runtime.errors import CorruptCheckpointError
+from edge_runtime.exporters.gguf_blocks import BLOCK_TYPES, check, dequantize
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
+
+# Byte offsets of each type's fp16 scales and minimums within a block.
+_FP16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
+            "Q5_K": (0, 2), "Q6_K": (208,)}  # fmt: skip
+
+
+def _blocks(rng: np.random.Generator, name: str, n: int) -> np.ndarray:
+    """n random blocks: random codes and sub-scales, fp16 scales/minimums of both signs over 1e-4..6e4 (the
+    extremes of fp16 included), every seventh scale 0 and the last block all zero bytes."""
+    t = BLOCK_TYPES[name]
+    b = rng.integers(0, 256, (n, t.bytes), dtype=np.uint8)
+    for at in _FP16_AT[name]:
+        d = rng.standard_normal(n) * rng.choice([1e-4, 1e-2, 1.0, 100.0, 6e4], n)
+        d = d.clip(-65504, 65504).astype(np.float16)
+        d[::7] = 0
+        b[:, at : at + 2] = d.view(np.uint8).reshape(n, 2)
+    b[-1] = 0
+    return b
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK_TYPES))
+def test_blocks_dequantize_to_gguf_py_bit_for_bit(name):
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(t.ggml_id)
+    out, k = 7, 3 * t.elements
+    raw = _blocks(rng, name, out * 3).reshape(out, -1)
+    ours = dequantize(t, check(t, raw, (out, k), "w"), (out, k))
+    ref = gguf_dequantize(raw, GGMLQuantizationType[name]).astype(np.float32)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape == (out, k)
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))  # the same bits, signed zeros included
+    assert (ours[-1, -t.elements :] == 0).all()  # the zero block
+
+
+def test_truncated_mislabelled_or_non_finite_blocks_are_refused_in_one_line():
+    t = BLOCK_TYPES["Q4_K"]
+    raw = _blocks(np.random.default_rng(0), "Q4_K", 4).reshape(2, -1)
+    with pytest.raises(CorruptCheckpointError, match=r"^blk.0.w: 431 bytes where 2 x 512 Q4_K weights take 576 "):
+        check(t, raw.reshape(-1)[:-145], (2, 512), "blk.0.w")
+    with pytest.raises(CorruptCheckpointError, match="Q4_K weights take 288"):  # a Q4_0 tensor's bytes, say
+        check(t, raw, (1, 512), "w")
+    with pytest.raises(CorruptCheckpointError, match="rows of 320 are not whole blocks of 256"):
+        check(t, raw, (2, 320), "w")
+    bad = raw.copy()
+    bad[1, 2:4] = np.array([np.inf], np.float16).view(np.uint8)  # the second row's dmin
+    with pytest.raises(CorruptCheckpointError, match="a Q4_K block's dmin is not finite"):
+        check(t, bad, (2, 512), "w")
+    with pytest.raises(CorruptCheckpointError) as refused:
+        check(t, raw.reshape(-1)[:10], (2, 512), "w")
+    assert "\n" not in str(refused.value)
+
+
+def _node_graph(k: int, n: int, ggml_type: int, raw: np.ndarray, **attrs: int) -> ort.InferenceSession:
+    node = helper.make_node(
+        kernels.MATMUL_GGUF, ["x", "B"], ["y"], domain=kernels.DOMAIN, K=k, N=n, type=ggml_type, **attrs
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", n])],
+        [numpy_helper.from_array(raw, "B")],
+    )
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2  # the op's column tasks split between two threads
+    so.log_severity_level = 3
+    assert kernels.register(so)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+    return ort.InferenceSession(helper.make_model(graph, opset_imports=opsets).SerializeToString(), so)
+
+
+def _graph(name: str, k: int, n: int, raw: np.ndarray, **attrs: int) -> ort.InferenceSession:
+    return _node_graph(k, n, BLOCK_TYPES[name].ggml_id, raw, **attrs)
+
+
+def _int8_rows(x: np.ndarray) -> np.ndarray:
+    """x's rows as the op quantizes them (blocks of 32, codes rint(x * 127 / max) in float32), in float64."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    codes = np.rint(xb * inv).astype(np.float64)
+    return (codes * (amax / np.float32(127)).astype(np.float64)).reshape(x.shape)
+
+
+_SHAPES = [(name, k) for name in sorted(BLOCK_TYPES) for k in ((1536,) if name.endswith("_K") else (1088, 96))]
+
+
+@needs_kernels
+@pytest.mark.parametrize(("name", "k"), _SHAPES)
+def test_matmul_gguf_is_the_dequantized_weights_times_int8_rows(name, k):
+    """1..64 rows against 70 columns of K = 1536 (K-quants: 6 super-blocks), 1088 (17 pairs of blocks, one past
+    a K chunk) or 96 (3 blocks: half a pair at the end, as tiny models have): within float32 accumulation of the
+    float64 product, relative to the sum of the terms' magnitudes (the random extreme scales make sums that
+    cancel), and every row as that row alone."""
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(100 + t.ggml_id)
+    n = 70
+    raw = _blocks(rng, name, n * k // t.elements).reshape(n, -1)
+    w = dequantize(t, raw, (n, k)).astype(np.float64)
+    session = _graph(name, k, n, raw)
+    for m in (1, 2, 3, 4, 5, 8, 13, 64):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :32] = 0  # an all-zero activation block
+        y = session.run(None, {"x": x})[0]
+        xr = _int8_rows(x)
+        err = np.abs(y - xr @ w.T) / (np.abs(xr) @ np.abs(w).T + 1e-30)
+        assert err.max() < 1e-6, (m, err.max())
+        alone = np.concatenate([session.run(None, {"x": x[i : i + 1]})[0] for i in range(m)])
+        assert np.array_equal(y, alone), m
+
+
+@needs_kernels
+@pytest.mark.parametrize(("name", "k"), _SHAPES)
+def test_matmul_gguf_fp32_compute_is_the_dequantized_weights_times_float_rows(name, k):
+    """fp32_compute=1 (the export's accuracy_level 0 twin): float activations against weights formed as gguf-py
+    forms them, so the product is the float64 one to float32 accumulation; a one-hot row reads a weight column
+    back exactly."""
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(200 + t.ggml_id)
+    n = 70
+    raw = _blocks(rng, name, n * k // t.elements).reshape(n, -1)
+    w = dequantize(t, raw, (n, k))
+    session = _graph(name, k, n, raw, fp32_compute=1)
+    for m in (1, 3, 8, 13):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y = session.run(None, {"x": x})[0]
+        err = np.abs(y - x.astype(np.float64) @ w.T.astype(np.float64)) / (np.abs(x) @ np.abs(w).T + 1e-30)
+        assert err.max() < 1e-6, (m, err.max())
+    eye = np.eye(k, dtype=np.float32)[[0, 17, k - 1]]
+    assert np.array_equal(session.run(None, {"x": eye})[0], w[:, [0, 17, k - 1]].T)
+
+
+@needs_kernels
+def test_matmul_gguf_refuses_wrong_bytes_and_types_with_a_message():
+    raw = _blocks(np.random.default_rng(1), "Q6_K", 8).reshape(4, -1)
+    q6k = BLOCK_TYPES["Q6_K"].ggml_id
+    with pytest.raises(Exception, match="MatMulGGUF: B or scales do not hold N rows of K / block GGUF blocks"):
+        _node_graph(512, 5, q6k, raw).run(None, {"x": np.ones((1, 512), np.float32)})  # 4 rows, N says 5
+    with pytest.raises(Exception, match="type 15 is not an executed GGUF block type, or K is not a multiple"):
+        _node_graph(512, 4, 15, raw)  # ggml's Q8_K: llama.cpp's activation format, not a weight type here
+    with pytest.raises(Exception, match="type 14 is not an executed GGUF block type, or K is not a multiple"):
+        _node_graph(320, 4, q6k, raw)  # 320 is not whole super-blocks of 256
+
+
+@needs_kernels
+def test_matmul_gguf_nan_activations_reach_the_output():
+    """A non-finite activation makes its row's products NaN (quad.h's quantize_block), never finite garbage."""
+    raw = _blocks(np.random.default_rng(2), "Q4_K", 8).reshape(4, -1)
+    x = np.ones((2, 512), np.float32)
+    x[1, 300] = np.nan
+    y = _graph("Q4_K", 512, 4, raw).run(None, {"x": x})[0]
+    assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
