@@ -108,8 +108,12 @@ def fused_rope(
     )
 
 
+# The edge ops that take the rms_norm and silu_mul prologues (csrc/matmul_op.c)
+EDGE_MATMULS = (kernels.MATMUL_Q4, kernels.MATMUL_Q8, kernels.MATMUL_GGUF)
+
+
 def fold_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
-    """Where a (Skip)SimplifiedLayerNormalization's normed output has one consumer, a MatMulQ4/Q8 taking it
+    """Where a (Skip)SimplifiedLayerNormalization's normed output has one consumer, a MatMulQ4/Q8/GGUF taking it
     as A, and is not one of the graph's `outputs`, that op computes the norm itself (its rms_norm prologue,
     over the last axis) and also outputs the sum x + delta:
 
@@ -120,7 +124,7 @@ def fold_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
     for norm in [n for n in g.nodes if n.op_type in norms]:
         users = [n for n in g.nodes if norm.output[0] in n.input]
         mm = users[0] if len(users) == 1 and norm.output[0] not in outputs else None
-        if mm is None or mm.op_type not in (kernels.MATMUL_Q4, kernels.MATMUL_Q8) or mm.input[0] != norm.output[0]:
+        if mm is None or mm.op_type not in EDGE_MATMULS or mm.input[0] != norm.output[0]:
             continue
         if any(a.name == "silu_mul" for a in mm.attribute) or len(mm.input) > 3 or len(mm.output) > 1:
             continue
@@ -131,7 +135,7 @@ def fold_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
         if len(norm.input) != (3 if skip else 2) or any(a.name == "axis" and a.i != -1 for a in norm.attribute):
             continue  # a bias input, or a norm over another axis: not what the prologue computes
         x, delta, gamma = (norm.input[0], norm.input[1], norm.input[2]) if skip else (norm.input[0], "", norm.input[1])
-        mm.input[:] = [x, mm.input[1], mm.input[2], delta, gamma]
+        mm.input[:] = [x, mm.input[1], mm.input[2] if len(mm.input) > 2 else "", delta, gamma]  # MatMulGGUF: no scales
         if skip:
             mm.output.extend(["", norm.output[3]])
         eps = next(a.f for a in norm.attribute if a.name == "epsilon")
@@ -470,11 +474,11 @@ def attention(
 #     and where down_proj is a MatMulQ4/Q8, SiluMul folds into it:  gate_up ─► down_proj(silu_mul=1) ─► y
 # ------------------------------------------------------------------------------------------------
 def _fold_silu_mul(g: GraphBuilder, act: str) -> None:
-    """Where SiluMul's one consumer is a MatMulQ4/Q8, that op reads gate | up itself (its silu_mul
+    """Where SiluMul's one consumer is a MatMulQ4/Q8/GGUF, that op reads gate | up itself (its silu_mul
     attribute): one node and one pass over the activations less a layer."""
     (silu,) = [n for n in g.nodes if act in n.output]
     users = [n for n in g.nodes if act in n.input]
-    if len(users) != 1 or users[0].op_type not in (kernels.MATMUL_Q4, kernels.MATMUL_Q8) or users[0].input[0] != act:
+    if len(users) != 1 or users[0].op_type not in EDGE_MATMULS or users[0].input[0] != act:
         return
     users[0].input[0] = silu.input[0]
     users[0].attribute.append(helper.make_attribute("silu_mul", 1))

@@ -28,6 +28,7 @@ from edge_runtime.models.layer_plan import Sublayer, run_layers
 
 from . import blocks_ort
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
+from .gguf_blocks import GGUFMatrix
 from .graph import GraphBuilder, TensorSink
 from .plan import Flavor, KvDtype, Precision, kv_dtype_problem
 from .quant import MatMulKernel
@@ -158,16 +159,21 @@ def _lm_head(g: GraphBuilder, args: ModelArgs, weights: ModelWeights, wf: Weight
 # Each residual add is fused into the following RMSNorm (SkipSimplifiedLayerNormalization).
 # ------------------------------------------------------------------------------------------------
 def _all_edge_matmul(args: ModelArgs, weights: ModelWeights, quantized: QuantizedModel) -> bool:
-    """Every layer product runs MatMulQ4 or MatMulQ8. MatMulNBits reading outer-scope weights inside an If branch
-    ran ~15% slower (a chain of 1B-shaped matrices), and a decoder-wide If over 8-bit MatMulNBits
+    """Every layer product runs MatMulQ4, MatMulQ8 or MatMulGGUF. MatMulNBits reading outer-scope weights inside an
+    If branch ran ~15% slower (a chain of 1B-shaped matrices), and a decoder-wide If over 8-bit MatMulNBits
     layers decoded 2.6% slower than per-layer Ifs (135M int8, scripts/ab_decode.py, 8 rounds)."""
     c = quantized.config
-    widths = [args.hidden_size]
+    if c.kernel is not MatMulKernel.EDGE or c.accuracy_level == 0:
+        return False
     for lw in weights.layers:
-        widths += [lw.num_heads(args.head_dim) * args.head_dim, lw.gate.shape[0]]  # o_proj's and down_proj's K
-    bits = c.method.linear_bits or 0
-    int8_per_channel = bits == 8 and c.int8_block is None
-    return all(edge_matmul(bits, int8_per_channel, c.block, k) for k in widths)
+        for f in ("q", "k", "v", "o", "gate", "up", "down"):
+            qm = quantized.lookup(getattr(lw, f))
+            if qm is None or (
+                not isinstance(qm, GGUFMatrix)
+                and (qm.zeros is not None or not edge_matmul(qm.bits, qm.per_channel, qm.block, qm.shape[1]))
+            ):
+                return False
+    return True
 
 
 def _ort_body(

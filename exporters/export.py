@@ -42,6 +42,7 @@ from .bundle_writer import atomic_directory
 from .checkpoint import Checkpoint, load_checkpoint
 from .decoder import OPSET, BuiltGraph, Flavor, Precision, build_decoder
 from .external_data import ExternalDataWriter, save_with_external_data
+from .gguf_blocks import GGUFMatrix
 from .gguf_convert import is_gguf
 from .lazy_layers import LazyLayers
 from .memory_plan import MemoryEstimate, estimate_plan_memory, return_freed_memory
@@ -312,6 +313,8 @@ def _activation_rounding(weights: ModelWeights, config: QuantConfig) -> Int8Acti
         if not isinstance(w, QuantizedTable):
             return None
         qm = w.qm
+        if isinstance(qm, GGUFMatrix):  # MatMulGGUF rounds in blocks of 32 (a non-edge graph multiplies in float)
+            return 32 if edge else None
         if edge and qm.zeros is None and edge_matmul(qm.bits, qm.per_channel, qm.block, qm.shape[1]) is not None:
             return 32
         return nbits_block(qm, name)

@@ -15,12 +15,14 @@ from edge_runtime.bundle import stored_bytes
 from edge_runtime.manifest import Manifest
 
 from .export import ProgressArg, export
+from .gguf_blocks import BLOCK_TYPES
 from .gguf_convert import build_config, checkpoint_dir, is_gguf
 from .gguf_quant import declined, linears_kept, read_codes, summary
 from .gguf_reader import GGUFFile
 from .memory_plan import estimate_conversion_memory
 from .plan import ExportPlan
 from .progress import Progress, as_progress
+from .quant import MixedPlan, QuantMethod
 
 
 def export_source(plan: ExportPlan, progress: ProgressArg | None = None) -> Manifest:
@@ -33,11 +35,13 @@ def export_source(plan: ExportPlan, progress: ProgressArg | None = None) -> Mani
     afterwards."""
     progress = as_progress(progress)
     gguf_source = is_gguf(plan.checkpoint)
-    reason = plan.gguf_declined()
     gg = _open_gguf(plan, progress) if gguf_source else None
+    if gg is not None and plan.gguf_blocks:
+        plan = _keeping_blocks(plan, gg, progress)
+    reason = plan.gguf_declined()
     with checkpoint_dir(plan.checkpoint, out=plan.out, progress=progress, gg=gg) as hf_dir:
         if gguf_source:
-            codes = declined(reason) if reason else read_codes(plan.checkpoint, plan.quant, gg)
+            codes = declined(reason) if reason else read_codes(plan.checkpoint, plan.quant, gg, blocks=plan.gguf_blocks)
             gg = None  # the reader's metadata objects (hundreds of MB for a large vocabulary) go before the export
             held = plan.deferred_mixed
             if held is not None:
@@ -51,6 +55,31 @@ def export_source(plan: ExportPlan, progress: ProgressArg | None = None) -> Mani
             progress(summary(codes))
             plan = dataclasses.replace(plan, source_codes=codes)
         return export(dataclasses.replace(plan, checkpoint=hf_dir, source=plan.checkpoint), progress=progress)
+
+
+def _keeping_blocks(plan: ExportPlan, gg: GGUFFile, progress: Progress) -> ExportPlan:
+    """The plan for a .gguf whose Linears MatMulGGUF runs as stored (ExportPlan.gguf_blocks): they are kept, so the
+    profile's method (AWQ/GPTQ calibration, a mixed plan) has nothing to re-round; whatever else is quantized
+    (a float Linear, a table the table format cannot hold) is rounded to nearest. A file with no such Linear keeps
+    the plan as it was."""
+    linears = [n for n in gg.tensor_names if ".weight" in n and n.startswith("blk.") and len(gg.shape(n)) == 2]
+    kept = sorted({gg.type_name(n) for n in linears} & set(BLOCK_TYPES))
+    if not kept:
+        return dataclasses.replace(plan, gguf_blocks=False)
+    q = plan.quant
+    method = QuantMethod.INT8 if q.method is QuantMethod.INT8 else QuantMethod.INT4
+    was = q.method.value + (f" with --mixed {q.mixed.value}" if q.mixed is not MixedPlan.NONE else "")
+    held = plan.deferred_mixed
+    if held is not None:
+        was += f" with --mixed {held.value}"
+    progress(
+        f"keeping the file's {'/'.join(kept)} Linears as stored (edge MatMulGGUF); other tensors {method.value} "
+        f"round to nearest, not {plan.target or 'the default'}'s {was} (--quant requantizes everything)"
+        if (q.method is not method or q.mixed is not MixedPlan.NONE or held is not None)
+        else f"keeping the file's {'/'.join(kept)} Linears as stored (edge MatMulGGUF); other tensors {method.value}"
+    )
+    quant = dataclasses.replace(q, method=method, mixed=MixedPlan.NONE)
+    return dataclasses.replace(plan, quant=quant, deferred_mixed=None)
 
 
 def _open_gguf(plan: ExportPlan, progress: Progress) -> GGUFFile:

@@ -20,9 +20,11 @@ value, so the negative scales are kept. MatMulNBits and the edge MatMulQ4 multip
 is (tests/test_gguf_lossless.py checks both); TensorRT's explicit quantization wants positive scales
 and blocks of 64/128, so the `trt` flavor requantizes.
 
-Not exact, so requantized as before: Q4_1 (w = d * q + m: its fp16 minimum m is no integer zero point,
-and MatMulNBits' float zero points compute (q - z) * d, which rounds differently), Q5_*, the K-quants
-(super-blocks of 256 with 6-bit sub-scales), and float tensors.
+Not exact in those formats: Q4_1 (w = d * q + m: its fp16 minimum m is no integer zero point, and
+MatMulNBits' float zero points compute (q - z) * d, which rounds differently), Q5_*, the K-quants (super-blocks
+of 256 with 6-bit sub-scales), and float tensors. Where the edge kernels run the bundle (`blocks`: the plan's
+default for a GGUF, ExportPlan.gguf_blocks), every Linear of a type they execute (gguf_blocks.BLOCK_TYPES: Q4_0
+to Q6_K) is kept in its GGUF blocks instead, as stored, for the MatMulGGUF op; the rest as above.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ import numpy as np
 from edge_runtime.errors import CorruptCheckpointError, ExportError
 from edge_runtime.models import get_arch
 
+from .gguf_blocks import BLOCK_TYPES, GGUFMatrix, check
 from .gguf_convert import build_config, hf_name, layout, reverse_permute
 from .gguf_reader import GGUFFile
 from .quant import MixedPlan, QuantConfig, QuantizedMatrix, QuantMethod
 
 BLOCK = 32  # Q4_0's and Q8_0's block: input channels per scale
+# The in-bundle format of Linears kept in their GGUF blocks (docs/guides/gguf-blocks.md): ggml's block bytes of each
+# row, unchanged, rows in Hugging Face order; the manifest names it, so a reader can refuse a later one.
+BLOCKS_FORMAT = "ggml-blocks-1"
 CODE_BITS = {"Q4_0": 4, "Q8_0": 8}  # GGUF type -> bits its codes need
 _TABLES = ("token_embd.weight", "output.weight")
 
@@ -64,13 +70,16 @@ class GGUFCodes(enum.Enum):
 class SourceCodes:
     """The tensors an export takes from the GGUF as they are, and the manifest's account of it."""
 
-    tensors: dict[str, QuantizedMatrix]  # HF tensor name -> codes and scales, in the export's bits
+    tensors: dict[str, QuantizedMatrix | GGUFMatrix]  # HF tensor name -> codes and scales, or GGUF blocks
     record: dict[str, Any]  # the manifest's quantization.gguf_codes
 
 
-def plan_import(mode: GGUFCodes | None, quant: QuantConfig, *, gguf_source: bool, trt: bool, prune: bool) -> str | None:
+def plan_import(
+    mode: GGUFCodes | None, quant: QuantConfig, *, gguf_source: bool, trt: bool, prune: bool, blocks: bool = False
+) -> str | None:
     """Why this export cannot import GGUF codes (None: it can). `mode` None is the default: keep where
-    possible; an explicit KEEP that cannot be honoured raises, in one line, before any work."""
+    possible; an explicit KEEP that cannot be honoured raises, in one line, before any work. `blocks`: Linears
+    are kept in their GGUF blocks (ExportPlan.gguf_blocks), so the INT4/INT8 block sizes only the rest."""
     if not gguf_source:
         if mode is not None:
             raise ExportError("--gguf-codes applies to a .gguf checkpoint only; drop it for this source")
@@ -86,6 +95,8 @@ def plan_import(mode: GGUFCodes | None, quant: QuantConfig, *, gguf_source: bool
         )
     elif trt:
         reason = "the trt flavor's TensorRT Q/DQ takes positive scales, INT4 in blocks of 64/128, INT8 per channel"
+    elif blocks:
+        pass
     elif quant.method is QuantMethod.INT4 and quant.block != BLOCK:
         reason = f"--block {quant.block} is not Q4_0's block of {BLOCK}"
     elif quant.int8_block not in (None, BLOCK):
@@ -116,10 +127,10 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tu
     return codes.reshape(out, k), scales
 
 
-def read_codes(path: Path, quant: QuantConfig, gg: GGUFFile | None = None) -> SourceCodes:
+def read_codes(path: Path, quant: QuantConfig, gg: GGUFFile | None = None, *, blocks: bool = False) -> SourceCodes:
     """Every Linear (and, where the table format allows, embedding / LM-head) tensor of `path` whose
-    codes fit the export's bits at block 32, in Hugging Face orientation and row order. `gg`: `path` already
-    opened."""
+    codes fit the export's bits at block 32, in Hugging Face orientation and row order; with `blocks`, every
+    Linear of a type MatMulGGUF executes in its GGUF blocks instead. `gg`: `path` already opened."""
     gg = GGUFFile(path) if gg is None else gg
     config = build_config(gg)
     arch = get_arch(config)
@@ -142,12 +153,20 @@ def read_codes(path: Path, quant: QuantConfig, gg: GGUFFile | None = None) -> So
         if target is None or len(shape) != 2:
             continue
         type_name = gg.type_name(name)
+        role = name.split(".")[-2]
+        if blocks and name not in _TABLES and type_name in BLOCK_TYPES:
+            t = BLOCK_TYPES[type_name]
+            raw = check(t, gg.raw(name), shape, name)
+            if permuted and role in heads:  # whole rows move: blocks run along the input dimension
+                raw = reverse_permute(raw, heads[role])
+            tensors[target] = GGUFMatrix(t, np.ascontiguousarray(raw), shape)
+            imported[target] = type_name
+            continue
         bits = table_bits if name in _TABLES else linear_bits
         if bits is None or CODE_BITS.get(type_name, 99) > bits:
             requantized[target] = type_name
             continue
         codes, scales = decode_blocks(type_name, gg.raw(name), shape)
-        role = name.split(".")[-2]
         if permuted and role in heads:  # whole rows move: blocks run along the input dimension
             codes, scales = reverse_permute(codes, heads[role]), reverse_permute(scales, heads[role])
         tensors[target] = QuantizedMatrix(codes=codes, scales=scales, bits=bits, block=BLOCK)
@@ -158,6 +177,11 @@ def read_codes(path: Path, quant: QuantConfig, gg: GGUFFile | None = None) -> So
         "requantized": requantized,
         "scheme": "GGUF codes and fp16 block scales as stored (scales may be negative), block 32",
     }
+    if blocks:
+        record["scheme"] = (
+            f"Linears in their GGUF blocks as stored (MatMulGGUF, format {BLOCKS_FORMAT}); tables as GGUF codes "
+            "and fp16 block scales where the table format holds them exactly"
+        )
     return SourceCodes(tensors, record)
 
 

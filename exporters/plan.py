@@ -201,6 +201,10 @@ class ExportPlan:
     # A profile's mixed-precision plan held back from a .gguf's codes (plan step 5); export_source applies it
     # where the file has no Linear codes to keep
     deferred_mixed: MixedPlan | None = None
+    # A .gguf exported with no --quant of the user's where the edge kernels run: its Linears of a type MatMulGGUF
+    # executes are kept in their GGUF blocks as stored, and the rest quantized by round to nearest
+    # (export_source decides once the file is open: a file with none keeps the profile's method)
+    gguf_blocks: bool = False
     notes: tuple[str, ...] = ()  # what the user should hear about the plan (edge-export prints them)
 
     def __post_init__(self) -> None:
@@ -227,6 +231,7 @@ class ExportPlan:
             gguf_source=is_gguf(self.source or self.checkpoint),
             trt=self.flavor is Flavor.TRT,
             prune=self.pruning,
+            blocks=self.gguf_blocks,
         )
 
     def fitted(self, ckpt: Checkpoint, progress: Progress) -> ExportPlan:
@@ -443,6 +448,17 @@ def plan_export(source: Path, out: Path, flags: ExportFlags, profile: TargetProf
         int8_block=flags.block if s.quant is QuantMethod.INT8 else None,
     )
     deferred = None
+    gguf_blocks = (
+        is_gguf(source)
+        and flags.quant is None
+        and flags.gguf_codes is not GGUFCodes.REQUANTIZE
+        and s.flavor is Flavor.ORT
+        and quant.kernel is MatMulKernel.EDGE
+        and quant.enabled
+        and flags.prune is None
+        and flags.prune_budget is None
+        and not flags.prune_layers
+    )
     if is_gguf(source) and flags.mixed is None and quant.mixed is not MixedPlan.NONE:
         if flags.gguf_codes is not GGUFCodes.REQUANTIZE:  # llama.cpp's exact weights beat any requantization
             deferred, quant = quant.mixed, dataclasses.replace(quant, mixed=MixedPlan.NONE)
@@ -466,6 +482,7 @@ def plan_export(source: Path, out: Path, flags: ExportFlags, profile: TargetProf
         max_memory=flags.max_memory,
         gguf_codes=flags.gguf_codes,
         deferred_mixed=deferred,
+        gguf_blocks=gguf_blocks,
         notes=notes,
     )
     plan.gguf_declined()  # an impossible explicit --gguf-codes keep fails here, before any work

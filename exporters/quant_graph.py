@@ -12,6 +12,9 @@ Both write the same `QuantizedMatrix` codes and scales (docs/architecture.md §5
   same B (csrc/, x86-64 AVX2 or AVX-512 VNNI; activations int8 in blocks of 32, as accuracy_level 4):
     INT4 block 32:    x ─► ai.edge_runtime::MatMulQ4(B [N, K/32, 16], scales float16 [N, K/32]) ─► y
     INT8 per channel: x ─► ai.edge_runtime::MatMulQ8(B [N, K/blk, blk], scales float [N])      ─► y
+    GGUF blocks:      x ─► ai.edge_runtime::MatMulGGUF(B uint8 [N, row bytes], type=ggml type) ─► y
+                      (a Linear kept as the GGUF stores it: gguf_blocks.py; fused parts of different types
+                      are one node each, concatenated; in the accuracy_level 0 twin with fp32_compute=1)
 
   trt flavor (TensorRT 10.3: standard domain, opset 21; scales in the activation dtype):
     INT4 codes [K, N] ─► DequantizeLinear(scales [K/blk, N], axis 0, block_size blk) ─► MatMul
@@ -31,9 +34,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import DOMAIN as EDGE_DOMAIN
-from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
+from edge_runtime.kernels import MATMUL_GGUF, MATMUL_Q4, MATMUL_Q8
 
 from .blocks import FloatWeights, WeightFormat, concat_biases
+from .gguf_blocks import GGUFMatrix
 from .graph import GraphBuilder
 from .quant import MatMulKernel, QuantizedMatrix
 from .quant_model import QuantizedModel
@@ -133,6 +137,8 @@ class NBitsWeights:
 
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         qm = self.model.require(w, prefix)
+        if isinstance(qm, GGUFMatrix):
+            return _bias(g, prefix, self._gguf(g, prefix, x, [qm]), bias)
         b, scales, blk = pack_nbits(qm, prefix)
         w_q = g.weight(f"{prefix}/weight_q", b)
         y = self._nbits(g, prefix, x, w_q, (*qm.shape, qm.bits), scales, blk, qm, pack_zero_points(qm))
@@ -143,6 +149,8 @@ class NBitsWeights:
     ) -> str:
         """One MatMulNBits over the parts' rows stacked along N (blocks run along K, so stacking is exact)."""
         qms = [self.model.require(w, prefix) for w in ws]
+        if any(isinstance(qm, GGUFMatrix) for qm in qms):
+            return _bias(g, prefix, self._gguf(g, prefix, x, qms), concat_biases(ws, biases))
         packed = [pack_nbits(qm, prefix) for qm in qms]
         forms = {(qm.bits, blk, qm.zeros is None) for qm, (_, _, blk) in zip(qms, packed, strict=True)}
         if len(forms) != 1:  # one QuantConfig and whole groups in --mixed: a builder bug
@@ -155,6 +163,37 @@ class NBitsWeights:
         w_q = g.weight(f"{prefix}/weight_q", b)
         y = self._nbits(g, prefix, x, w_q, nkb, scales, packed[0][2], qms[0], zp)
         return _bias(g, prefix, y, concat_biases(ws, biases))
+
+    def _gguf(self, g: GraphBuilder, prefix: str, x: str, qms: list) -> str:
+        """x @ concat(qms).T for parts of which one at least is kept in GGUF blocks: one MatMulGGUF over the
+        stacked rows of each run of parts of one block type, a MatMulNBits / MatMulQ4 / MatMulQ8 for a part in
+        our own codes, their outputs concatenated. In the accuracy_level 0 twin (export._twin_session) a GGUF
+        part's MatMulGGUF takes fp32_compute=1: the same bytes, float activations."""
+        runs: list[list] = []
+        for qm in qms:
+            same = runs and isinstance(qm, GGUFMatrix) and isinstance(runs[-1][0], GGUFMatrix)
+            if same and runs[-1][0].type == qm.type:
+                runs[-1].append(qm)
+            else:
+                runs.append([qm])
+        outputs = []
+        for i, run in enumerate(runs):
+            part = prefix if len(runs) == 1 else f"{prefix}/part_{i}"
+            if not isinstance(run[0], GGUFMatrix):
+                b, scales, blk = pack_nbits(run[0], part)
+                w_q = g.weight(f"{part}/weight_q", b)
+                outputs.append(self._nbits(g, part, x, w_q, (*run[0].shape, run[0].bits), scales, blk, run[0]))
+                continue
+            n, k = sum(qm.shape[0] for qm in run), run[0].shape[1]
+            raw = np.concatenate([qm.raw_rows(slice(None)) for qm in run])
+            g.domains[EDGE_DOMAIN] = 1
+            # accuracy_level 0 (the rebuilt twin): float activations, the weights as gguf-py forms them
+            fp32 = {"fp32_compute": 1} if self.accuracy_level == 0 else {}
+            outputs.append(g.op(
+                MATMUL_GGUF, [x, g.weight(f"{part}/weight_gguf", raw)], f"{part}/{MATMUL_GGUF}",
+                domain=EDGE_DOMAIN, K=k, N=n, type=run[0].type.ggml_id, **fp32,
+            ))  # fmt: skip
+        return outputs[0] if len(outputs) == 1 else g.op("Concat", outputs, f"{prefix}/parts/Concat", axis=-1)
 
     def table(self, g: GraphBuilder, prefix: str, w: np.ndarray) -> str:
         qm = self.model.lookup(w)
@@ -317,8 +356,8 @@ def fp32_compute_twin(model: onnx.ModelProto, data_dir: Path) -> bool:
     MatMulQ8 with fp32_compute=1, and every MatMulNBits of 8-bit per-channel codes (pack_nbits repeats a row's
     scale over its blocks) a MatMulQ8 with fp32_compute=1 over the same B and that row's scale (a small
     initializer kept in `model`): the same weight bytes with float activations. False, with `model` untouched,
-    where another product is quantized: MatMulQ4 has no float mode, and other MatMulNBits at accuracy_level 0
-    want the rebuilt twin (its LM head in parts of rows, FP32_TABLE_PART_ROWS)."""
+    where another product is quantized: MatMulQ4 has no float mode, and other MatMulNBits at accuracy_level 0 want
+    the rebuilt twin (its LM head in parts of rows, FP32_TABLE_PART_ROWS). MatMulGGUF takes fp32_compute=1 too."""
     nodes = list(_nodes(model.graph))
     tensors = {t.name: t for t in model.graph.initializer}
     channel_scales: dict[str, np.ndarray] = {}
@@ -329,7 +368,7 @@ def fp32_compute_twin(model: onnx.ModelProto, data_dir: Path) -> bool:
             return False
     _to_q8_fp32(model, [n for n in nodes if n.op_type == "MatMulNBits"], channel_scales)
     for node in nodes:
-        if node.op_type == MATMUL_Q8 and node.domain == EDGE_DOMAIN:
+        if node.op_type in (MATMUL_Q8, MATMUL_GGUF) and node.domain == EDGE_DOMAIN:
             _set_int(node, "fp32_compute", 1)
     return True
 

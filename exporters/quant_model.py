@@ -25,6 +25,7 @@ from edge_runtime.errors import ExportError
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, WeightNames
 
 from .calibrate import InputStats, LayerInputStream, LinearInputs, copy_layer
+from .gguf_blocks import GGUFMatrix
 from .input_stats import relative
 from .lazy_layers import LazyLayers
 from .progress import Progress, as_progress
@@ -70,7 +71,7 @@ def gptq_damp(config: QuantConfig) -> float:
 class QuantizedModel:
     config: QuantConfig
     weights: ModelWeights  # QuantizedTable for each quantized matrix: what the graph computes with
-    tensors: dict[str, QuantizedMatrix]  # checkpoint tensor name -> integer form
+    tensors: dict[str, QuantizedMatrix | GGUFMatrix]  # checkpoint tensor name -> integer form (or GGUF blocks)
     record: dict[str, Any]  # for the manifest's `quantization`
 
     def lookup(self, array: np.ndarray) -> QuantizedMatrix | None:
@@ -105,7 +106,7 @@ def quantize_model(
     config: QuantConfig,
     acts: LinearInputs | LayerInputStream | None = None,
     progress: Progress | Callable[[str], None] | None = None,
-    imported: Mapping[str, QuantizedMatrix] | None = None,
+    imported: Mapping[str, QuantizedMatrix | GGUFMatrix] | None = None,
     scratch: Scratch | None = None,
 ) -> QuantizedModel:
     """`acts` (calibration inputs of `weights`) is required by AWQ and GPTQ, optional otherwise
@@ -134,7 +135,8 @@ def quantize_model(
     # Fused q/k/v and gate/up share one MatMulNBits, so an INT8 export holding imported blocks of 32
     # stores its requantized Linears in blocks of 32 too (where the block divides K), not per channel.
     linear_names = {names.layer[f].format(i=i) for i in range(len(weights.layers)) for f in LINEARS}
-    int8_block = imported[min(linear_names & set(imported))].block if linear_names & set(imported) else None
+    int8_codes = sorted(n for n in linear_names & set(imported) if not isinstance(imported[n], GGUFMatrix))
+    int8_block = imported[int8_codes[0]].block if int8_codes else None
     if int8_block and config.int8_block and int8_block != config.int8_block:
         raise ExportError(
             f"the GGUF's INT8 codes are in blocks of {int8_block}, not --block {config.int8_block}; drop --block "
@@ -154,21 +156,25 @@ def quantize_model(
             "hessian": "X^T X + sink_weight * sum over sequences of (T - 1) x_0 x_0^T",
         }
 
-    tensors: dict[str, QuantizedMatrix] = {}
+    tensors: dict[str, QuantizedMatrix | GGUFMatrix] = {}
     per_tensor: dict[str, dict[str, Any]] = {}
     out = QuantizedModel(config, weights, tensors, {})  # `weights` replaced below
 
-    def record(name: str, qm: QuantizedMatrix, rel_err: float, rel_out_err: float | None = None) -> None:
+    def record(name: str, qm: QuantizedMatrix | GGUFMatrix, rel_err: float, rel_out_err: float | None = None) -> None:
         """`qm` as `name`'s integer form, with its entry in the manifest's per-tensor record."""
         tensors[name] = qm
         entry = {"bits": qm.bits, "block": "channel" if qm.per_channel else qm.block, "rel_err": rel_err}
         if name in imported:
             entry["codes"] = "gguf"
+        if isinstance(qm, GGUFMatrix):  # kept in its blocks: `block` is the type's, `bits` its codes'
+            entry["gguf_type"] = qm.type.name
         if rel_out_err is not None:  # the error that matters: of the Linear's output on calibration inputs
             entry["rel_out_err"] = rel_out_err
         per_tensor[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in entry.items()}
 
-    def note(name: str, w: np.ndarray, qm: QuantizedMatrix, x: InputStats | None) -> tuple[float, tuple | None]:
+    def note(
+        name: str, w: np.ndarray, qm: QuantizedMatrix | GGUFMatrix, x: InputStats | None
+    ) -> tuple[float, tuple | None]:
         """A Linear's integer form recorded; its weight error, and its output energies on `x` (output_energies)."""
         deq = qm.dequantize()
         if name in imported and not np.array_equal(deq, w):

@@ -18,6 +18,7 @@ from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.exporters.gguf_convert import convert_gguf
 from edge_runtime.exporters.safetensors_io import CheckpointTensors
 
+from .gguf_kquants import quantize_k
 from .tiny_models import save_tiny_checkpoint
 
 gguf = pytest.importorskip("gguf")
@@ -148,8 +149,10 @@ def write_gguf(
             w.add_tensor(gname, data)
         elif qtype == Q.F16:
             w.add_tensor(gname, data.astype(np.float16))
-        elif qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0):
+        elif qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
             w.add_tensor(gname, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf-py does not quantize these: round to nearest (gguf_kquants)
+            w.add_tensor(gname, quantize_k(data, qtype.name), raw_dtype=qtype)
         else:  # a type we only need to be refused: right size, zero bytes
             block, size = gguf.GGML_QUANT_SIZES[qtype]
             raw = np.zeros((data.shape[0], data.shape[1] // block * size), np.uint8)

@@ -55,7 +55,7 @@ def test_a_gguf_export_opens_its_file_once(hf, tmp_path, monkeypatch):
 
     monkeypatch.setattr(GGUFFile, "__init__", counting)
     read = []
-    monkeypatch.setattr(from_source, "read_codes", lambda *a: read.append(a[2]) or gguf_quant.read_codes(*a))
+    monkeypatch.setattr(from_source, "read_codes", lambda *a, **k: read.append(a[2]) or gguf_quant.read_codes(*a, **k))
     res = CliRunner().invoke(export_cli, [str(path), "-o", str(tmp_path / "b"), "--quant", "int4", "--quiet"])
     assert res.exit_code == 0, res.output
     assert opened == ["m.gguf"] and len(read) == 1 and isinstance(read[0], GGUFFile)
