@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,64 @@ def tied_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "b"
     export(ExportOptions(checkpoint=d, out=out, window=200))
     return out
+
+
+class DemoBundles(Mapping):
+    """The demo model exported in each named form, each on first use and once per test session (the modules that
+    want every kind of bundle share them: ten demo exports took 46 s). The checkpoint is the demo's less
+    heldout.txt, whose perplexity report no test of these reads; ring window 200."""
+
+    def __init__(self, root: Path):
+        from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision
+        from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+        from edge_runtime.kernels import available
+        from edge_runtime.models import DEMO_CHECKPOINT
+
+        int4, int8, edge = QuantMethod.INT4, QuantMethod.INT8, MatMulKernel.EDGE
+        self.kinds = {
+            "fp32": {},
+            "fp16": {"precision": Precision.FP16},
+            "int8-mlas": {"quant": QuantConfig(int8)},
+            "int4-mlas": {"quant": QuantConfig(int4)},
+            "trt-fp32": {"flavor": Flavor.TRT},
+            "trt-fp16": {"flavor": Flavor.TRT, "precision": Precision.FP16},
+            "trt-int4": {"flavor": Flavor.TRT, "quant": QuantConfig(int4, block=128)},
+        }
+        if available():  # --kernel edge exports are refused where the ops cannot run
+            self.kinds |= {
+                "int4-edge": {"quant": QuantConfig(int4, kernel=edge)},
+                "int8-edge": {"quant": QuantConfig(int8, kernel=edge)},
+                "int4-edge-kv-fp16": {"quant": QuantConfig(int4, kernel=edge), "kv_dtype": KvDtype.FP16},
+                "int4-edge-kv-q8": {"quant": QuantConfig(int4, kernel=edge), "kv_dtype": KvDtype.Q8},
+            }
+        self.root = root
+        self.checkpoint = root / "demo"
+        self.checkpoint.mkdir()
+        for f in DEMO_CHECKPOINT.iterdir():
+            if f.name != "heldout.txt":
+                (self.checkpoint / f.name).symlink_to(f)
+        self._made: dict[str, Path] = {}
+
+    def __getitem__(self, kind: str) -> Path:
+        if kind not in self._made:
+            from edge_runtime.exporters.export import ExportOptions, export
+
+            out = self.root / kind
+            export(ExportOptions(checkpoint=self.checkpoint, out=out, window=200, **self.kinds[kind]))
+            self._made[kind] = out
+        return self._made[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.kinds)
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+
+@pytest.fixture(scope="session")
+def demo_bundles(tmp_path_factory) -> DemoBundles:
+    """kind -> the demo model's bundle of that kind (DemoBundles.kinds), exported when first asked for. Read only."""
+    return DemoBundles(tmp_path_factory.mktemp("demo-kinds"))
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,7 @@ import pytest
 from edge_runtime import kernels
 from edge_runtime.engine import LoadOptions, load
 from edge_runtime.errors import DraftMismatchError, SpeculativeError
-from edge_runtime.exporters.export import ExportOptions, export
 from edge_runtime.generate import step_generator
-from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.proposers import DraftModel, PromptLookup, Proposal, check_draft
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.session import Session
@@ -34,11 +32,10 @@ SMALL = LoadOptions(sinks=4, window=24, slack=8)
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The demo model at fp32. (INT4 bundles on edge-runtime's kernels: test_edge_int4_... below.)"""
-    out = tmp_path_factory.mktemp("demo") / "fp32"
-    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200))
-    return out
+def demo(demo_bundles):
+    """The demo model at fp32 (conftest.DemoBundles). (INT4 bundles on edge-runtime's kernels: test_edge_int4_...
+    below.)"""
+    return demo_bundles["fp32"]
 
 
 def greedy(source, prompt, n: int, spec=None) -> list[int]:
@@ -357,14 +354,10 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.un
 
 
 @pytest.fixture(scope="module")
-def edge_int4(tmp_path_factory):
-    """The demo model at INT4 on edge-runtime's kernels (LinearAttention, then RingAttention)."""
-    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
-
-    quant = QuantConfig(QuantMethod.INT4, 32, kernel=MatMulKernel.EDGE)  # the LM head at int8: MatMulQ8
-    out = tmp_path_factory.mktemp("edge") / "int4"
-    export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=out, window=200, quant=quant))
-    return out
+def edge_int4(demo_bundles):
+    """The demo model at INT4 block 32 on edge-runtime's kernels (LinearAttention, then RingAttention; the LM head
+    at int8: MatMulQ8)."""
+    return demo_bundles["int4-edge"]
 
 
 def _chunk_calls(engine) -> list[tuple[int, bool]]:

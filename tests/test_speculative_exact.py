@@ -12,44 +12,24 @@ import pytest
 
 from edge_runtime import exactness, kernels
 from edge_runtime.engine import LoadOptions, load
-from edge_runtime.exporters.decoder import Flavor, KvDtype, Precision
-from edge_runtime.exporters.export import ExportOptions, export
-from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 from edge_runtime.generate import step_generator
-from edge_runtime.models import DEMO_CHECKPOINT
 from edge_runtime.proposers import PromptLookup
 from edge_runtime.sampling import Sampler, SamplingParams
 from edge_runtime.session import Session
 from edge_runtime.speculative import SpeculationOffWarning, SpeculativeDecoder
 
 EDGE = kernels.available()
-INT4, INT8 = QuantMethod.INT4, QuantMethod.INT8
-# Every kind of bundle a user can have on x86 (the edge ones where the kernels are built here).
-KINDS = {
-    "fp32": {},
-    "fp16": {"precision": Precision.FP16},
-    "int8-mlas": {"quant": QuantConfig(INT8)},
-    "int4-mlas": {"quant": QuantConfig(INT4)},
-    "trt-fp32": {"flavor": Flavor.TRT},
-    "trt-int4": {"flavor": Flavor.TRT, "quant": QuantConfig(INT4, block=128)},
-}
+# Every kind of bundle a user can have on x86 (the edge ones where the kernels are built here): conftest.DemoBundles.
+KINDS = ["fp32", "fp16", "int8-mlas", "int4-mlas", "trt-fp32", "trt-int4"]
 if EDGE:
-    KINDS |= {
-        "int4-edge": {"quant": QuantConfig(INT4, kernel=MatMulKernel.EDGE)},
-        "int8-edge": {"quant": QuantConfig(INT8, kernel=MatMulKernel.EDGE)},
-        "int4-edge-kv-fp16": {"quant": QuantConfig(INT4, kernel=MatMulKernel.EDGE), "kv_dtype": KvDtype.FP16},
-        "int4-edge-kv-q8": {"quant": QuantConfig(INT4, kernel=MatMulKernel.EDGE), "kv_dtype": KvDtype.Q8},
-    }
+    KINDS += ["int4-edge", "int8-edge", "int4-edge-kv-fp16", "int4-edge-kv-q8"]
 # A small ring, so 160 tokens wrap it several times; slack 16 lets a chunk be as wide as any kernel keeps exact.
 RING = LoadOptions(sinks=4, window=40, slack=16)
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kinds")
-    for kind, options in KINDS.items():
-        export(ExportOptions(checkpoint=DEMO_CHECKPOINT, out=root / kind, window=200, **options))
-    return {kind: root / kind for kind in KINDS}
+def bundles(demo_bundles):
+    return {kind: demo_bundles[kind] for kind in KINDS}
 
 
 def grounded_prompt(vocab: int) -> list[int]:

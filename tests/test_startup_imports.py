@@ -32,50 +32,22 @@ RUN_FORBIDDEN = ("onnx", "ml_dtypes")
 HELP_FORBIDDEN = (*RUN_FORBIDDEN, "onnxruntime", "numpy", "jinja2", "tokenizers")
 
 
-def _bundle_kinds() -> dict[str, tuple[str, str, str, int]]:
-    """name -> (flavor, quant method, kernel, block): the graph forms an export writes."""
-    kinds = {
-        "fp32": ("ort", "none", "mlas", 32),
-        "int4-matmulnbits": ("ort", "int4", "mlas", 32),
-        "int8-matmulnbits": ("ort", "int8", "mlas", 32),
-        "trt-fp16": ("trt", "none", "mlas", 64),
-        "trt-int4": ("trt", "int4", "mlas", 64),
-    }
-    if kernels.available():  # --kernel edge exports are refused where the ops cannot run
-        kinds |= {"edge-int4": ("ort", "int4", "edge", 32), "edge-int8": ("ort", "int8", "edge", 32)}
-    return kinds
+# name here -> conftest.DemoBundles kind: the graph forms an export writes
+_KINDS = {
+    "fp32": "fp32",
+    "int4-matmulnbits": "int4-mlas",
+    "int8-matmulnbits": "int8-mlas",
+    "trt-fp16": "trt-fp16",
+    "trt-int4": "trt-int4",
+}
+if kernels.available():  # --kernel edge exports are refused where the ops cannot run
+    _KINDS |= {"edge-int4": "int4-edge", "edge-int8": "int8-edge"}
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory) -> dict[str, Path]:
-    """The demo model exported in every graph form (a small ring: quick exports)."""
-    from edge_runtime.exporters.decoder import Flavor, Precision
-    from edge_runtime.exporters.export import ExportOptions, export
-    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
-    from edge_runtime.models import DEMO_CHECKPOINT
-
-    root = tmp_path_factory.mktemp("startup")
-    ckpt = root / "demo"  # the demo checkpoint less heldout.txt: its perplexity report is not this test's
-    ckpt.mkdir()
-    for f in DEMO_CHECKPOINT.iterdir():
-        if f.name != "heldout.txt":
-            (ckpt / f.name).symlink_to(f)
-    out = {}
-    for name, (flavor, method, kernel, block) in _bundle_kinds().items():
-        quant = QuantConfig(QuantMethod.parse(method), block, kernel=MatMulKernel(kernel))
-        precision = Precision.FP16 if flavor == "trt" else Precision.FP32
-        out[name] = root / name
-        export(
-            ExportOptions(
-                checkpoint=ckpt,
-                out=out[name],
-                window=28,
-                flavor=Flavor(flavor),
-                precision=precision,
-                quant=quant,
-            )
-        )
-    return out
+def bundles(demo_bundles) -> dict[str, Path]:
+    """The demo model exported in every graph form (shared with the other modules that want them all)."""
+    return {name: demo_bundles[kind] for name, kind in _KINDS.items()}
 
 
 # -- the reader against onnx ------------------------------------------------------------------------------
