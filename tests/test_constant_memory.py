@@ -21,15 +21,17 @@ def test_stream_generate_with_sampling_does_not_grow_per_token(tied_bundle):
     engine = load(tied_bundle, LoadOptions(window=60))  # wraps the ring many times over
     tok = Tokenizer.for_engine(engine)
     sampling = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, repetition_penalty=1.1, seed=0)
-    config = GenerationConfig(max_tokens=3 * N, sampling=sampling, stop_on_eos=False)
+    config = GenerationConfig(max_tokens=4 * N, sampling=sampling, stop_on_eos=False)
     tracemalloc.start()
     try:
         current = {}
         for ev in stream_generate(engine, tok, "hello", config):
-            if ev.index in (N, 2 * N):
+            if ev.index in (N, 2 * N, 3 * N):
                 current[ev.index] = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    growth = current[2 * N] - current[N]
+    # Per-token growth shows in both spans of N tokens; a one-off allocation (an interpreter cache filling up, seen
+    # once at 2,106 B) in one of them only, so the smaller span is the one held to the bound.
+    growth = min(current[2 * N] - current[N], current[3 * N] - current[2 * N])
     # The ITL array alone grew 8 B/token (8 KB here); ids and text kept would be more.
     assert growth < 2048, f"{growth} bytes more after {N} more tokens ({growth / N:.1f} B/token)"
