@@ -13,15 +13,12 @@
  *   Q6_K  14    256      210   d*s6_j * (q - 32)          q 6-bit, 16 sub-blocks of 16
  *
  * Activations are quantized per row and block of 32 to int8 (quad.h's quantize_block, as MatMulQ4/Q8),
- * and each 32-block of weights is unpacked to its codes as unsigned bytes u (Q8_0: signed) and met with
- * the activation codes in exact integer arithmetic, 8 int32 lanes of 4 products each:
- *   lanes = maddubs(u, xq) summed in pairs - off * xl        off: 8, 16 or 32 (the code's offset), else 0
- *   Q6_K:   lanes *= [s6 of the block's first 16 | of its second 16]       (integer: exact)
- *   acc  += float(lanes) * (sx * D)  +  float(xl) * (sx * Mn)              D: d, d*sc_j; Mn: m, -dmin*mn_j
- * with xl the activation codes' own lane sums (4 codes each), so the minimum's share needs no second pass.
- * A column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs, where matmul_op.c splits a prompt's K,
- * so every row rounds alike at any row count (kernels.py's exact_rows: any). K is a multiple of the type's block
- * (32 for the legacy types: not necessarily of 64, as the other ops need). */
+ * and each 32-block of weights is unpacked to its codes as unsigned bytes u (Q8_0: signed, ggml_decode.h) and
+ * met with the activation codes in exact integer arithmetic, two blocks' sums converted to float together; the
+ * codes' offset (8, 16) and the minimum enter through each block's activation code sum (ggml_kernel.h has the
+ * arithmetic). A column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs, where matmul_op.c splits a
+ * prompt's K, so every row rounds alike at any row count (kernels.py's exact_rows: any). K is a multiple of the
+ * type's block (32 for the legacy types: not necessarily of 64, as the other ops need). */
 #ifndef EDGE_GGML_BLOCKS_H
 #define EDGE_GGML_BLOCKS_H
 
@@ -36,9 +33,11 @@ enum {
 int ggml_block_elements(int64_t type);
 int ggml_block_bytes(int64_t type);
 
-/* The AVX2 implementation for `type` (QImpl's `scales` and `fp16_scales` are unused), or NULL where the
- * type is not executed or this CPU lacks AVX2/FMA/F16C. With `fp32_compute` the activations stay float and each
- * weight is formed in float32 as gguf-py dequantizes it (the export's accuracy_level 0 twin). In ggml_avx2.c. */
-const QImpl *ggml_impl(int64_t type, int fp32_compute);
+/* The implementation for `type` (QImpl's `scales` and `fp16_scales` are unused): AVX-512 VNNI where MatMulQ4's
+ * `isa` (EDGE_KERNELS_ISA, or NULL: the fastest) is VNNI or AMX, else AVX2 (ggml_kernel.h: the same integers
+ * either way); NULL where the type is not executed or the CPU runs none. With `fp32_compute` the activations stay
+ * float and each weight is formed in float32 as gguf-py dequantizes it (the export's accuracy_level 0 twin).
+ * In ggml_avx2.c. */
+const QImpl *ggml_impl(int64_t type, const char *isa, int fp32_compute);
 
 #endif

@@ -125,9 +125,9 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
     }
     /* EDGE_KERNELS_ISA pins the implementation (A/B runs, tests); unset, the fastest this CPU has runs. */
     const char *isa = getenv("EDGE_KERNELS_ISA");
-    const QImpl *impl = bits == 4 ? q4_impl(isa) : bits == 8 ? q8_impl(isa) : q4_impl(isa) ? ggml_impl(type, 0) : NULL;
+    const QImpl *impl = bits == 4 ? q4_impl(isa) : bits == 8 ? q8_impl(isa) : ggml_impl(type, isa, 0);
     if (impl && fp32_compute) /* still needs a CPU the quantized kernels run on: AVX2 */
-        impl = bits ? &q8_fp32 : ggml_impl(type, 1);
+        impl = bits ? &q8_fp32 : ggml_impl(type, isa, 1);
     if (!impl) {
         snprintf(msg, sizeof msg, "%s: EDGE_KERNELS_ISA=%s is not an implementation this CPU runs "
                  "(avx2, avx512vnni or amx; unset it to pick the fastest)", op, isa ? isa : "");
