@@ -2,6 +2,11 @@
 
     python scripts/bench_vs_llamacpp.py --llama-cpp DIR [--shape smollm2-135m | --checkpoint NAME=CKPT_DIR]
                                         [--precision int4 ...] [--rounds 3] [--pure] [--work /tmp/edge-vs-llamacpp]
+    python scripts/bench_vs_llamacpp.py --llama-cpp DIR --gguf NAME=FILE.gguf ...   # the same file on both sides
+
+With --gguf, both sides run that file: llama.cpp as it is, ours as `edge-export FILE --target nuc` exports it
+(every Linear of an executed type kept in its GGUF blocks, MatMulGGUF); the prompt is edge-bench's passage
+through the bundle's own tokenizer.
 
 DIR is a llama.cpp source tree built for this CPU (`cmake -B build -DGGML_NATIVE=ON && cmake --build
 build --target llama-bench llama-quantize`); its converter runs from the tree (`gguf-py`, `conversion/`)
@@ -177,20 +182,47 @@ def llama_kv_bytes(stderr: list[str]) -> tuple[int, int] | None:
     return None
 
 
+def bundle_prompt(bundle: Path, n: int) -> list[int]:
+    """Exactly n ids of edge-bench's fixed passage through a bundle's own tokenizer (BOS first, EOS never)."""
+    from edge_runtime.bench.runner import deterministic_prompt
+    from edge_runtime.bundle import open_bundle
+    from edge_runtime.tokenizer import Tokenizer
+
+    b = open_bundle(bundle)
+    spec = b.manifest.tokenizer
+    return deterministic_prompt(Tokenizer(b.tokenizer_file, spec), n, list(spec.eos_token_ids))
+
+
 def bench_pair(
-    a: argparse.Namespace, lc: LlamaCpp, shape: str, ckpt: Path, precision: str, kv: str, prompt: int, log: Path
+    a: argparse.Namespace,
+    lc: LlamaCpp,
+    shape: str,
+    ckpt: Path | None,
+    precision: str,
+    kv: str,
+    prompt: int,
+    log: Path,
+    gguf_file: Path | None = None,
 ) -> dict[str, Any]:
     work = a.work / shape
     work.mkdir(parents=True, exist_ok=True)
     prompt_file = work / f"prompt-{prompt}.json"
-    prompt_file.write_text(json.dumps(make_prompt(ckpt, prompt)))
-    bundle = ours_dir(a.ours_work / shape, precision, a.our_kernel, kv)
+    if gguf_file is None:
+        prompt_file.write_text(json.dumps(make_prompt(ckpt, prompt)))
+        bundle = ours_dir(a.ours_work / shape, precision, a.our_kernel, kv)
+        cmd = ours_build_cmd(ckpt, bundle, precision, a.block, a.our_kernel, kv)
+    else:  # the file itself on both sides: ours keeps its blocks (the default for an edge-kernel target)
+        bundle = a.ours_work / shape / f"ours-gguf{'' if kv == 'fp32' else f'-kv{kv}'}"
+        cli = Path(sys.executable).with_name("edge-export")
+        cmd = [str(cli), "build", str(gguf_file), "-o", str(bundle), "--overwrite", "--target", "nuc"]
+        cmd += [] if kv == "fp32" else ["--kv-dtype", kv]
     say(f"{shape} {precision} (KV {kv}, depth {prompt}): building ours")
-    cmd = ours_build_cmd(ckpt, bundle, precision, a.block, a.our_kernel, kv)
     built = build("ours", cmd, bundle, "manifest.json", False, log)
     if not built["ok"]:
         raise SystemExit(f"our build failed (exit {built.get('rc')}); see {log}")
-    gguf = lc.gguf(ckpt, work, precision, a.pure, log)
+    if gguf_file is not None:
+        prompt_file.write_text(json.dumps(bundle_prompt(bundle, prompt)))
+    gguf = gguf_file or lc.gguf(ckpt, work, precision, a.pure, log)
     row: dict[str, Any] = {"shape": shape, "precision": precision, "kv": kv, "depth": prompt, "gguf": gguf.name,
                            "sides": {}}  # fmt: skip
     bytes_ = {"ours": weight_bytes_per_token(bundle / "model.onnx"), "llama.cpp": lc.weight_bytes(gguf)}
@@ -307,6 +339,13 @@ def llama_cpp_version(root: Path) -> str:
         return "unknown commit"
 
 
+def gguf_arg(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE with FILE a .gguf, got {text!r}")
+    return name, Path(path).resolve()
+
+
 def checkpoint_arg(text: str) -> tuple[str, Path]:
     name, sep, path = text.partition("=")
     if not sep or not name or not Path(path).is_dir():
@@ -322,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", action="append", type=checkpoint_arg, metavar="NAME=DIR",
                     help="a Hugging Face checkpoint directory (pretrained), NAME in the tables")  # fmt: skip
     ap.add_argument("--precision", action="append", choices=tuple(PRECISIONS), help="[fp32, int8, int4]")
+    ap.add_argument("--gguf", action="append", type=gguf_arg, metavar="NAME=FILE",
+                    help="run this GGUF on both sides (ours: its blocks kept); --shape/--checkpoint then optional")
     ap.add_argument("--pure", action="store_true", help="llama-quantize --pure: no Q6_K LM head under Q4_0")
     ap.add_argument("--block", type=int, default=32, help="our int4 block size (Q4_0's is 32) [32]")
     ap.add_argument("--our-kernel", choices=("edge", "mlas"), help="our kernels [edge where they run here]")
@@ -357,10 +398,14 @@ def main(argv: list[str] | None = None) -> int:
         "quant_mix": "--pure (every matrix the named type)" if a.pure else "llama-quantize default mixture",
     }
     precisions = a.precision or list(PRECISIONS)
-    models = [(s, None) for s in a.shape or ([] if a.checkpoint else ["smollm2-135m"])] + (a.checkpoint or [])
+    models = [(s, None) for s in a.shape or ([] if a.checkpoint or a.gguf else ["smollm2-135m"])] + (a.checkpoint or [])
 
     def measure() -> list[dict[str, Any]]:
         rows = []
+        for name, file in a.gguf or []:
+            for depth in a.prompt_tokens:
+                for kv in kvs:
+                    rows.append(bench_pair(a, lc, name, None, "gguf", kv, depth, log, gguf_file=file))
         for name, ckpt in models:
             ckpt = ckpt or ensure_checkpoint(a.shapes_dir, name)
             for depth in a.prompt_tokens:

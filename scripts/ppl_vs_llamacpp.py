@@ -7,7 +7,8 @@ protocol: llama-perplexity's.
 
 llama-perplexity's default: the text cut into chunks of --context tokens from its start, each chunk run
 alone, and only the second half of each scored (tokens context/2 + 1 .. context - 1, 255 a chunk of 512),
-no BOS where the GGUF says the model adds none (SmolLM2). Our side scores exactly those tokens, each
+no BOS where the GGUF says the model adds none (SmolLM2), else BOS in place of each chunk's first token
+(Gemma). Our side scores exactly those tokens, each
 chunk through one prefill of the bundle with every row's logits (the ring holds the whole chunk). The
 F32 GGUF's figure against our fp32 bundle's checks that the two sides tokenize and score alike.
 
@@ -57,11 +58,16 @@ def our_ppl(bundle: Path, text: str, context: int, chunks: int, threads: int) ->
     engine = load(bundle, LoadOptions(sinks=4, window=context, threads=threads))
     tok = Tokenizer(engine.bundle.tokenizer_file, engine.manifest.tokenizer)
     ids = tok.encode(text)
+    # llama-perplexity tokenizes with the model's BOS and then puts BOS first in every chunk, in place of the
+    # chunk's own first token (Gemma: scoring chunks without it took the perplexity from 13 to 20)
+    bos = engine.manifest.tokenizer.bos_token_id if engine.manifest.tokenizer.adds_bos else None
     if len(ids) < chunks * context:
         raise SystemExit(f"the text has {len(ids)} tokens, fewer than {chunks} chunks of {context}")
     first, nll, count = context // 2, 0.0, 0
     for c in range(chunks):
         window = ids[c * context : (c + 1) * context]
+        if bos is not None:
+            window = [bos, *window[1:]]
         engine.reset()
         logits = engine.prefill(window, all_logits=True).astype(np.float64)  # [context, V]
         rows = logits[first : context - 1]
