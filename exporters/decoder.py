@@ -21,7 +21,7 @@ import onnx
 
 from edge_runtime import __version__
 from edge_runtime.errors import ExportError
-from edge_runtime.kernels import MATMUL_Q4, MATMUL_Q8
+from edge_runtime.kernels import MATMUL_GGUF, MATMUL_Q4, MATMUL_Q8
 from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, LOCAL_CAPACITY_DIM, NEXT_TOKEN, KvUpdate
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, RopeKind
 from edge_runtime.models.layer_plan import Sublayer, run_layers
@@ -135,11 +135,15 @@ def _keep_rows(g: GraphBuilder, x: str) -> str:
     return g.op("Slice", [x, neg_keep, g.const([INT64_MAX]), g.const([1])], "/model/keep/Slice")
 
 
+EDGE_HEADS = (MATMUL_Q4, MATMUL_Q8, MATMUL_GGUF)  # the edge ops whose optional second output is each row's argmax
+
+
 def _fused_argmax(g: GraphBuilder, logits_2d: str) -> None:
-    """Where the LM head is a MatMulQ4 or MatMulQ8, its optional argmax output becomes graph output `next_token`
+    """Where the LM head is a MatMulQ4, MatMulQ8 or MatMulGGUF, its optional argmax output becomes graph output
+    `next_token`
     [1, kept, 1] int64 (numpy.argmax of each kept row's logits): greedy decoding reads it instead of
     scanning the logits, which another core just wrote (csrc/matmul_op.c)."""
-    head = next((n for n in g.nodes if n.op_type in (MATMUL_Q4, MATMUL_Q8) and n.output[0] == logits_2d), None)
+    head = next((n for n in g.nodes if n.op_type in EDGE_HEADS and n.output[0] == logits_2d), None)
     if head is None:
         return
     head.output.append(f"{head.name}/argmax")  # [L, 1]

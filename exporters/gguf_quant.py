@@ -154,7 +154,10 @@ def read_codes(path: Path, quant: QuantConfig, gg: GGUFFile | None = None, *, bl
             continue
         type_name = gg.type_name(name)
         role = name.split(".")[-2]
-        if blocks and name not in _TABLES and type_name in BLOCK_TYPES:
+        # Q4_0 into an INT4 export: MatMulQ4's own format holds it exactly (the nibbles reordered, the fp16 scale as
+        # it is, 18 bytes a block either way), and MatMulQ4 decodes faster than MatMulGGUF
+        as_q4 = type_name == "Q4_0" and linear_bits == 4
+        if blocks and name not in _TABLES and type_name in BLOCK_TYPES and not as_q4:
             t = BLOCK_TYPES[type_name]
             raw = check(t, gg.raw(name), shape, name)
             if permuted and role in heads:  # whole rows move: blocks run along the input dimension

@@ -125,6 +125,30 @@ FP32_TABLE_PART_ROWS = 16384
 FP32_HEAD_MAX_BYTES = 128 * 2**20
 
 
+Q8_0_ID = 8  # ggml's type number of Q8_0 (gguf_blocks.BLOCK_TYPES)
+
+
+def _q8_0_rows(qm: QuantizedMatrix, scales: np.ndarray) -> bool:
+    """Whether `qm` (with MatMulNBits' float32 `scales`) is exactly a Q8_0 tensor: INT8 codes in blocks of 32, no
+    zero points, every scale an fp16 value."""
+    if qm.bits != 8 or qm.block != 32 or qm.per_channel or qm.zeros is not None or qm.shape[1] % 64:
+        return False
+    return bool(np.array_equal(scales.astype(np.float16).astype(np.float32), scales))
+
+
+def q8_0_bytes(qm: QuantizedMatrix, scales: np.ndarray) -> np.ndarray:
+    """uint8 [N, K / 32 * 34]: each row's blocks as Q8_0 stores them (fp16 d, then 32 int8 codes)."""
+    n, k = qm.shape
+    nb = k // 32
+    out = np.empty((n, nb, 34), np.uint8)
+    step = max(1, PACK_PART_ELEMENTS // k)
+    for r in range(0, n, step):
+        rows = slice(r, min(r + step, n))
+        out[rows, :, :2] = scales[rows].astype(np.float16).view(np.uint8).reshape(-1, nb, 2)
+        out[rows, :, 2:] = qm.codes_rows(rows).view(np.uint8).reshape(-1, nb, 32)
+    return out.reshape(n, nb * 34)
+
+
 @dataclass(frozen=True)
 class NBitsWeights:
     """`ort` flavor: MatMulNBits for every quantized product, GatherBlockQuantized for the embedding."""
@@ -226,6 +250,13 @@ class NBitsWeights:
             return self.floats.matmul_table(g, prefix, x2d, table)
         qm, scales, blk = self._tables[table]
         n, k = qm.shape
+        if self.kernel is MatMulKernel.EDGE and self.accuracy_level != 0 and _q8_0_rows(qm, scales):
+            # MatMulNBits' 8-bit blocks of 32 (MLAS) took the LM head of a GGUF's kept Q8_0 table; MatMulGGUF
+            # reads the same values in Q8_0's layout (a second copy of the codes: the table's own B stays for the
+            # embedding's GatherBlockQuantized) and leaves the fused argmax as MatMulQ8 does
+            g.domains[EDGE_DOMAIN] = 1
+            w = g.weight(f"{prefix}/weight_q8_0", q8_0_bytes(qm, scales))
+            return g.op(MATMUL_GGUF, [x2d, w], f"{prefix}/{MATMUL_GGUF}", domain=EDGE_DOMAIN, K=k, N=n, type=Q8_0_ID)
         if self._float_head(qm):
             # MLAS has no fp32 kernel for 8-bit codes: MatMulNBits at accuracy_level 0 dequantizes all of B on
             # every call (3.4 ns a weight: 0.17 s a call for SmolLM2's 49152 x 576 head, most of its twin's

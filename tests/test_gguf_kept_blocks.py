@@ -77,10 +77,13 @@ def test_every_executed_type_is_kept_as_stored_and_runs(tmp_path, wide_hf, name)
     path = tmp_path / f"m.{name}.gguf"
     write_gguf(wide_hf, path, linear_type=Q[name])
     bundle = tmp_path / "b"
-    m, output = _export(path, bundle, "--target", "nuc")
+    # Q4_0 into an INT4 export goes to MatMulQ4 (test_q4_0_into_int4_runs_on_matmul_q4): x86's INT8 keeps its blocks
+    target = "x86" if name == "Q4_0" else "nuc"
+    m, output = _export(path, bundle, "--target", target)
     q = m["quantization"]
     assert f"keeping the file's {name} Linears as stored (edge MatMulGGUF)" in output
-    assert "not nuc's int4-gptq" in output  # the profile's method gives way, and says so
+    if target == "nuc":
+        assert "not nuc's int4-gptq" in output  # the profile's method gives way, and says so
     rec = q["gguf_codes"]
     kept = {k: v for k, v in rec["imported"].items() if ".layers." in k}  # (a Q4_0/Q8_0 head: as INT8 table codes)
     assert len(kept) == 7 * LAYERS and set(kept.values()) == {name}
@@ -88,7 +91,7 @@ def test_every_executed_type_is_kept_as_stored_and_runs(tmp_path, wide_hf, name)
     linears = {k: v for k, v in q["per_tensor"].items() if ".layers." in k}
     assert all(v["gguf_type"] == name and v["rel_err"] == 0.0 for v in linears.values())
     assert q["exact_parity"]["max_rel_err"] <= q["exact_parity"]["tolerance"]  # fp32_compute twin: 1e-4 class
-    nodes = _gguf_nodes(bundle)
+    nodes = [n for n in _gguf_nodes(bundle) if not n.name.startswith("/lm_head/")]
     assert nodes and {a.i for n in nodes for a in n.attribute if a.name == "type"} == {BLOCK_TYPES[name].ggml_id}
     # The file's bytes, unchanged: q (permuted by llama.cpp) and down of layer 1 against the bundle's initializers
     model = onnx.load(str(bundle / "model.onnx"))
@@ -104,6 +107,21 @@ def test_every_executed_type_is_kept_as_stored_and_runs(tmp_path, wide_hf, name)
     assert len(tokens) == 8 and all(0 <= t < 320 for t in tokens)
 
 
+def test_q4_0_into_int4_runs_on_matmul_q4(tmp_path, wide_hf):
+    """An INT4 export holds Q4_0 exactly in MatMulQ4's own format (the same 18 bytes a block, nibbles reordered),
+    whose kernel decodes faster: the Linears are MatMulQ4 over the file's codes and fp16 scales."""
+    path = tmp_path / "q.gguf"
+    write_gguf(wide_hf, path, linear_type=Q.Q4_0)
+    m, _ = _export(path, tmp_path / "b", "--target", "nuc")
+    per = m["quantization"]["per_tensor"]
+    linears = {k: v for k, v in per.items() if ".layers." in k}
+    assert all(v["codes"] == "gguf" and v["rel_err"] == 0.0 and "gguf_type" not in v for v in linears.values())
+    model = onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False)
+    branches = [a.g for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+    assert kernels.MATMUL_Q4 in {n.op_type for g in [model.graph, *branches] for n in g.node}
+    assert [n.name for n in _gguf_nodes(tmp_path / "b")] == ["/lm_head/MatMulGGUF"]  # the Q8_0 head
+
+
 def test_a_q4_k_m_like_mix_runs_its_types_side_by_side(tmp_path, wide_hf):
     """Q4_K with a Q6_K attn_v in layer 0 (llama-quantize's Q4_K_M mixes so): the fused qkv of layer 0 is two
     MatMulGGUF (Q4_K rows for q|k, Q6_K for v) concatenated (in each branch of the graph's If); the export
@@ -117,6 +135,21 @@ def test_a_q4_k_m_like_mix_runs_its_types_side_by_side(tmp_path, wide_hf):
     types = sorted({a.i for n in _gguf_nodes(tmp_path / "b") if "layers.0/" in n.name and "qkv" in n.name
                     for a in n.attribute if a.name == "type"})  # fmt: skip
     assert types == [BLOCK_TYPES["Q4_K"].ggml_id, BLOCK_TYPES["Q6_K"].ggml_id]
+    assert len(_greedy(tmp_path / "b", [0, 5, 9], 6)) == 6
+
+
+def test_an_int8_block_32_head_runs_as_q8_0_and_leaves_the_argmax(tmp_path, wide_hf):
+    """A Q8_0 head, kept as INT8 blocks of 32, runs on MatMulGGUF over the same values in Q8_0's layout (MatMulNBits
+    took it before) and outputs next_token, which greedy decoding reads."""
+    path = tmp_path / "h.gguf"
+    write_gguf(wide_hf, path, linear_type=Q.Q4_K, override_type=("output.weight", Q.Q8_0))
+    m, _ = _export(path, tmp_path / "b", "--target", "nuc")
+    assert m["quantization"]["gguf_codes"]["imported"]["lm_head.weight"] == "Q8_0"
+    (head,) = [n for n in _gguf_nodes(tmp_path / "b") if n.name.startswith("/lm_head/")]
+    assert {a.name: a.i for a in head.attribute}["type"] == BLOCK_TYPES["Q8_0"].ggml_id and len(head.output) == 2
+    model = onnx.load(str(tmp_path / "b" / "model.onnx"))
+    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["/lm_head/weight_q8_0"]
+    assert np.array_equal(stored, _file_rows(path, "output.weight", None))  # the file's Q8_0 bytes, rebuilt exactly
     assert len(_greedy(tmp_path / "b", [0, 5, 9], 6)) == 6
 
 
