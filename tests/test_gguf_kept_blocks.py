@@ -22,6 +22,7 @@ from edge_runtime.exporters.gguf_convert import reverse_permute
 from edge_runtime.exporters.gguf_quant import BLOCKS_FORMAT
 
 from .test_gguf import _greedy, write_gguf
+from .test_mixed_precision import _nodes
 from .tiny_models import save_tiny_checkpoint
 
 gguf = pytest.importorskip("gguf")
@@ -49,15 +50,7 @@ def _export(src: Path, out: Path, *args: str) -> tuple[dict, str]:
 
 def _gguf_nodes(bundle: Path) -> list[onnx.NodeProto]:
     model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
-
-    def walk(g):
-        for n in g.node:
-            yield n
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    yield from walk(a.g)
-
-    return [n for n in walk(model.graph) if n.op_type == kernels.MATMUL_GGUF]
+    return [n for n in _nodes(model.graph) if n.op_type == kernels.MATMUL_GGUF]
 
 
 def _bundle_blocks(bundle: Path) -> int:
@@ -117,8 +110,7 @@ def test_q4_0_into_int4_runs_on_matmul_q4(tmp_path, wide_hf):
     linears = {k: v for k, v in per.items() if ".layers." in k}
     assert all(v["codes"] == "gguf" and v["rel_err"] == 0.0 and "gguf_type" not in v for v in linears.values())
     model = onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False)
-    branches = [a.g for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
-    assert kernels.MATMUL_Q4 in {n.op_type for g in [model.graph, *branches] for n in g.node}
+    assert kernels.MATMUL_Q4 in {n.op_type for n in _nodes(model.graph)}
     assert [n.name for n in _gguf_nodes(tmp_path / "b")] == ["/lm_head/MatMulGGUF"]  # the Q8_0 head
 
 
