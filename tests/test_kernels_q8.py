@@ -407,7 +407,7 @@ def test_fp32_compute_is_refused_on_matmul_q4():
         ],
     )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
-    with pytest.raises(Exception, match="only MatMulQ8 takes 1"):
+    with pytest.raises(Exception, match="only MatMulQ8 and MatMulGGUF take 1"):
         _session(helper.make_model(graph, opset_imports=opsets).SerializeToString())
 
 
