@@ -10,8 +10,8 @@ cannot be built, or the CPU lacks AVX2/FMA/F16C, `--kernel edge` exports are ref
 the ops say so when loaded). MatMulQ4 and MatMulQ8 have three implementations each, chosen when a session
 is created: AMX (Intel Sapphire Rapids and later: tiles for calls of more than 16 rows, the VNNI code for
 fewer), else AVX-512 VNNI where the CPU has it (Zen 4, Intel Ice Lake and later), else AVX2;
-`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`, `amx`) pins one for both ops, for A/B runs. MatMulGGUF has one
-implementation, AVX2, which every CPU the others run on runs.
+`EDGE_KERNELS_ISA=avx2` (or `avx512vnni`, `amx`) pins one for both ops, for A/B runs. MatMulGGUF runs its
+AVX-512 VNNI code where they run VNNI or AMX, its AVX2 code elsewhere (the same integers either way).
 
     so = onnxruntime.SessionOptions()
     kernels.register(so)          # True if the ops are now available to sessions made from `so`
