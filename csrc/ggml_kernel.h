@@ -2,8 +2,9 @@
  * implementations: the including file defines
  *   __m256i GG_DOT(__m256i u, __m256i a)   8 int32 sums of 4 products each of unsigned codes u and signed a
  *                                          (AVX2: maddubs then madd; VNNI: vpdpbusd: the same integers)
- *   GG_SUFFIX                              the implementations' name suffix
- * and gets `const QImpl *ggml_int_impl_<suffix>(int64_t type)`.
+ *   GG_NAME(x)                             x with the implementation's suffix (x##_avx2, x##_avx512vnni)
+ *   GG_ISA                                 its name as QImpl.isa
+ * and gets `const QImpl *GG_NAME(ggml_int_impl)(int64_t type)`.
  *
  * A column's blocks go in groups of 8 (a K-quant's super-block), whose scale factors are unpacked once into two
  * vectors (ggml_decode.h's group_scales: D multiplies a block's codes' dot product, C its activation code sum);
