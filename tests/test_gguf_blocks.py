@@ -1,8 +1,8 @@
 """GGUF blocks as stored (exporters/gguf_blocks.py) and the MatMulGGUF op that runs them (csrc/ggml_blocks.h).
 
-Every block type's bytes dequantize to gguf-py's values bit for bit, and the op's product equals a float64
-product of those weights with the int8-rounded activations to float32 accumulation, at every row count, each
-row equal to that row computed alone.
+The op reads every block type's bytes as gguf-py dequantizes them, bit for bit (its fp32_compute mode reads the
+whole matrix back through identity rows), and its product equals a float64 product of those weights with the
+int8-rounded activations to float32 accumulation, at every row count, each row equal to that row computed alone.
 """
 
 from __future__ import annotations
@@ -37,19 +37,6 @@ def _blocks(rng: np.random.Generator, name: str, n: int) -> np.ndarray:
         b[:, at : at + 2] = d.view(np.uint8).reshape(n, 2)
     b[-1] = 0
     return b
-
-
-@pytest.mark.parametrize("name", sorted(BLOCK_TYPES))
-def test_blocks_dequantize_to_gguf_py_bit_for_bit(name):
-    t = BLOCK_TYPES[name]
-    rng = np.random.default_rng(t.ggml_id)
-    out, k = 7, 3 * t.elements
-    raw = _blocks(rng, name, out * 3).reshape(out, -1)
-    ours = dequantize(t, check(t, raw, (out, k), "w"), (out, k))
-    ref = gguf_dequantize(raw, GGMLQuantizationType[name]).astype(np.float32)
-    assert ours.dtype == np.float32 and ours.shape == ref.shape == (out, k)
-    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))  # the same bits, signed zeros included
-    assert (ours[-1, -t.elements :] == 0).all()  # the zero block
 
 
 def test_truncated_mislabelled_or_non_finite_blocks_are_refused_in_one_line():
@@ -133,8 +120,7 @@ def test_matmul_gguf_is_the_dequantized_weights_times_int8_rows(name, k):
 @pytest.mark.parametrize(("name", "k"), _SHAPES)
 def test_matmul_gguf_fp32_compute_is_the_dequantized_weights_times_float_rows(name, k):
     """fp32_compute=1 (the export's accuracy_level 0 twin): float activations against weights formed as gguf-py
-    forms them, so the product is the float64 one to float32 accumulation; a one-hot row reads a weight column
-    back exactly."""
+    forms them, so the product is the float64 one to float32 accumulation."""
     t = BLOCK_TYPES[name]
     rng = np.random.default_rng(200 + t.ggml_id)
     n = 70
@@ -146,8 +132,24 @@ def test_matmul_gguf_fp32_compute_is_the_dequantized_weights_times_float_rows(na
         y = session.run(None, {"x": x})[0]
         err = np.abs(y - x.astype(np.float64) @ w.T.astype(np.float64)) / (np.abs(x) @ np.abs(w).T + 1e-30)
         assert err.max() < 1e-6, (m, err.max())
-    eye = np.eye(k, dtype=np.float32)[[0, 17, k - 1]]
-    assert np.array_equal(session.run(None, {"x": eye})[0], w[:, [0, 17, k - 1]].T)
+
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", sorted(BLOCK_TYPES))
+def test_the_op_reads_every_block_as_gguf_py_does_bit_for_bit(name):
+    """Identity rows through fp32_compute=1 read the whole matrix back: each weight the op forms equals
+    gguf.quants.dequantize's (random blocks: scales and minimums of both signs over 1e-4..6e4, zeros, a zero
+    block). A sum of one exact product and zeros is that product, so nothing but the op's reading is tested."""
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(t.ggml_id)
+    k, n = 3 * t.elements, 7
+    raw = _blocks(rng, name, n * 3).reshape(n, -1)
+    want = gguf_dequantize(raw, GGMLQuantizationType[name]).astype(np.float32)
+    assert want.shape == (n, k)
+    back = _graph(name, k, n, raw, fp32_compute=1).run(None, {"x": np.eye(k, dtype=np.float32)})[0].T
+    assert np.array_equal(back, want)  # -0.0 may come back +0.0 (a sum with zeros): equal values
+    assert (back[-1, -t.elements :] == 0).all()  # the zero block
 
 
 @needs_kernels
