@@ -12,10 +12,13 @@
 typedef struct {
     int64_t T, hq, hkv, d, rot_half, capacity;
     int64_t write_index;                      /* buffer row of token 0 of the call; rows never wrap inside it */
+    /* A batch of caches (edge-serve's batched decode): row i is a token of cache row_cache[i] of the batch,
+     * written at its buffer row row_write[i]. NULL: every row is of cache 0, written at write_index + i. */
+    const int64_t *row_cache, *row_write;
     int64_t sinks;                            /* columns [0, sinks) take the sink-rotated query */
     float scale;
     const float *qkv;                         /* [T, (hq + 2 hkv) * d] */
-    void *keys, *values;                      /* [hkv, capacity, d] rows of kv_type (simd.h) */
+    void *keys, *values;                      /* [caches, hkv, capacity, d] rows of kv_type (simd.h) */
     int kv_type;                              /* KV_F32, KV_F16 or KV_Q8: rows read widened, new ones rounded */
     const float *cos, *sin;                   /* [T, rot_half] at each row's absolute position */
     const float *cos_sink, *sin_sink;         /* [T, rot_half] at its cache-logical position */
@@ -24,7 +27,13 @@ typedef struct {
     int out_of_memory;                        /* set by a task that could not get its scratch */
 } RingArgs;
 
-/* Rotate token i's key at its absolute position and write it and its value into row write_index + i. */
+/* The first row of token i's cache in keys/values: its cache's offset in rows. */
+static inline int64_t ring_cache_rows(const RingArgs *a, int64_t i) {
+    return a->row_cache ? a->row_cache[i] * a->hkv * a->capacity : 0;
+}
+
+/* Rotate token i's key at its absolute position and write it and its value into row write_index + i
+ * (row_write[i] of cache row_cache[i] in a batch). */
 void ring_write_kv(const RingArgs *a, int64_t i);
 
 /* Output of query head `h` of token `i` over every unmasked buffer row, using `scores` and `cols`

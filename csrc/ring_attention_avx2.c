@@ -25,7 +25,8 @@ static void rope(const float *x, const float *c, const float *s, int64_t half, i
 }
 
 void ring_write_kv(const RingArgs *a, int64_t i) {
-    int64_t width = (a->hq + 2 * a->hkv) * a->d, row = a->write_index + i;
+    int64_t width = (a->hq + 2 * a->hkv) * a->d, row = a->row_write ? a->row_write[i] : a->write_index + i;
+    row += ring_cache_rows(a, i);
     const float *src = a->qkv + i * width, *c = a->cos + i * a->rot_half, *s = a->sin + i * a->rot_half;
     float y[512]; /* d <= 512, checked when the op runs */
     for (int64_t j = 0; j < a->hkv; j++) {
@@ -87,7 +88,8 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
     float q[512], qs[512]; /* d <= 512, checked when the op runs */
     rope(x, a->cos + i * a->rot_half, a->sin + i * a->rot_half, a->rot_half, d, q);
     if (n_sink) rope(x, a->cos_sink + i * a->rot_half, a->sin_sink + i * a->rot_half, a->rot_half, d, qs);
-    const void *keys = kv_row(a->keys, kvh * cap, d, kt), *values = kv_row(a->values, kvh * cap, d, kt);
+    int64_t first = ring_cache_rows(a, i) + kvh * cap; /* this token's cache, this head */
+    const void *keys = kv_row(a->keys, first, d, kt), *values = kv_row(a->values, first, d, kt);
     float best = -INFINITY;
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {

@@ -3,7 +3,12 @@
  *   inputs:  qkv [1, T, (Hq + 2 Hkv) * D], past_key, past_value [1, Hkv, C, D], write_index [1] int64,
  *            cos, sin, cos_sink, sin_sink [T, R/2], sink_rows [1] int64, attn_mask [T, C] (or [1, 1, T, C])
  *   outputs: out [1, T, Hq * D], present_key, present_value [1, Hkv, C, D]
+ *            row_cache [B] int64 (optional; B = T, or empty)
  *   attributes: num_heads, kv_num_heads, scale
+ *
+ * With row_cache of T values the call is a batch: row i is one token of cache row_cache[i], past_* hold every
+ * cache of the batch [caches, Hkv, C, D] and write_index gives each row's buffer row [T] (edge-serve's batched
+ * decode: one row per sequence). Each row's result is then what it would be alone on its own cache.
  *   past_* and present_* are fp32, fp16 or q8 rows (one type; simd.h), the rest fp32.
  *
  * Every new key (rotated at its absolute position) and value is written at rows write_index.. first, then
@@ -17,7 +22,9 @@
 #include "ring_attention.h"
 #include "simd.h"
 
-enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, N_IN };
+enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, IN_ROW_CACHE,
+       N_IN };
+enum { N_REQUIRED = IN_ROW_CACHE };
 
 
 static const char *ring_name(const OrtCustomOp *op) { (void)op; return "RingAttention"; }
@@ -25,7 +32,11 @@ static size_t ring_inputs(const OrtCustomOp *op) { (void)op; return N_IN; }
 static size_t ring_outputs(const OrtCustomOp *op) { (void)op; return 3; }
 static int ring_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
-    return i == IN_WRITE || i == IN_SINKS ? ONNX_INT64 : ONNX_FLOAT;
+    return i == IN_WRITE || i == IN_SINKS || i == IN_ROW_CACHE ? ONNX_INT64 : ONNX_FLOAT;
+}
+static int ring_input_kind(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == IN_ROW_CACHE ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 static int ring_f16_input_type(const OrtCustomOp *op, size_t i) {
     return i == IN_PAST_K || i == IN_PAST_V ? ONNX_FLOAT16 : ring_input_type(op, i); /* op_common.h says why */
@@ -73,12 +84,16 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
     for (size_t i = 0; i < N_IN; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
     int64_t dims[N_IN][8];
     size_t rank[N_IN], count[N_IN];
-    for (size_t i = 0; i < N_IN; i++) TRY(element_count(in[i], &count[i], dims[i], &rank[i], NULL));
+    count[IN_ROW_CACHE] = 0; /* absent: one cache */
+    for (size_t i = 0; i < N_IN; i++)
+        if (i < N_REQUIRED || in[i]) TRY(element_count(in[i], &count[i], dims[i], &rank[i], NULL));
     const int64_t *qd = dims[IN_QKV], *kd = dims[IN_PAST_K], *cd = dims[IN_COS], *md = dims[IN_MASK];
-    if (rank[IN_QKV] != 3 || qd[0] != 1 || rank[IN_PAST_K] != 4 || kd[0] != 1 || kd[1] != k->hkv ||
-        rank[IN_PAST_V] != 4 || !same_dims(kd, dims[IN_PAST_V], 4))
+    int batch = count[IN_ROW_CACHE] > 0;
+    if (rank[IN_QKV] != 3 || qd[0] != 1 || rank[IN_PAST_K] != 4 || kd[0] < 1 || (!batch && kd[0] != 1) ||
+        kd[1] != k->hkv || rank[IN_PAST_V] != 4 || !same_dims(kd, dims[IN_PAST_V], 4))
         return fail(ORT_INVALID_ARGUMENT,
-                    "RingAttention: expects qkv [1, T, W] and past_key, past_value of one shape [1, kv_num_heads, C, D]");
+                    "RingAttention: expects qkv [1, T, W] and past_key, past_value of one shape [1, kv_num_heads, C, D] "
+                    "([caches, kv_num_heads, C, D] with row_cache)");
     RingArgs a = {0};
     TRY(attn_cache_type(in[IN_PAST_K], in[IN_PAST_V], &a.kv_type));
     if (a.kv_type < 0)
@@ -97,13 +112,26 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
     size_t mr = rank[IN_MASK];
     if (!((mr == 2 || (mr == 4 && md[0] == 1 && md[1] == 1)) && md[mr - 2] == a.T && md[mr - 1] == a.capacity))
         return fail(ORT_INVALID_ARGUMENT, "RingAttention: attn_mask must be [T, C] or [1, 1, T, C]");
-    if (count[IN_WRITE] != 1 || count[IN_SINKS] != 1)
-        return fail(ORT_INVALID_ARGUMENT, "RingAttention: write_index and sink_rows must hold one value each");
+    if (count[IN_SINKS] != 1 || (batch ? (int64_t)count[IN_WRITE] != a.T || (int64_t)count[IN_ROW_CACHE] != a.T
+                                       : count[IN_WRITE] != 1))
+        return fail(ORT_INVALID_ARGUMENT, "RingAttention: sink_rows must hold one value, and write_index one (T "
+                                          "with row_cache, which then holds T)");
     int64_t *write_index, *sink_rows;
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_WRITE], (void **)&write_index));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_SINKS], (void **)&sink_rows));
     a.write_index = write_index[0], a.sinks = sink_rows[0];
-    if (a.write_index < 0 || a.write_index > a.capacity - a.T)
+    if (batch) {
+        int64_t *row_cache;
+        TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_ROW_CACHE], (void **)&row_cache));
+        for (int64_t i = 0; i < a.T; i++) {
+            if (row_cache[i] < 0 || row_cache[i] >= kd[0] || write_index[i] < 0 || write_index[i] >= a.capacity)
+                return fail(ORT_INVALID_ARGUMENT, "RingAttention: a row's cache or write row is outside the batch");
+            for (int64_t j = 0; j < i; j++) /* two rows writing one buffer row would race */
+                if (row_cache[j] == row_cache[i] && write_index[j] == write_index[i])
+                    return fail(ORT_INVALID_ARGUMENT, "RingAttention: two rows write one buffer row");
+        }
+        a.row_cache = row_cache, a.row_write = write_index;
+    } else if (a.write_index < 0 || a.write_index > a.capacity - a.T)
         return fail(ORT_INVALID_ARGUMENT, "RingAttention: write_index puts the new rows outside the cache");
     if (a.sinks < 0 || a.sinks > a.capacity)
         return fail(ORT_INVALID_ARGUMENT, "RingAttention: sink_rows is outside the cache");
@@ -142,10 +170,10 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
 }
 
 const OrtCustomOp edge_ring_attention_op = EDGE_OP(ring_create, ring_compute, ring_name, ring_inputs, ring_input_type,
-                                                   op_required, ring_outputs, float_type, op_required);
+                                                   ring_input_kind, ring_outputs, float_type, op_required);
 const OrtCustomOp edge_ring_attention_f16_op = EDGE_OP(ring_create, ring_compute, ring_name, ring_inputs,
-                                                       ring_f16_input_type, op_required, ring_outputs,
+                                                       ring_f16_input_type, ring_input_kind, ring_outputs,
                                                        attn_f16_output_type, op_required);
 const OrtCustomOp edge_ring_attention_q8_op = EDGE_OP(ring_create, ring_compute, ring_name, ring_inputs,
-                                                      ring_q8_input_type, op_required, ring_outputs,
+                                                      ring_q8_input_type, ring_input_kind, ring_outputs,
                                                       attn_q8_output_type, op_required);

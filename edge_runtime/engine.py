@@ -17,7 +17,8 @@ decode step's whole row (logits_check.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .backends import Backend
-from .backends.onnxruntime import OrtBackend
+from .backends.onnxruntime import BatchRunner, OrtBackend
+from .batching import CHUNK_BESIDE_STREAMS, DEFAULT_WAIT_S, StepBatcher
 from .bundle import Bundle, open_bundle, stored_bytes
 from .errors import BundleError, EdgeRuntimeError
 from .interrupts import atomic, poll
@@ -34,7 +36,7 @@ from .load_options import LoadOptions as LoadOptions
 from .load_options import apply_target as apply_target
 from .logits_check import CHECK_EVERY, check_row, check_token
 from .manifest import LINEAR_UNTIL_FULL, KvUpdate, Manifest
-from .pool import StaticPool
+from .pool import BatchBuffers, StaticPool, batch_kv
 from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
 
 if TYPE_CHECKING:
@@ -65,6 +67,9 @@ class Model:
         self._position_offset = opts.position_offset
         self._gqa_while_linear = "ring_full" in m.graph.inputs
         self._local = _local_layers(bundle.path, m)
+        # Several caches of a graph that takes a batch (manifest.ROW_CACHE, an ort graph with edge kernels) share
+        # one K/V array per layer, each cache a slice, so one call can decode a token of each (decode_batch).
+        self.batched = opts.caches > 1 and m.graph.batched and not self.host_copy
         # the local layers' ring (None without local layers), the one RingState keeps in step
         first = self._ring()
         self.local_geometry = None if first.local_ring is None else first.local_ring.geometry
@@ -83,7 +88,8 @@ class Model:
             )
         self.weight_bytes = weight_bytes
         self.threads = opts.threads
-        pool = self._pool(first)
+        kv = batch_kv(m, self.geometry, self.local_geometry, opts.caches) if self.batched else None
+        pool = self._pool(first, kv, 0)
         self.backend: Backend  # the graph's backend, bound to the first cache; the others are bound to it
         if opts.tensorrt is not None:
             from .backends.trt_backend import open_trt_backend
@@ -104,23 +110,41 @@ class Model:
                 providers=opts.providers,
             )
         caches = [KVCache(pool, first, self.backend)]
-        for _ in range(1, opts.caches):
+        for i in range(1, opts.caches):
             ring = self._ring()
-            pool = self._pool(ring)
-            caches.append(KVCache(pool, ring, self.backend.bind(pool)))
+            pool = self._pool(ring, kv, i)
+            caches.append(KVCache(pool, ring, self.backend.bind(pool), i))
         self.caches: tuple[KVCache, ...] = tuple(caches)
+        self._batch: BatchRunner | None = None
+        if kv is not None and isinstance(self.backend, OrtBackend):
+            self._batch_buffers = BatchBuffers.allocate(m, kv, caches[0].pool)
+            self._batch = self.backend.batch(self._batch_buffers, caches[0].pool)
+        # Set by a front end that steps several caches from several threads (edge-serve's --parallel): decode steps
+        # then go through it, which runs those that arrive together as one batched call (batching.py).
+        self.batcher: StepBatcher | None = None
+
+    def batch_steps(
+        self, *, wait_s: float = DEFAULT_WAIT_S, observe: Callable[[int], None] | None = None
+    ) -> StepBatcher:
+        """From now on, decode steps that threads ask for together on different caches run as one call (batching.py;
+        one call a cache where the graph takes no batch). Returns the batcher, whose `stream()` each thread's
+        generation runs inside."""
+        self.batcher = StepBatcher(self.decode_batch, len(self.caches), wait_s=wait_s, observe=observe)
+        return self.batcher
 
     def _ring(self) -> RingState:
         return RingState(
             self.geometry,
             self._inv_freq,
             self._position_offset,
-            gqa_while_linear=self._gqa_while_linear,
+            # a batched step runs RingAttention at every fill, which reads the step's cos/sin: kept current
+            gqa_while_linear=self._gqa_while_linear and not self.batched,
             local=self._local,
         )
 
-    def _pool(self, ring: RingState) -> StaticPool:
-        pool = StaticPool.allocate(self.manifest, self.geometry, self.local_geometry)
+    def _pool(self, ring: RingState, kv: tuple[list[np.ndarray], list[np.ndarray]] | None, index: int) -> StaticPool:
+        own = None if kv is None else ([k[index : index + 1] for k in kv[0]], [v[index : index + 1] for v in kv[1]])
+        pool = StaticPool.allocate(self.manifest, self.geometry, self.local_geometry, kv=own)
         d = pool.decode  # its rotary caches in the activation dtype, which an fp16 KV cache need not share
         d.cos_cache[:], d.sin_cache[:] = ring.rotary_cache(d.cos.dtype)
         return pool
@@ -136,22 +160,44 @@ class Model:
             raise EdgeRuntimeError(
                 f"token ids must be in [0, {self.manifest.model.vocab_size}), got {ids.min()}..{ids.max()}"
             )
-        out, pos = [], 0
-        cache.decoding = False
-        ring, pool = cache.ring, cache.pool
-        for n in ring.chunks(ids.size):
-            poll()  # a Ctrl-C deferred by a caller's section stops a long prompt between chunks
-            with atomic():  # the ring's advance and the rows the graph writes go together
-                # the activation dtype (the pool's step inputs), which an fp16 cache need not share
-                plan = ring.plan(n, new_rows_as_columns=self.host_copy, dtype=pool.decode.cos.dtype)
-                out.append(cache.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
-            pos += n
+        batcher = self.batcher
+        with nullcontext() if batcher is None else batcher.prefilling():
+            out = self._prefill(cache, ids, all_logits, batcher)
         check_row(out[-1][-1], "the end of the prompt")
         return np.concatenate(out) if all_logits else out[-1][-1]
 
+    def _prefill(
+        self, cache: KVCache, ids: np.ndarray, all_logits: bool, batcher: StepBatcher | None
+    ) -> list[np.ndarray]:
+        out, pos = [], 0
+        cache.decoding = False
+        ring, pool = cache.ring, cache.pool
+        # Beside other streams a long prompt goes in chunks of at most CHUNK_BESIDE_STREAMS tokens, their decode
+        # steps running between them (batching.py).
+        for n in ring.chunks(ids.size, None if batcher is None else CHUNK_BESIDE_STREAMS):
+            poll()  # a Ctrl-C deferred by a caller's section stops a long prompt between chunks
+            with nullcontext() if batcher is None else batcher.chunk(), atomic():
+                # the ring's advance and the rows the graph writes go together; the step inputs in the activation
+                # dtype (the pool's), which an fp16 cache need not share
+                plan = ring.plan(n, new_rows_as_columns=self.host_copy, dtype=pool.decode.cos.dtype)
+                out.append(cache.backend.run_chunk(ids[pos : pos + n], plan, keep=n if all_logits else 1))
+            pos += n
+        return out
+
     def decode(self, cache: KVCache, token: int) -> np.ndarray:
         """Feed one token into `cache`; its logits [V] (a view into the cache's pool, overwritten by its next
-        step)."""
+        step). With a `batcher`, the step may run in one call with other caches' (`decode_batch`): the same
+        result where the batch's rows round as one row does (`exact_rows`)."""
+        if self.batcher is not None:
+            self.batcher.decode(cache, token)
+        else:
+            self._decode_one(cache, token)
+        cache.decode_steps += 1
+        if cache.decode_steps % CHECK_EVERY == 0:
+            check_row(cache.pool.logits[0, 0], f"decode step {cache.decode_steps}")
+        return cache.pool.logits[0, 0]
+
+    def _decode_one(self, cache: KVCache, token: int) -> None:
         pool = cache.pool
         d = pool.decode
         with atomic():  # the ring's advance, the row the graph writes and the host copy go together
@@ -163,10 +209,35 @@ class Model:
             cache.backend.run_decode(row)
             if self.host_copy:
                 cache.ring.decode_done(d, row)
-        cache.decode_steps += 1
-        if cache.decode_steps % CHECK_EVERY == 0:
-            check_row(pool.logits[0, 0], f"decode step {cache.decode_steps}")
-        return pool.logits[0, 0]
+
+    def decode_batch(self, caches: Sequence[KVCache], tokens: Sequence[int]) -> None:
+        """One decode step on each of `caches` (distinct caches of this model), `tokens[b]` into `caches[b]`, as
+        one graph call where the graph takes a batch (`batched`), else one call each. Each cache's logits (and
+        fused argmax) land in its pool, as `decode` leaves them; nothing is checked or counted here (`decode` does
+        that for its caller)."""
+        if len(caches) == 1 or self._batch is None:
+            for cache, token in zip(caches, tokens, strict=True):
+                self._decode_one(cache, token)
+            return
+        b = self._batch_buffers
+        if len(caches) > b.input_ids.shape[1] or len({c.index for c in caches}) != len(caches):
+            raise EdgeRuntimeError(
+                f"a batched step takes distinct caches of this model, got {[c.index for c in caches]}"
+            )
+        with atomic():
+            for i, (cache, token) in enumerate(zip(caches, tokens, strict=True)):
+                d = cache.pool.decode
+                if not cache.decoding:
+                    cache.ring.sync_decode(d)
+                    cache.decoding = True
+                cache.ring.decode_into(d, new_rows_as_columns=False)
+                b.set_row(i, cache.index, token, d)
+            self._batch.run(len(caches))
+            for i, cache in enumerate(caches):
+                pool = cache.pool
+                pool.logits[0, 0] = b.logits[0, i]
+                if pool.next_token is not None and b.next_token is not None:
+                    pool.next_token[0, 0, 0] = b.next_token[0, i, 0]
 
     def decoded_argmax(self, cache: KVCache) -> int:
         """numpy.argmax of `cache`'s last decode step's logits, as the graph computed it (fused_argmax only)."""

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
 
 class KVCache:
-    def __init__(self, pool: StaticPool, ring: RingState, backend: Backend):
-        self.pool, self.ring, self.backend = pool, ring, backend
+    def __init__(self, pool: StaticPool, ring: RingState, backend: Backend, index: int = 0):
+        """`index`: this cache's place among its model's (`Model.caches`), its row_cache in a batched step."""
+        self.pool, self.ring, self.backend, self.index = pool, ring, backend, index
         # Whether the pool's incremental decode inputs (mask, sink angles) are in step with the ring: a prefill
         # or a rollback moves the ring without them, and the next decode step rebuilds them once.
         self.decoding = False

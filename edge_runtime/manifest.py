@@ -46,6 +46,13 @@ NEXT_TOKEN = "next_token"
 # local layers of a model with a sliding window (Gemma 3, Ministral; docs/architecture.md §5.2).
 CAPACITY_DIM = "capacity"
 LOCAL_CAPACITY_DIM = "capacity_local"
+# Graphs whose RingAttention takes a batch of caches (edge kernels): their `row_cache` input [BATCH_ROWS_DIM] names
+# each row's cache, past_key's first dimension is CACHES_DIM, and write_index holds one row each [WRITE_ROWS_DIM]
+# (or one for a call on one cache). Older graphs lack the input and decode one sequence a call.
+ROW_CACHE = "row_cache"
+CACHES_DIM = "caches"
+BATCH_ROWS_DIM = "batch_rows"
+WRITE_ROWS_DIM = "write_rows"
 
 
 class KvUpdate(str, enum.Enum):
@@ -120,6 +127,11 @@ class GraphSpec:
             for name, spec in self.inputs.items()
             if name.startswith("past_key.") and spec["shape"][2] == LOCAL_CAPACITY_DIM
         )
+
+    @property
+    def batched(self) -> bool:
+        """Whether one call may decode several caches' tokens (the graph takes ROW_CACHE)."""
+        return ROW_CACHE in self.inputs
 
     def kv_shape(self, kv_heads: int, capacity: int, head_dim: int) -> tuple[int, ...]:
         """One layer's K (or V) buffer shape under this graph's layout (a q8 row holds its scale too)."""
@@ -357,7 +369,9 @@ def _check_shapes(m: Manifest, source: str) -> None:
                 i = int(layer) if layer.isdigit() else -1
                 if not 0 <= i < n:
                     raise bad(f"graph.{side}['{name}'] names no layer of the {n}")
-                want = [1, model.num_kv_heads[i], None, model.head_dim + extra]
+                # the first dimension is 1, or the caches of a batch (graphs that take ROW_CACHE)
+                first = CACHES_DIM if shape and shape[0] == CACHES_DIM and ROW_CACHE in graph.inputs else 1
+                want = [first, model.num_kv_heads[i], None, model.head_dim + extra]
                 if len(shape) != 4 or any(w is not None and d != w for d, w in zip(shape, want, strict=True)):
                     raise bad(f"graph.{side}['{name}'] has shape {shape}, the model's dims give [1, "
                               f"{model.num_kv_heads[i]}, capacity, {model.head_dim + extra}]")  # fmt: skip

@@ -40,8 +40,16 @@ class StaticPool:
     global_rows: int = 0
 
     @classmethod
-    def allocate(cls, manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None = None) -> StaticPool:
-        """`local`: the local layers' ring (RingState.local_ring), for a graph with local layers."""
+    def allocate(
+        cls,
+        manifest: Manifest,
+        geometry: RingGeometry,
+        local: RingGeometry | None = None,
+        *,
+        kv: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
+    ) -> StaticPool:
+        """`local`: the local layers' ring (RingState.local_ring), for a graph with local layers. `kv`: this cache's
+        K and V buffers, views into a batch's (`batch_kv`), else allocated here."""
         m, g = manifest.model, geometry
         dtype = np.dtype(manifest.graph.activation_dtype)
         kv_dtype = np.dtype(manifest.graph.kv_storage)  # fp16 or q8 rows under fp32 activations: --kv-dtype
@@ -49,10 +57,12 @@ class StaticPool:
         local_layers = manifest.graph.local_cache_layers
         if bool(local_layers) != (local is not None):
             raise EdgeRuntimeError(f"the graph's local-ring layers {sorted(local_layers)} and the ring given disagree")
-        caps = [local.capacity if local is not None and i in local_layers else g.capacity for i in range(m.num_layers)]
-        shapes = [manifest.graph.kv_shape(h, c, m.head_dim) for h, c in zip(m.num_kv_heads, caps, strict=True)]
-        keys = [_committed(shape, kv_dtype) for shape in shapes]
-        values = [_committed(shape, kv_dtype) for shape in shapes]
+        if kv is None:
+            shapes = _kv_shapes(manifest, geometry, local)
+            keys = [_committed(shape, kv_dtype) for shape in shapes]
+            values = [_committed(shape, kv_dtype) for shape in shapes]
+        else:
+            keys, values = kv
         decode = _decode_buffers(g, m.rotary_dim // 2, dtype, host_copy, rotary_cache=True)
         if local is not None:  # the local layers' own ring inputs (e.g. Gemma 3)
             decode.local = _decode_buffers(local, m.rotary_dim // 2, dtype, host_copy, rotary_cache=False)
@@ -121,14 +131,98 @@ class StaticPool:
 
     @staticmethod
     def estimate_kv_bytes(manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None = None) -> int:
-        g, itemsize = manifest.graph, np.dtype(manifest.graph.kv_storage).itemsize
-        local_layers = g.local_cache_layers if local is not None else frozenset()
-        shapes = [
-            g.kv_shape(h, local.capacity if local is not None and i in local_layers else geometry.capacity,
-                       manifest.model.head_dim)
-            for i, h in enumerate(manifest.model.num_kv_heads)
-        ]  # fmt: skip
-        return 2 * sum(int(np.prod(s)) * itemsize for s in shapes)
+        itemsize = np.dtype(manifest.graph.kv_storage).itemsize
+        return 2 * sum(int(np.prod(s)) * itemsize for s in _kv_shapes(manifest, geometry, local))
+
+
+def _kv_shapes(manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None) -> list[tuple[int, ...]]:
+    """Each layer's K (or V) buffer shape for one cache: the local ring's rows for the local layers."""
+    g = manifest.graph
+    local_layers = g.local_cache_layers if local is not None else frozenset()
+    return [
+        g.kv_shape(h, local.capacity if local is not None and i in local_layers else geometry.capacity,
+                   manifest.model.head_dim)
+        for i, h in enumerate(manifest.model.num_kv_heads)
+    ]  # fmt: skip
+
+
+def batch_kv(
+    manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None, caches: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every layer's K and V buffers for `caches` caches, one array each [caches, H_kv, C, D]: cache i's are the
+    views [i : i + 1] (StaticPool.allocate's `kv`), so one graph call can read and write several caches
+    (BatchBuffers) while each cache still binds its own rows for a call of its own."""
+    kv_dtype = np.dtype(manifest.graph.kv_storage)
+    shapes = [(caches, *s[1:]) for s in _kv_shapes(manifest, geometry, local)]
+    return [_committed(s, kv_dtype) for s in shapes], [_committed(s, kv_dtype) for s in shapes]
+
+
+@dataclass
+class BatchBuffers:
+    """The inputs and outputs of one decode step over several caches (graphs that take manifest.ROW_CACHE): row b
+    is one token of cache `row_cache[b]`, with that cache's step inputs copied in (RingState.decode_into wrote them
+    into its own DecodeBuffers). A step over B caches binds the first B rows."""
+
+    keys: list[np.ndarray]  # [caches, H_kv, C, D] per layer (batch_kv): every cache's rows
+    values: list[np.ndarray]
+    input_ids: np.ndarray  # [1, caches] int64
+    cos: np.ndarray  # [caches, R/2]
+    sin: np.ndarray
+    cos_sink: np.ndarray
+    sin_sink: np.ndarray
+    attn_mask: np.ndarray  # [caches, C]
+    write_index: np.ndarray  # [caches] int64: each row's buffer row
+    row_cache: np.ndarray  # [caches] int64: each row's cache
+    logits: np.ndarray  # [1, caches, V] float32
+    next_token: np.ndarray | None  # [1, caches, 1] int64, where the graph outputs it
+    keep: np.ndarray  # [1] int64: the rows kept (set per step)
+    ring_full: np.ndarray  # [] bool, True: RingAttention, which takes the batch, at every fill
+    # the local layers' ring (e.g. Gemma 3): [caches, R/2], [caches, C_local], [caches]
+    cos_local: np.ndarray | None = None
+    sin_local: np.ndarray | None = None
+    attn_mask_local: np.ndarray | None = None
+    write_index_local: np.ndarray | None = None
+
+    @classmethod
+    def allocate(
+        cls, manifest: Manifest, kv: tuple[list[np.ndarray], list[np.ndarray]], first: StaticPool
+    ) -> BatchBuffers:
+        """Rows for every cache of `kv` (batch_kv), shaped as `first`'s single-token buffers."""
+        n, d = kv[0][0].shape[0], first.decode
+
+        def rows(a: np.ndarray) -> np.ndarray:
+            return np.zeros((n, a.shape[-1]), a.dtype)
+
+        local = d.local
+        return cls(
+            keys=kv[0],
+            values=kv[1],
+            input_ids=np.zeros((1, n), np.int64),
+            cos=rows(d.cos),
+            sin=rows(d.sin),
+            cos_sink=rows(d.cos_sink),
+            sin_sink=rows(d.sin_sink),
+            attn_mask=rows(d.attn_mask),
+            write_index=np.zeros(n, np.int64),
+            row_cache=np.zeros(n, np.int64),
+            logits=np.zeros((1, n, manifest.model.vocab_size), np.float32),
+            next_token=None if first.next_token is None else np.zeros((1, n, 1), np.int64),
+            keep=np.ones(1, np.int64),
+            ring_full=np.ones((), np.bool_),
+            cos_local=None if local is None else rows(local.cos),
+            sin_local=None if local is None else rows(local.sin),
+            attn_mask_local=None if local is None else rows(local.attn_mask),
+            write_index_local=None if local is None else np.zeros(n, np.int64),
+        )
+
+    def set_row(self, b: int, cache: int, token: int, d: DecodeBuffers) -> None:
+        """Row `b` of the step: `token` into cache `cache`, with the inputs `d` holds for it (RingState.decode_into)."""
+        self.input_ids[0, b], self.row_cache[b], self.write_index[b] = token, cache, d.write_index[0]
+        self.cos[b], self.sin[b], self.cos_sink[b], self.sin_sink[b] = d.cos[0], d.sin[0], d.cos_sink[0], d.sin_sink[0]
+        self.attn_mask[b] = d.attn_mask[0]
+        if d.local is not None and self.cos_local is not None:  # allocated together (allocate)
+            self.cos_local[b], self.sin_local[b] = d.local.cos[0], d.local.sin[0]
+            self.attn_mask_local[b], self.write_index_local[b] = d.local.attn_mask[0], d.local.write_index[0]
 
 
 def _decode_buffers(

@@ -26,9 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import EdgeRuntimeError, RollbackError
+from .manifest import ROW_CACHE
 
 MASKED = -1e30  # additive mask value; finite so a fully-masked row would not produce NaN in fp32
 MASKED_FP16 = -65504.0
+# row_cache of a call on one cache (graphs that take a batch of caches: manifest.ROW_CACHE): no rows named.
+ONE_CACHE = np.zeros(0, np.int64)
 
 
 def geometry_problem(sinks: int, window: int, context: int) -> str | None:
@@ -160,6 +163,7 @@ class StepInputs:
             "total_sequence_length": self.total_len,
             "num_logits_to_keep": np.array([keep], dtype=np.int64),
             "write_index": self.write_index,
+            ROW_CACHE: ONE_CACHE,
         }
         if self.attn_mask_local is not None:
             feeds |= {

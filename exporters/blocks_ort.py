@@ -30,7 +30,7 @@ import numpy as np
 from onnx import helper
 
 from edge_runtime import kernels
-from edge_runtime.manifest import CAPACITY_DIM, LOCAL_CAPACITY_DIM
+from edge_runtime.manifest import CACHES_DIM, CAPACITY_DIM, LOCAL_CAPACITY_DIM
 from edge_runtime.models import LayerWeights
 from edge_runtime.models.base import Activation
 
@@ -77,6 +77,9 @@ class OrtStep:
     # A local layer's step (Gemma 3): cos/sin/attn_mask/write_index are its own RoPE and ring's, it has no sink
     # columns (no sink term) and takes the ring path at every fill (GroupQueryAttention would need its window).
     local: bool = False
+    # [B] int64 or empty: each row's cache in a batch of caches, where the graph's RingAttention takes one
+    # (edge-serve's batched decode; write_index then holds each row's buffer row). None: one cache per call.
+    row_cache: str | None = None
 
 
 def fused_matmuls(
@@ -283,7 +286,7 @@ def _ring_attention(
     return g.op_multi(
         kernels.RING_ATTENTION,
         [qkv, f"past_key.{layer}", f"past_value.{layer}", step.write_index, step.cos, step.sin, step.cos_sink,
-         step.sin_sink, step.sink_rows, step.attn_mask],
+         step.sin_sink, step.sink_rows, step.attn_mask, *([step.row_cache] if step.row_cache else [])],
         name,
         n_out=3,
         outs=[f"{name}/output_0", *cache_outs] if cache_outs else None,
@@ -304,12 +307,14 @@ def _full_ring(
 
 
 def cache_io(
-    g: GraphBuilder, layer: int, hkv: int, head_dim: int, *, local: bool = False
+    g: GraphBuilder, layer: int, hkv: int, head_dim: int, *, local: bool = False, batched: bool = False
 ) -> tuple[str, str, list[str]]:
     """Declare layer `layer`'s past_key/past_value inputs and present_* outputs: (past_k, past_v, present),
-    all of the cache's dtype (g.kv_dtype), as many rows as the global ring (the local ring's, `local`)."""
+    all of the cache's dtype (g.kv_dtype), as many rows as the global ring (the local ring's, `local`).
+    `batched`: the first dimension is the caches of a batch (RingAttention's row_cache), else 1."""
     rows = LOCAL_CAPACITY_DIM if local else CAPACITY_DIM
-    cache_shape = [1, hkv, rows, head_dim + (Q8_ROW_EXTRA if g.kv_dtype == np.uint8 else 0)]
+    first: int | str = CACHES_DIM if batched else 1
+    cache_shape = [first, hkv, rows, head_dim + (Q8_ROW_EXTRA if g.kv_dtype == np.uint8 else 0)]
     past_k = g.input(f"past_key.{layer}", g.kv_dtype, cache_shape)
     past_v = g.input(f"past_value.{layer}", g.kv_dtype, cache_shape)
     present = [f"present_key.{layer}", f"present_value.{layer}"]
@@ -440,14 +445,12 @@ def attention(
     general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim, "scale": scale}
     if linear is not None:
         if linear and not step.local:
-            out, keys, values = _gqa(
-                g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops, scale=scale
-            )
+            out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops, scale=scale)
         else:
             out, keys, values = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
 
-    _, _, present = cache_io(g, layer, hkv, d, local=step.local)
+    _, _, present = cache_io(g, layer, hkv, d, local=step.local, batched=step.row_cache is not None)
     if step.local or not gqa_can_run(d, rotary_dim):  # the general path at every fill
         out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general, cache_outs=tuple(present))
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None

@@ -22,7 +22,16 @@ import onnx
 from edge_runtime import __version__
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import MATMUL_GGUF, MATMUL_Q4, MATMUL_Q8
-from edge_runtime.manifest import KV_HEADS_FIRST, LINEAR_UNTIL_FULL, LOCAL_CAPACITY_DIM, NEXT_TOKEN, KvUpdate
+from edge_runtime.manifest import (
+    BATCH_ROWS_DIM,
+    KV_HEADS_FIRST,
+    LINEAR_UNTIL_FULL,
+    LOCAL_CAPACITY_DIM,
+    NEXT_TOKEN,
+    ROW_CACHE,
+    WRITE_ROWS_DIM,
+    KvUpdate,
+)
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, RopeKind
 from edge_runtime.models.layer_plan import Sublayer, run_layers
 
@@ -204,9 +213,13 @@ def _ort_body(
         sin_sink=sin_s,
         attn_mask=mask,
         sink_rows=sink_rows,
-        write_index=g.input("write_index", np.int64, [1]),
+        write_index=g.input("write_index", np.int64, [WRITE_ROWS_DIM]),
     )
-    if not (edge_ops and blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim)):
+    if edge_ops and blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim):
+        # Every layer's full-ring attention is one RingAttention node, which takes a batch of caches: one row per
+        # sequence (edge-serve's batched decode), each at its own write row. Empty: the call is one cache's.
+        step = replace(step, row_cache=g.input(ROW_CACHE, np.int64, [BATCH_ROWS_DIM]))
+    else:
         # the general path's sink term (RingAttention rotates the sink query itself)
         scale = g.const(np.array(args.softmax_scale, g.dtype))
         capacity = g.op("Shape", [mask], "/model/capacity/Shape", start=-1)  # [1]: C
@@ -236,7 +249,7 @@ def _ort_body(
             cos_sink=cos_l,
             sin_sink=sin_l,
             attn_mask=g.input("attn_mask_local", g.dtype, ["tokens", LOCAL_CAPACITY_DIM]),
-            write_index=g.input("write_index_local", np.int64, [1]),
+            write_index=g.input("write_index_local", np.int64, [WRITE_ROWS_DIM]),
             dcos=None,
             dsin=None,
             sink_pad=None,
@@ -398,7 +411,8 @@ def _stacked_layers(
     present = []
     for i, lw in enumerate(weights.layers):
         hkv = lw.num_kv_heads(args.head_dim)
-        present += blocks_ort.cache_io(g, i, hkv, args.head_dim, local=args.is_local(i))[2]
+        batched = steps[RopeKind.GLOBAL].row_cache is not None
+        present += blocks_ort.cache_io(g, i, hkv, args.head_dim, local=args.is_local(i), batched=batched)[2]
     bodies = {}
     for side, linear in (("then", False), ("else", True)):
         b = g.branch(f"/model/ring_full/{side}", scope=f"/ring_full/{side}")

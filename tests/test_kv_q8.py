@@ -147,7 +147,7 @@ def test_the_manifest_says_q8_and_the_pool_allocates_its_rows(demo_bundles):
     assert m8.graph.kv_dtype == "q8" and m8.graph.kv_storage == "uint8" and m8.provenance["options"]["kv_dtype"] == "q8"
     assert m8.graph.inputs["past_key.0"] == {
         "dtype": "uint8",
-        "shape": [1, m8.model.num_kv_heads[0], "capacity", d + 4],
+        "shape": ["caches", m8.model.num_kv_heads[0], "capacity", d + 4],  # a batch of caches (row_cache)
     }
     assert m8.validation.max_rel_err <= m8.validation.tolerance and "q8" in m8.validation.tolerance_basis["reason"]
     e8, e32 = (load(demo_bundles[k], LoadOptions(**RING)) for k in ("q8", "fp32"))

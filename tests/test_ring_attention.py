@@ -20,8 +20,10 @@ pytestmark = needs_kernels
 NAMES = ["qkv", "pk", "pv", "write_index", "cos", "sin", "cos_sink", "sin_sink", "sink_rows", "mask"]
 
 
-def _ring_graph(hq: int, hkv: int, d: int, *, mask_rank: int = 2) -> bytes:
+def _ring_graph(hq: int, hkv: int, d: int, *, mask_rank: int = 2, batched: bool = False) -> bytes:
+    """`batched`: the optional row_cache input too (past_* then hold a batch of caches)."""
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    names = [*NAMES, "row_cache"] if batched else NAMES
     inputs = [
         helper.make_tensor_value_info("qkv", f, [1, "T", "W"]),
         *(helper.make_tensor_value_info(n, f, [1, "H", "C", "D"]) for n in ("pk", "pv")),
@@ -30,8 +32,11 @@ def _ring_graph(hq: int, hkv: int, d: int, *, mask_rank: int = 2) -> bytes:
         helper.make_tensor_value_info("sink_rows", i64, ["one"]),
         helper.make_tensor_value_info("mask", f, ["T", "C"] if mask_rank == 2 else [1, 1, "T", "C"]),
     ]
+    if batched:
+        inputs[1:3] = [helper.make_tensor_value_info(n, f, ["B", "H", "C", "D"]) for n in ("pk", "pv")]
+        inputs.append(helper.make_tensor_value_info("row_cache", i64, ["rows"]))
     attrs = {"num_heads": hq, "kv_num_heads": hkv, "scale": float(1 / np.sqrt(d))}
-    node = helper.make_node(kernels.RING_ATTENTION, NAMES, ["out", "k", "v"], domain=kernels.DOMAIN, **attrs)
+    node = helper.make_node(kernels.RING_ATTENTION, names, ["out", "k", "v"], domain=kernels.DOMAIN, **attrs)
     outs = [helper.make_tensor_value_info(n, f, None) for n in ("out", "k", "v")]
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
     return helper.make_model(helper.make_graph([node], "g", inputs, outs), opset_imports=opsets).SerializeToString()
@@ -194,7 +199,7 @@ def test_ring_attention_refuses_bad_inputs_with_a_message():
         ({"mask": np.zeros((2, 7), np.float32)}, r"attn_mask must be \[T, C\]"),
         ({"cos_sink": np.zeros((2, 4), np.float32)}, "cos, sin, cos_sink and sin_sink"),
         ({n: np.zeros((2, 9), np.float32) for n in ("cos", "sin", "cos_sink", "sin_sink")}, "R <= D"),
-        ({"write_index": np.array([1, 2], np.int64)}, "one value each"),
+        ({"write_index": np.array([1, 2], np.int64)}, "write_index one"),
     ]
     for change, message in bad:
         with pytest.raises(Exception, match=message):
@@ -229,3 +234,38 @@ def test_ring_attention_writes_bound_outputs_in_place():
     assert np.array_equal(pk, want[1]) and np.array_equal(pv, want[2])  # the bound arrays themselves
     changed = np.flatnonzero(np.abs(pk - feeds["pk"]).sum(axis=(0, 1, 3)))
     assert changed.tolist() == list(range(write, write + t))
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "cap", "sinks", "half"), [(9, 3, 64, 300, 4, 32), (4, 1, 32, 37, 0, 8)])
+def test_a_batch_of_caches_is_each_row_alone_bit_for_bit(hq, hkv, d, cap, sinks, half):
+    """row_cache: row i is a token of cache row_cache[i] (in any order, some caches left out), written at its own
+    row; its output and its cache's new rows equal the row run alone on that cache, and the other rows stay."""
+    rng = np.random.default_rng(cap)
+    caches, order = 5, [3, 0, 4]  # cache 1 and 2 sit this step out
+    batch_k, batch_v = (rng.standard_normal((caches, hkv, cap, d)).astype(np.float32) for _ in range(2))
+    writes = [cap - 1, 0, cap // 2]
+    rows = [_feeds(rng, hq, hkv, d, cap, sinks, 1, half, w) for w in writes]
+    feeds = {
+        n: np.concatenate([r[n] for r in rows], axis=1 if n == "qkv" else 0)
+        for n in rows[0]
+        if n not in ("pk", "pv", "write_index", "sink_rows")
+    }
+    feeds |= {"pk": batch_k.copy(), "pv": batch_v.copy(), "sink_rows": rows[0]["sink_rows"]}
+    feeds |= {"write_index": np.array(writes, np.int64), "row_cache": np.array(order, np.int64)}
+    out, keys, values = _session(_ring_graph(hq, hkv, d, batched=True)).run(None, feeds)
+    alone = _session(_ring_graph(hq, hkv, d))
+    for i, (c, row) in enumerate(zip(order, rows, strict=True)):
+        one = {**row, "pk": batch_k[c : c + 1].copy(), "pv": batch_v[c : c + 1].copy()}
+        want = alone.run(None, one)
+        assert np.array_equal(out[0, i], want[0][0, 0])
+        assert np.array_equal(keys[c], want[1][0]) and np.array_equal(values[c], want[2][0])
+    for c in (1, 2):
+        assert np.array_equal(keys[c], batch_k[c]) and np.array_equal(values[c], batch_v[c])
+    for change, message in [
+        ({"row_cache": np.array([3, 0, 5], np.int64)}, "outside the batch"),
+        ({"write_index": np.array([0, 0, cap], np.int64)}, "outside the batch"),
+        ({"row_cache": np.array([3, 3, 4], np.int64), "write_index": np.array([1, 1, 2], np.int64)}, "one buffer row"),
+        ({"row_cache": np.array([3, 0], np.int64)}, "T with row_cache"),
+    ]:
+        with pytest.raises(Exception, match=message):
+            _session(_ring_graph(hq, hkv, d, batched=True)).run(None, {**feeds, **change})
