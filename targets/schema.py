@@ -89,6 +89,8 @@ class TargetProfile:
     table_bits: int = 8
     # INT4 bundles: Linear groups kept INT8 per channel (`edge-export --mixed`); "sensitivity" calibrates
     mixed_precision: str = "none"
+    # edge-serve's generations at once (--parallel's default), their decode steps batched into one call
+    serve_parallel: int = 1
     source: str = ""  # the file it was loaded from; not a YAML key
 
 
@@ -264,5 +266,6 @@ def parse_profile(data: Any, src: str) -> TargetProfile:
         matmul_kernel=kernel,
         table_bits=table_bits,
         mixed_precision=mixed,
+        serve_parallel=top.integer("serve_parallel", 1, default=1),
         source=src,
     )

@@ -249,12 +249,16 @@ def test_full_queue_is_a_503_with_retry_after(edge_server, serve_bundle):
     # is refused (the depth stays at 3). Up to three tries: a running job that ends between the last poll and
     # the probe lets a waiting one start and the probe in.
     assert idle()  # no job of an earlier test is what the first poll sees running
+    parallel = int(gauge("edge_serve_parallel"))  # workers, each taking a job off the queue
     refused, seen = None, []
     for _attempt in range(3):
         conns = []
         try:
             conns.append(post())
             started = until(lambda: gauge("edge_serve_slots_busy") == 1 and gauge("edge_serve_queue_depth") == 0)
+            for running in range(2, parallel + 1):  # every worker busy (--parallel), one job at a time
+                conns.append(post())
+                started += until(lambda n=running: gauge("edge_serve_slots_busy") == n)
             conns += [post() for _ in range(4)]
             waited = until(lambda: gauge("edge_serve_queue_depth") >= 4)
             depth = gauge("edge_serve_queue_depth")

@@ -50,6 +50,13 @@ def is_loopback(host: str) -> bool:
     help="Conversations kept, one KV cache each (allocated at start); a request goes to the longest shared prefix.",
 )
 @click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Generations run at once, their decode steps batched into one model call (at most --slots) "
+    "[default: the target's serve_parallel; 1 with --speculative].",
+)
+@click.option(
     "--queue",
     "queue_size",
     type=click.IntRange(1, 4096),
@@ -117,6 +124,7 @@ def main(
     host: str,
     port: int,
     slots: int,
+    parallel: int | None,
     queue_size: int,
     max_tokens: int,
     api_key: str | None,
@@ -168,6 +176,7 @@ def main(
             SpeculativeChoice(speculative, draft, draft_tokens),
             template_kwargs,
             strict_model_name=strict_model_name,
+            parallel=parallel,
         )
     )
     try:
@@ -207,6 +216,7 @@ class ServeOptions:
     # --chat-template-kwargs: every chat request's template variables (its own chat_template_kwargs win)
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     strict_model_name: bool = False  # refuse requests naming another model than model_id's
+    parallel: int | None = None  # generations at once; None: the target's serve_parallel (1 with speculation)
 
 
 def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
@@ -257,6 +267,19 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         for note in notes:
             log.info("power: %s", note)
         closers.append(power.meter.close)
+    parallel = opts.parallel
+    if parallel is None:  # the target's, within the slots; one where speculation runs (it steps one stream)
+        parallel = 1 if spec is not None else min(profile.serve_parallel, slots)
+    if parallel > 1:
+        loaded = engine.model
+        log.info(
+            "%d generations at once: %s",
+            parallel,
+            f"decode steps batched, up to {parallel} rows a call; rows round as one row alone up to "
+            f"{loaded.exact_rows} (kernels.exact_rows)"
+            if loaded.batched
+            else "this bundle's graph decodes one sequence a call (re-export it with --kernel edge to batch)",
+        )
     metrics = Metrics()
     pool = SlotPool(engine, slots)
     scheduler = Scheduler(
@@ -267,6 +290,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         queue_size=opts.queue_size,
         power=power,
         speculative=spec,
+        parallel=parallel,
     )
     name = model_id or (Path(model).name if model is not None else bundle.name)
     g = engine.geometry
@@ -280,6 +304,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         sinks=g.sinks,
         window=g.window,
         slots=slots,
+        parallel=parallel,
         version=__version__,
         power=power.meter.description if power is not None else "off",
     )
@@ -299,6 +324,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
             "target": profile.name,
             "cache": {"sinks": g.sinks, "window": g.window},
             "slots": slots,
+            "parallel": parallel,
             "memory_needed_bytes": need,
             "memory_budget_bytes": profile.memory_budget_bytes,
             "speculative": spec.describe() if spec is not None else None,

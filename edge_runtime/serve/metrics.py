@@ -2,7 +2,8 @@
 
 One registry per app (not the library's global one), so two servers in one process, or tests, never share
 counters. Names: `edge_serve_*` for the server's own, `process_*` (RSS, CPU seconds, open fds) from the
-library's process collector. Energy comes from the target's power meter, one sampler run per generation;
+library's process collector. Energy comes from the target's power meter, one sampler run per generation (per
+busy period with --parallel above 1, when generations overlap);
 `sensor`, `boundary` and `estimate` label every energy series, since figures of different boundaries are not
 comparable and an estimate (CPU utilisation x TDP, no sensor) must say so.
 """
@@ -20,6 +21,7 @@ CONTENT_TYPE = _exposition.CONTENT_TYPE_LATEST
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Seconds. Inter-token latency: ~1 ms (tiny model, x86) to ~250 ms (a 1B model on a Pi 4).
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 ENERGY_LABELS = ("sensor", "boundary", "estimate")
@@ -76,6 +78,25 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(p + "queue_depth", "Requests waiting for the engine.", registry=r)
+        self.queue_wait = Histogram(
+            p + "queue_wait_seconds",
+            "Request arrival to the start of its generation (waiting for a worker).",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.parallel = Gauge(p + "parallel", "Generations that may run at once (--parallel).", registry=r)
+        self.batch_rows = Histogram(
+            p + "batch_rows",
+            "Sequences decoded per model call with --parallel above 1 (batch occupancy).",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.aggregate_tokens_per_s = Gauge(
+            p + "aggregate_tokens_per_second",
+            "Tokens generated per second while any generation ran, all at once counted together, over the "
+            "server's lifetime.",
+            registry=r,
+        )
         self.queue_capacity = Gauge(p + "queue_capacity", "Most requests that may wait (then 503).", registry=r)
         self.slots = Gauge(p + "slots", "Slots (conversations kept in a ring).", registry=r)
         self.slots_busy = Gauge(p + "slots_busy", "Slots generating now.", registry=r)

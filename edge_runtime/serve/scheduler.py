@@ -1,10 +1,13 @@
-"""The engine's one worker thread, its bounded queue, and the bridge from its tokens to asyncio.
+"""The engine's worker threads, their bounded queue, and the bridge from their tokens to asyncio.
 
-Engines are not thread-safe and one engine runs one stream at a time, so every generation runs on a
-single worker thread, in arrival order. Requests wait in a bounded queue; a full queue is a 503 with
-Retry-After at once rather than a client left hanging. The worker posts each token to the request's
-asyncio queue with `call_soon_threadsafe`; a request whose client went away sets its `cancelled` event
-and the worker stops before feeding the next token, leaving the tokens said so far in the slot's ring.
+`parallel` worker threads (edge-serve --parallel) take requests in arrival order, each running one generation
+on a slot of its own (a Session on its own cache of the one model). With more than one, the model's decode
+steps go through a StepBatcher (batching.py): the steps the running generations ask for together run as one
+batched call, and a new request's prompt goes in chunks between them (continuous batching). Requests wait in a
+bounded queue; a full queue is a 503 with Retry-After at once rather than a client left hanging. A worker posts
+each token to the request's asyncio queue with `call_soon_threadsafe`; a request whose client went away sets its
+`cancelled` event and its worker stops before feeding the next token, leaving the tokens said so far in the
+slot's ring.
 """
 
 from __future__ import annotations
@@ -95,23 +98,45 @@ class Scheduler:
         queue_size: int,
         power: PowerSampler | None = None,
         speculative: SpeculativeDecoder | None = None,
+        parallel: int = 1,
     ):
+        """`parallel`: generations run at once (at most one a slot; speculation needs 1)."""
+        if not 1 <= parallel <= len(pool.slots):
+            raise EdgeRuntimeError(
+                f"--parallel {parallel} needs as many --slots, one per generation; got {len(pool.slots)}"
+            )
+        if parallel > 1 and speculative is not None:
+            raise EdgeRuntimeError("speculative decoding runs one generation at a time: use --parallel 1 with it")
         self.pool, self.tok, self.eos, self.metrics = pool, tokenizer, frozenset(eos_ids), metrics
         self.power = power
         # One decoder for every slot: the worker runs one generation at a time, and each starts its
         # proposer from that slot's ring; its measured call costs carry over between requests.
         self.speculative = speculative
         self.queue_size = queue_size
+        self.parallel = parallel
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
         self._closing = False
-        self._current: Job | None = None
+        self._current: list[Job] = []
         self._avg_job_s = 1.0  # an EWMA of generation time, for Retry-After
+        # Busy periods (some generation running): their seconds and tokens give the aggregate tokens per second;
+        # with several generations at once the power meter samples whole busy periods, not one request's.
+        self._busy_since: float | None = None
+        self._busy_s = 0.0
+        self._busy_tokens = 0
+        self._period_tokens = 0
+        self.batcher = None
+        if parallel > 1:
+            self.batcher = pool.engine.model.batch_steps(observe=metrics.batch_rows.observe)
         metrics.queue_capacity.set(queue_size)
         metrics.slots.set(len(pool.slots))
-        self._thread = threading.Thread(target=self._work, name="edge-serve-engine", daemon=True)
-        self._thread.start()
+        metrics.parallel.set(parallel)
+        self._threads = [
+            threading.Thread(target=self._work, name=f"edge-serve-engine-{i}", daemon=True) for i in range(parallel)
+        ]
+        for t in self._threads:
+            t.start()
 
     # -- the asyncio side ------------------------------------------------------------------------------
 
@@ -125,7 +150,7 @@ class Scheduler:
                 raise APIError(503, "the server is shutting down", code="shutting_down")
             if self._waiting >= self.queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
-                retry = max(1, math.ceil(self._avg_job_s * (self._waiting + 1)))
+                retry = max(1, math.ceil(self._avg_job_s * (self._waiting + 1) / self.parallel))
                 raise APIError(
                     503,
                     f"the queue is full ({self._waiting} requests waiting for the engine); retry in {retry} s",
@@ -140,9 +165,9 @@ class Scheduler:
         """Refuse new work, cancel what waits and what runs, and stop the worker (bounded wait)."""
         with self._lock:
             self._closing = True
-            current = self._current
-        if current is not None:
-            current.cancel()
+            current = list(self._current)
+        for job in current:
+            job.cancel()
         while True:
             try:
                 job = self._q.get_nowait()
@@ -150,8 +175,11 @@ class Scheduler:
                 break
             if job is not None:
                 job.post(Failure(APIError(503, "the server is shutting down", code="shutting_down")))
-        self._q.put(None)
-        self._thread.join(timeout)
+        for _ in self._threads:
+            self._q.put(None)
+        end = time.perf_counter() + timeout
+        for t in self._threads:
+            t.join(max(0.0, end - time.perf_counter()))
 
     # -- the worker thread -----------------------------------------------------------------------------
 
@@ -160,23 +188,49 @@ class Scheduler:
             job = self._q.get()
             if job is None:
                 return
+            t0 = time.perf_counter()
             with self._lock:
                 self._waiting -= 1
                 self.metrics.queue_depth.set(self._waiting)
-                self._current = job
-            t0 = time.perf_counter()
-            self.metrics.slots_busy.set(1)
+                self._current.append(job)
+                if len(self._current) == 1:
+                    self._busy_start(t0)
+                self.metrics.slots_busy.set(len(self._current))
+            self.metrics.queue_wait.observe(t0 - job.arrival)
             try:
                 self._run(job)
             except Exception:  # a bug of ours: the worker must survive it, the client gets a 500 without it
                 log.exception("generation failed")
                 job.post(Failure(APIError(500, "internal error while generating; see the server log")))
             finally:
-                self.metrics.slots_busy.set(0)
                 self.metrics.slots_used.set(self.pool.used())
                 with self._lock:
-                    self._current = None
+                    self._current.remove(job)
+                    self.metrics.slots_busy.set(len(self._current))
+                    if not self._current:
+                        self._busy_end(time.perf_counter())
                 self._avg_job_s = 0.8 * self._avg_job_s + 0.2 * (time.perf_counter() - t0)
+
+    def _busy_start(self, t: float) -> None:
+        """The first generation of a busy period began (the lock held)."""
+        self._busy_since, self._period_tokens = t, 0
+        if self.parallel > 1 and self.power is not None:
+            self.power.start()
+            self.power.mark("decode")
+
+    def _busy_end(self, t: float) -> None:
+        """The last generation of a busy period ended (the lock held): the aggregate rate, and its energy."""
+        if self._busy_since is not None:
+            self._busy_s += t - self._busy_since
+            self._busy_since = None
+        if self._busy_s > 0:
+            self.metrics.aggregate_tokens_per_s.set(self._busy_tokens / self._busy_s)
+        if self.parallel > 1 and self.power is not None and self.power.running:
+            report = self.power.stop()
+            decode = report.by_phase().get("decode")
+            if decode is not None:
+                labels = (report.meter, report.boundary.value, str(report.estimate).lower())
+                self.metrics.observe_energy(labels, 0.0, decode.joules, self._period_tokens)
 
     def _run(self, job: Job) -> None:
         if job.cancelled.is_set():  # the client left while it waited
@@ -184,9 +238,14 @@ class Scheduler:
             job.post(Finished("cancelled", len(job.prompt), 0, 0, -1, {}, None))
             return
         t_start = time.perf_counter()
-        slot, _ = self.pool.route(job.prompt)
+        slot, _ = self.pool.acquire(job.prompt)
         try:
-            self.pool.activate(slot)
+            self._on_slot(job, slot, t_start)
+        finally:
+            self.pool.release(slot)
+
+    def _on_slot(self, job: Job, slot: Any, t_start: float) -> None:
+        try:
             session = slot.session
             rest = session.resume(job.prompt)  # what the slot's cache does not hold yet, never empty
             slot.tokens = job.prompt[: session.length]
@@ -196,7 +255,11 @@ class Scheduler:
             job.post(Failure(APIError(500, f"the slot could not be prepared: {e}")))
             return
         try:
-            self._generate(job, slot, rest, t_start)
+            if self.batcher is None:
+                self._generate(job, slot, rest, t_start)
+            else:
+                with self.batcher.stream():  # its decode steps are batched with the other generations'
+                    self._generate(job, slot, rest, t_start)
         except RingOverflowError as e:  # raised by the session before it fed anything
             self.metrics.rejected.labels("context_length").inc()
             job.post(Failure(APIError(413, str(e), param="messages", code="context_length_exceeded")))
@@ -215,7 +278,7 @@ class Scheduler:
         processors: list[Any] = [LogitBias(dict(p.logit_bias))] if p.logit_bias else []
         if p.grammar is not None:
             processors.append(_constraint(session, p.grammar))
-        power = self.power
+        power = self.power if self.parallel == 1 else None  # else sampled per busy period (_busy_start)
         if power is not None:
             power.start()
             power.mark("prefill")
@@ -265,6 +328,9 @@ class Scheduler:
         end = time.perf_counter()
         slot.tokens = [*slot.tokens, *rest, *generated] if generated else slot.tokens
         n = len(generated)
+        with self._lock:
+            self._busy_tokens += n
+            self._period_tokens += n
         m.generations.labels(reason).inc()
         m.prompt_tokens.inc(len(job.prompt))
         m.cached_tokens.inc(cached)

@@ -9,12 +9,14 @@ conversation; otherwise to an empty or the least recently used slot, so the othe
 caches. `Session.match` then keeps exactly what it can reuse (rolling back where the prompt departs, resetting
 where the rollback would go too deep).
 
-Not thread-safe: the scheduler's one worker thread is the only caller.
+With `--parallel` several worker threads run generations at once, each on a slot of its own: `acquire` routes
+among the slots no generation holds and marks the one chosen until `release`, under a lock.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +31,7 @@ class Slot:
     session: Session
     tokens: list[int] = field(default_factory=list)  # the conversation the session holds, token for token
     last_used: int = 0
+    busy: bool = False  # a generation runs on it (acquire .. release)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -54,22 +57,44 @@ class SlotPool:
         if have < n:
             raise EdgeRuntimeError(f"{n} slots need {n} KV caches but the model was loaded with {have}")
         # "refuse": a turn longer than the window would lose its start before the reply; a 413, not a warning.
+        self.engine = engine
         self.slots = [Slot(i, Session(engine.on(i), overflow="refuse")) for i in range(n)]
         self._clock = itertools.count(1)
+        self._lock = threading.Lock()
 
-    def route(self, prompt: Sequence[int]) -> tuple[Slot, int]:
-        """The slot for `prompt` and the shared prefix that chose it (0: an empty or the least recent slot).
+    def acquire(self, prompt: Sequence[int]) -> tuple[Slot, int]:
+        """`route` among the slots no generation holds, the one chosen held until `release` (the scheduler runs
+        at most as many generations as there are slots, so one is always free)."""
+        with self._lock:
+            slot, shared = self.route(prompt, [s for s in self.slots if not s.busy])
+            slot.busy = True
+            self.activate(slot)
+            return slot, shared
+
+    def release(self, slot: Slot) -> None:
+        with self._lock:
+            slot.busy = False
+
+    def busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    def route(self, prompt: Sequence[int], free: Sequence[Slot] | None = None) -> tuple[Slot, int]:
+        """The slot for `prompt` among `free` (default: all) and the shared prefix that chose it (0: an empty or the
+        least recent slot).
 
         A slot is worth taking when the prompt reuses more of its conversation than it throws away: the
         shared prefix saves that many tokens now, and the slot's tokens past it are lost to whoever comes back
         for them. So conversations that merely share a template's first tokens or a system prompt do not
         evict each other while an empty slot remains, and a resent or edited conversation finds its own.
         """
-        scored = [(2 * common_prefix(s.tokens, prompt) - len(s.tokens), -s.last_used, s) for s in self.slots]
+        slots = self.slots if free is None else free
+        if not slots:
+            raise EdgeRuntimeError("every slot is busy")  # a scheduler bug: it runs at most one generation a slot
+        scored = [(2 * common_prefix(s.tokens, prompt) - len(s.tokens), -s.last_used, s) for s in slots]
         net, _, slot = max(scored, key=lambda p: (p[0], p[1]))
         if net > 0:
             return slot, common_prefix(slot.tokens, prompt)
-        return min(self.slots, key=lambda s: (len(s.tokens) > 0, s.last_used)), 0  # an empty one, else the LRU
+        return min(slots, key=lambda s: (len(s.tokens) > 0, s.last_used)), 0  # an empty one, else the LRU
 
     def activate(self, slot: Slot) -> None:
         """`slot` runs next (its cache is its own: nothing moves); the least recently used goes first on eviction."""
