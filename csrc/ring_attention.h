@@ -23,6 +23,7 @@ typedef struct {
     const float *cos, *sin;                   /* [T, rot_half] at each row's absolute position */
     const float *cos_sink, *sin_sink;         /* [T, rot_half] at its cache-logical position */
     const float *mask;                        /* [T, capacity] additive */
+    int64_t call;                             /* this call's number: a thread's columns of row i are its own */
     float *out;                               /* [T, hq * d] */
     int out_of_memory;                        /* set by a task that could not get its scratch */
 } RingArgs;
@@ -36,8 +37,13 @@ static inline int64_t ring_cache_rows(const RingArgs *a, int64_t i) {
  * (row_write[i] of cache row_cache[i] in a batch). */
 void ring_write_kv(const RingArgs *a, int64_t i);
 
-/* Output of query head `h` of token `i` over every unmasked buffer row, using `scores` and `cols`
+/* Token i's unmasked buffer rows, in order, into `cols` [capacity]: returns their count, and in *n_sink how many
+ * of them are sink rows (the first). One scan of the mask row serves all of the token's heads. */
+int64_t ring_columns(const RingArgs *a, int64_t i, int32_t *cols, int64_t *n_sink);
+
+/* Output of query head `h` of token `i` over its n unmasked buffer rows `cols` (ring_columns), using `scores`
  * [capacity] as scratch. Reads nothing of the other tokens of the call but the rows the mask shows. */
-void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols);
+void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, const int32_t *cols, int64_t n,
+               int64_t n_sink);
 
 #endif

@@ -72,15 +72,22 @@ static inline __attribute__((always_inline)) __m128 dot4_mixed(const float *cons
 
 /* ring_head's body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
  * loops (simd.h). */
+int64_t ring_columns(const RingArgs *a, int64_t i, int32_t *cols, int64_t *n_sink) {
+    const float *mask = a->mask + i * a->capacity;
+    int64_t n = 0, s = 0;
+    for (int64_t c = 0; c < a->capacity; c++)
+        if (mask[c] > RING_MASKED_BELOW) cols[n++] = (int32_t)c;
+    while (s < n && cols[s] < a->sinks) s++;
+    *n_sink = s;
+    return n;
+}
+
 static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_t i, int64_t h, float *scores,
-                                                       int32_t *cols, const int kt) {
+                                                       const int32_t *cols, int64_t n, int64_t n_sink,
+                                                       const int kt) {
     int64_t d = a->d, cap = a->capacity, kvh = h / (a->hq / a->hkv);
     const float *x = a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, *mask = a->mask + i * cap;
     float *o = a->out + i * a->hq * d + h * d;
-    int64_t n = 0, n_sink = 0;
-    for (int64_t c = 0; c < cap; c++)
-        if (mask[c] > RING_MASKED_BELOW) cols[n++] = (int32_t)c;
-    while (n_sink < n && cols[n_sink] < a->sinks) n_sink++;
     if (n == 0) { /* no column to attend: nothing to average (the host never masks a token's own row) */
         memset(o, 0, (size_t)d * sizeof(float));
         return;
@@ -158,11 +165,12 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
     }
 }
 
-void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, int32_t *cols) {
+void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, const int32_t *cols, int64_t n,
+               int64_t n_sink) {
     if (a->kv_type == KV_F16)
-        head(a, i, h, scores, cols, KV_F16);
+        head(a, i, h, scores, cols, n, n_sink, KV_F16);
     else if (a->kv_type == KV_Q8)
-        head(a, i, h, scores, cols, KV_Q8);
+        head(a, i, h, scores, cols, n, n_sink, KV_Q8);
     else
-        head(a, i, h, scores, cols, KV_F32);
+        head(a, i, h, scores, cols, n, n_sink, KV_F32);
 }

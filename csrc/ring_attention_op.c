@@ -57,19 +57,30 @@ __attribute__((visibility("default"))) int64_t edge_ring_attention_cache_copies(
     return __atomic_load_n(&g_cache_copies, __ATOMIC_RELAXED);
 }
 
-/* Per-thread scratch: a row's scores and its unmasked columns, [capacity] each. */
+/* Per-thread scratch: a row's scores and its unmasked columns, [capacity] each; the columns are of row t_row of
+ * call t_call. Tasks run (row, head) in order and each thread takes a run of them, so a thread scans a row's mask
+ * once for its heads. At short fills a scan per head cost more than the attention: 4 rows x 9 heads over 65 of
+ * 2,111 columns, 44 us a call scanning per head against 20-25 us per row (AMD EPYC, 2 threads). */
 static _Thread_local Grown t_scratch;
+static _Thread_local int64_t t_call = -1, t_row = -1, t_n, t_n_sink;
+static int64_t g_calls;
 
 static void ring_task(void *data, size_t index) {
     RingArgs *a = data;
     int64_t i = (int64_t)index / a->hq, h = (int64_t)index % a->hq;
-    size_t cap = (size_t)a->capacity;
-    float *scores = grown(&t_scratch, cap * (sizeof(float) + sizeof(int32_t)));
+    size_t cap = (size_t)a->capacity, bytes = cap * (sizeof(float) + sizeof(int32_t));
+    if (bytes > t_scratch.capacity) t_call = -1; /* regrown: the columns kept are gone */
+    float *scores = grown(&t_scratch, bytes);
     if (!scores) {
         __atomic_store_n(&a->out_of_memory, 1, __ATOMIC_RELAXED);
         return;
     }
-    ring_head(a, i, h, scores, (int32_t *)(scores + cap));
+    int32_t *cols = (int32_t *)(scores + cap);
+    if (t_call != a->call || t_row != i) {
+        t_n = ring_columns(a, i, cols, &t_n_sink);
+        t_call = a->call, t_row = i;
+    }
+    ring_head(a, i, h, scores, cols, t_n, t_n_sink);
 }
 
 static int same_dims(const int64_t *a, const int64_t *b, size_t rank) {
@@ -157,6 +168,7 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
     attn_cache_in_place(a.keys, past_k, a.values, past_v, count[IN_PAST_K], attn_cache_elem(a.kv_type),
                         &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) ring_write_kv(&a, i);
+    a.call = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
     size_t tasks = (size_t)(a.T * a.hq);
     if (tasks == 0) return NULL;
     if (a.T == 1 && a.capacity < 64) { /* a few microseconds of work: less than waking the pool */

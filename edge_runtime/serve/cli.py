@@ -246,11 +246,15 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         log.warning(chosen.warning)
     profile, bundle = chosen.profile, chosen.bundle
     log.info("target %s", profile.name)
+    sc = opts.speculative
+    parallel = opts.parallel
+    if parallel is None:  # the target's, within the slots; one where speculation runs (it steps one stream)
+        parallel = 1 if sc.method is not None else min(profile.serve_parallel, slots)
     # One KV cache per slot, preallocated (a slot's conversation stays in its own ring); the load refuses what the
-    # target's memory budget cannot hold, before any of them is allocated.
+    # target's memory budget cannot hold, before any of them is allocated. The compute threads spin between calls
+    # also with --parallel: sleeping ones made the 4-client aggregate slower (scripts/serve_batch_load.py).
     load_opts = LoadOptions(sinks=opts.sinks, window=opts.window, threads=opts.threads, caches=slots)
     engine = load(bundle, load_opts, target=profile)
-    sc = opts.speculative
     spec = from_options(engine, sc.method, sc.draft, sc.k, opts.threads)  # bad ones: one line, nothing served
     if spec is not None:
         log.info("speculative decoding: %s", spec.describe())
@@ -267,9 +271,6 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
         for note in notes:
             log.info("power: %s", note)
         closers.append(power.meter.close)
-    parallel = opts.parallel
-    if parallel is None:  # the target's, within the slots; one where speculation runs (it steps one stream)
-        parallel = 1 if spec is not None else min(profile.serve_parallel, slots)
     if parallel > 1:
         loaded = engine.model
         log.info(
