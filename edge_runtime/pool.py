@@ -1,7 +1,8 @@
 """The static memory pool: every per-run buffer, allocated once at load from the manifest's geometry.
 
     K/V per layer      [1, H_kv, capacity, D] of the manifest's kv dtype, bound as past_* (and present_* for
-                       the in-place `ort` flavor); a local layer's capacity is its own ring's (e.g. Gemma 3)
+                       the in-place `ort` flavor); a local layer's capacity is its own ring's (e.g. Gemma 3);
+                       a slice of one [caches, ...] array where the model's caches decode in one call (batch_kv)
     decode inputs      ids [1, 1], cos/sin x2 [1, R/2], attn_mask [1, K], sink_mask [K], write_index [1],
                        sink_rows [1], ring_full [], seqlens_k [1], total length [],
                        cos/sin cache [capacity, R/2] (filled once at load: RingState.rotary_cache)

@@ -8,7 +8,8 @@ resending the growing history as chat clients do. Every request must either fini
 finish_reason, its usage adds up, its text decodes) or be refused with a 503; anything else is counted as
 lost or corrupted. The server's RSS is polled from /metrics during the run and compared with its memory
 budget (from /v1/models). Prints one JSON object: p50/p99 TTFT (client side: request sent -> first chunk),
-total generated tokens per second of wall time, cached prompt share, 503s, RSS. Only 127.0.0.1 is contacted.
+total generated tokens per second of wall time, cached prompt share, 503s, RSS (its peak, and its median over the
+first and the last ten polls: flat memory over the run). Only 127.0.0.1 is contacted.
 """
 
 from __future__ import annotations
@@ -127,12 +128,22 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--queue", type=int, default=8)
     ap.add_argument("--target", default="auto")
+    ap.add_argument("--parallel", type=int, help="edge-serve --parallel [default: the target's]")
     args = ap.parse_args()
     server = None
     if args.bundle is not None:
         log = Path("/tmp") / f"serve_load_{int(time.time())}.log"
+        extra = ("--parallel", str(args.parallel)) if args.parallel else ()
         server = ServerProcess(
-            args.bundle, "--target", args.target, "--slots", str(args.slots), "--queue", str(args.queue), log=log
+            args.bundle,
+            "--target",
+            args.target,
+            "--slots",
+            str(args.slots),
+            "--queue",
+            str(args.queue),
+            *extra,
+            log=log,
         )
         base = server.base + "/v1"
     elif args.base:
@@ -177,7 +188,10 @@ def main() -> None:
     report = {
         "cpu": cpu_model(),
         "model": info["id"],
-        "server": {k: info.get(k) for k in ("target", "cache", "slots", "memory_needed_bytes", "memory_budget_bytes")},
+        "server": {
+            k: info.get(k)
+            for k in ("target", "cache", "slots", "parallel", "memory_needed_bytes", "memory_budget_bytes")
+        },
         "clients": args.clients,
         "requests_each": args.requests,
         "max_tokens": args.max_tokens,
@@ -205,6 +219,9 @@ def main() -> None:
             "resent": _median([r.get("prefill_tokens") for r in ok if r["cached"] > 0]),
         },
         "rss_max_mib": round(max(rss) / 2**20, 1) if rss else None,
+        # flat memory: the median of the first and of the last ten polls (every 0.5 s)
+        "rss_first_mib": round(float(np.median(rss[:10])) / 2**20, 1) if rss else None,
+        "rss_last_mib": round(float(np.median(rss[-10:])) / 2**20, 1) if rss else None,
         "rss_within_budget": (max(rss) <= budget) if rss and budget else None,
     }
     print(json.dumps(report, indent=2))

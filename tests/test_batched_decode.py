@@ -89,3 +89,33 @@ def test_threads_meet_in_batched_calls_and_get_their_own_tokens(demo_bundles):
     else:  # rows may round apart: the first tokens at least agree
         assert all(got[i][:4] == want[i][:4] for i in range(4))
     assert max(sizes) > 1 and sum(sizes) <= 4 * 24  # steps were shared; none ran twice
+
+
+def test_batched_steps_keep_their_buffers_and_allocate_nothing(demo_bundles):
+    """1,500 steps of four caches (the ring wraps: window 200): the shared K/V and the batch's buffers never move,
+    RingAttention writes the bound cache in place (no copy), and Python allocations do not grow."""
+    import tracemalloc
+
+    from .test_kernels import _cache_copies
+
+    engine = load(demo_bundles["int4-edge"], LoadOptions(caches=4))
+    model = engine.model
+    b = model._batch_buffers
+    buffers = [*b.keys, *b.values, b.logits, b.attn_mask, b.input_ids, *(c.pool.logits for c in model.caches)]
+    pointers = [x.ctypes.data for x in buffers]
+    caches = list(model.caches)
+    last = [int(np.argmax(model.prefill(c, ids(40 + i, 3 + i)))) for i, c in enumerate(caches)]
+    copies = _cache_copies(kernels.RING_ATTENTION)
+    for step in range(1500):
+        if step == 300:
+            tracemalloc.start()
+            before = tracemalloc.take_snapshot()
+        model.decode_batch(caches, last)
+        last = [int(c.pool.next_token[0, 0, 0]) for c in caches]
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert [x.ctypes.data for x in buffers] == pointers
+    assert _cache_copies(kernels.RING_ATTENTION) == copies
+    assert growth <= 4096, f"Python allocations grew by {growth} bytes over 1,200 batched steps"
+    assert caches[0].ring.tokens > 1500 > model.geometry.capacity

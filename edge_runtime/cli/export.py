@@ -372,7 +372,8 @@ def inspect(bundle: Path, no_verify: bool) -> None:
         f"{m.model.num_layers} layers, hidden {m.model.hidden_size}, heads/kv {heads}, vocab {m.model.vocab_size}",
         f"graph       {m.graph.flavor} flavor, opset {m.graph.opset}, weights {m.graph.weight_dtype}, "
         f"activations {m.graph.activation_dtype}, KV cache {m.graph.kv_dtype}, "
-        f"{m.graph.weight_bytes / 1e6:.1f} MB read per token",
+        f"{m.graph.weight_bytes / 1e6:.1f} MB read per token; "
+        + ("decodes a batch of caches a call (edge-serve --parallel)" if m.graph.batched else "one sequence a call"),
         f"cache       sinks {m.cache.sinks}, window {m.cache.window}, slack {m.cache.slack} "
         f"(KV update: {m.graph.kv['update']})",
         f"tokenizer   bos {m.tokenizer.bos_token_id}, eos {m.tokenizer.eos_token_ids}",
