@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -139,6 +138,31 @@ def ratios(fig: dict) -> dict[str, float]:
     }
 
 
+def rss_bytes(base: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "process_resident_memory_bytes":
+            return family.samples[0].value
+    raise SystemExit("the server's /metrics has no process_resident_memory_bytes")
+
+
+def memory_soak(base: str, ps: list[list[int]], a: argparse.Namespace, bias: dict[str, int]) -> dict[str, Any]:
+    """`soak_requests` requests in rounds of `clients` concurrent ones (each 32 tokens after its prompt): the
+    server's RSS after the first 10 rounds and after the last, and its peak over the rounds."""
+    rounds = a.soak_requests // a.clients
+    rss, done = [], 0
+    for r in range(rounds):
+        batch = [ps[(r * a.clients + i) % len(ps)] for i in range(a.clients)]
+        done += len(round_of(base, "m", batch, 32, bias)["ttft_s"])
+        if r >= 9:
+            rss.append(rss_bytes(base))
+    mib = 2**20
+    return {"requests": done, "tokens_each": 32, "rss_after_10_rounds_mib": round(rss[0] / mib, 1),
+            "rss_end_mib": round(rss[-1] / mib, 1), "rss_peak_mib": round(max(rss) / mib, 1)}  # fmt: skip
+
+
 class LlamaServer:
     def __init__(self, binary: Path, gguf: Path, parallel: int, threads: int, ctx_each: int, log: Path):
         self.port = free_port()
@@ -177,6 +201,10 @@ def page(report: dict) -> str:
         f"Measured {report['date']} on {report['cpu']}, {a['threads']} threads, commit {report['commit']}, by "
         f"`python scripts/serve_batch_load.py {report['command']}`.",
         "",
+        "The bundle: `edge-export SmolLM2-135M-Instruct --quant int4 --kernel edge --target x86`; the GGUF: the "
+        "same checkpoint through llama.cpp's `convert_hf_to_gguf.py` and `llama-quantize Q4_0` (as "
+        "`scripts/bench_vs_llamacpp.py` makes it).",
+        "",
         f"edge-serve ran the bundle `{report['bundle']}`"
         + (f"; llama-server ({report['llama_server']}) the GGUF `{report['gguf']}`." if report["gguf"] else "."),
         "",
@@ -212,11 +240,10 @@ def page(report: dict) -> str:
     if soak:
         lines += [
             "",
-            f"Memory over {soak['requests']} requests (`scripts/serve_load.py`, {soak['clients']} clients each "
-            f"resending a growing conversation, {soak['max_tokens']} tokens a turn, edge-serve --parallel "
-            f"{soak['server']['parallel']}): {soak['outcomes']}, {soak['lost_or_corrupted']} lost or corrupted; RSS "
-            f"{soak['rss_first_mib']} MiB over the first polls, {soak['rss_last_mib']} MiB over the last, peak "
-            f"{soak['rss_max_mib']} MiB (budget {soak['server']['memory_budget_bytes'] / 2**20:.0f} MiB).",
+            f"Memory: {soak['requests']} requests on edge-serve --parallel {a['clients']}, in rounds of "
+            f"{a['clients']} concurrent ones ({a['prompt']}-token prompts, {soak['tokens_each']} tokens each): RSS "
+            f"{soak['rss_after_10_rounds_mib']} MiB after 10 rounds, {soak['rss_end_mib']} MiB after the last, peak "
+            f"{soak['rss_peak_mib']} MiB (from /metrics after each round).",
         ]
     lines += ["", "Raw figures:", "", "```json", json.dumps(report["servers"], indent=1), "```", ""]
     return "\n".join(lines)
@@ -270,10 +297,12 @@ def main() -> None:
         fig["ratios"] = ratios(fig)
     soak = None
     if a.soak_requests:
-        cmd = [sys.executable, str(Path(__file__).with_name("serve_load.py")), "--bundle", str(a.bundle), "--target",
-               "x86", "--clients", str(a.clients), "--requests", str(a.soak_requests // a.clients), "--max-tokens",
-               "16", "--slots", str(a.clients), "--parallel", str(a.clients)]  # fmt: skip
-        soak = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        server = ServerProcess(a.bundle, *common, "--parallel", str(a.clients), "--no-energy",
+                               log=a.log_dir / "edge-soak.log")  # fmt: skip
+        try:
+            soak = memory_soak(server.base, ps, a, bias)
+        finally:
+            server.stop()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     peer = None
     if a.llama_server:
