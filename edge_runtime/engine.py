@@ -75,14 +75,19 @@ class Model:
         self.local_geometry = None if first.local_ring is None else first.local_ring.geometry
         self.kv_bytes = StaticPool.estimate_kv_bytes(m, self.geometry, self.local_geometry)  # one cache's
         weight_bytes = sum(stored_bytes(bundle.path / f) for f in (m.graph.file, m.graph.data_file))
-        need = weight_bytes + opts.caches * self.kv_bytes
+        # a batched step's inputs and logits, a row per cache (BatchBuffers)
+        self.batch_bytes = (
+            BatchBuffers.estimate_bytes(m, self.geometry, self.local_geometry, opts.caches) if self.batched else 0
+        )
+        need = weight_bytes + opts.caches * self.kv_bytes + self.batch_bytes
         if opts.memory_budget is not None and need > opts.memory_budget:
             caches, fewer = "KV cache", ""
             if opts.caches > 1:  # edge-serve's slots, one cache each
                 caches, fewer = f"{opts.caches} KV caches", "fewer --slots, "
+            batch = f" + batched steps' buffers {self.batch_bytes / 2**20:.1f} MiB" if self.batch_bytes else ""
             raise MemoryBudgetError(
                 f"bundle needs {need / 2**20:.1f} MiB (weights {weight_bytes / 2**20:.1f} MiB + {caches} "
-                f"{opts.caches * self.kv_bytes / 2**20:.1f} MiB for capacity {self.geometry.capacity}) but the "
+                f"{opts.caches * self.kv_bytes / 2**20:.1f} MiB for capacity {self.geometry.capacity}{batch}) but the "
                 f"memory budget is {opts.memory_budget / 2**20:.1f} MiB; use {fewer}a smaller --window or a more "
                 "quantized bundle"
             )

@@ -216,6 +216,16 @@ class BatchBuffers:
             write_index_local=None if local is None else np.zeros(n, np.int64),
         )
 
+    @staticmethod
+    def estimate_bytes(manifest: Manifest, geometry: RingGeometry, local: RingGeometry | None, caches: int) -> int:
+        """What `allocate` takes for `caches` caches (the K/V arrays aside: each cache's, counted per cache)."""
+        item = np.dtype(manifest.graph.activation_dtype).itemsize
+        half = manifest.model.rotary_dim // 2
+        row = 4 * manifest.model.vocab_size + item * (geometry.capacity + 4 * half) + 4 * 8  # logits, mask, angles
+        if local is not None:
+            row += item * (local.capacity + 2 * half) + 8
+        return caches * row
+
     def set_row(self, b: int, cache: int, token: int, d: DecodeBuffers) -> None:
         """Row `b` of the step: `token` into cache `cache`, with the inputs `d` holds for it (RingState.decode_into)."""
         self.input_ids[0, b], self.row_cache[b], self.write_index[b] = token, cache, d.write_index[0]

@@ -119,3 +119,53 @@ def test_batched_steps_keep_their_buffers_and_allocate_nothing(demo_bundles):
     assert _cache_copies(kernels.RING_ATTENTION) == copies
     assert growth <= 4096, f"Python allocations grew by {growth} bytes over 1,200 batched steps"
     assert caches[0].ring.tokens > 1500 > model.geometry.capacity
+
+
+def test_local_layers_batch_too(tmp_path):
+    """Gemma 3's local layers keep a ring of their own: a batched step writes and reads both rings of each cache
+    (global 4 + 16 + 8 rows, local 12 + 12), past both wraps, as each cache decoded alone."""
+    pytest.importorskip("torch")
+    from edge_runtime.exporters.export import ExportOptions, export
+    from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
+
+    from .tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("gemma3", tmp_path / "ckpt")
+    out = tmp_path / "b"
+    quant = QuantConfig(QuantMethod.INT4, kernel=MatMulKernel.EDGE)
+    export(ExportOptions(checkpoint=tmp_path / "ckpt", out=out, sinks=4, window=16, quant=quant))
+    small = {"sinks": 4, "window": 16, "slack": 8}
+    model = load(out, LoadOptions(caches=3, **small)).model
+    assert model.batched and model.local_geometry is not None
+    alone = [load(out, LoadOptions(**small)) for _ in range(3)]
+    vocab = model.manifest.model.vocab_size
+    prompts = [np.random.default_rng(i).integers(3, vocab, 5 + 9 * i).tolist() for i in range(3)]
+    exact = model.exact_rows  # probed on cache 0 before its stream starts (the probe puts back only the stream)
+    last = []
+    for c, e, p in zip(model.caches, alone, prompts, strict=True):
+        logits = model.prefill(c, p)
+        assert np.array_equal(logits, e.prefill(p))
+        last.append(int(np.argmax(logits)))
+    for _ in range(60):
+        model.decode_batch(list(model.caches), last)
+        for i, (c, e) in enumerate(zip(model.caches, alone, strict=True)):
+            want = e.decode(last[i])
+            assert same(c.pool.logits[0, 0], want, 3, exact)
+            last[i] = int(np.argmax(want))
+    assert alone[0].ring.tokens > alone[0].geometry.capacity
+
+
+def test_the_budget_counts_the_batch_buffers(demo_bundles):
+    from edge_runtime.engine import MemoryBudgetError
+
+    bundle = demo_bundles["int4-edge"]
+    model = load(bundle, LoadOptions(caches=4)).model
+    b = model._batch_buffers
+    held = [b.input_ids, b.cos, b.sin, b.cos_sink, b.sin_sink, b.attn_mask, b.write_index, b.row_cache, b.logits]
+    held += [] if b.next_token is None else [b.next_token]
+    actual = sum(x.nbytes for x in held)
+    assert 0 <= model.batch_bytes - actual <= 8 * 4  # the estimate counts a fused argmax row whether or not
+    need = model.weight_bytes + 4 * model.kv_bytes + model.batch_bytes
+    assert load(bundle, LoadOptions(caches=4, memory_budget=need)).model.batched
+    with pytest.raises(MemoryBudgetError, match="batched steps' buffers"):
+        load(bundle, LoadOptions(caches=4, memory_budget=need - 1))

@@ -45,7 +45,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def memory_needed(engine: Engine) -> int:
     """Bytes the model and all its caches hold (what the load checked against the memory budget)."""
-    return engine.weight_bytes + len(engine.model.caches) * engine.model.kv_bytes
+    return engine.weight_bytes + len(engine.model.caches) * engine.model.kv_bytes + engine.model.batch_bytes
 
 
 class SlotPool:
