@@ -121,3 +121,32 @@ def test_a_constrained_and_an_unconstrained_request_in_one_batch(batched_server)
     assert out["reason"] == "stop" and json.loads(out["json"])["a"] in ("yes", "no"), out
     alone = {i: _together([(i, (c, p, 40), {})])[i] for i, p in enumerate(PROMPTS[:2])}
     assert plain == alone
+
+
+def test_logprobs_and_stop_strings_per_stream_in_one_batch(batched_server):
+    """Each stream's own options in a shared batch: logprobs on one, a stop string on another, as each alone."""
+    c = _client(batched_server)
+
+    def ask(prompt: str, **kw) -> tuple:
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, **kw)
+        lp = r.choices[0].logprobs
+        return r.choices[0].text, r.choices[0].finish_reason, None if lp is None else (lp.tokens, lp.token_logprobs)
+
+    jobs = {
+        0: (PROMPTS[0], {}),
+        1: (PROMPTS[1], {"logprobs": 2}),
+        2: (PROMPTS[2], {"stop": ["e"]}),
+        3: (PROMPTS[3], {}),
+    }
+    out: dict = {}
+    threads = [
+        threading.Thread(target=lambda k=k, p=p, kw=kw: out.__setitem__(k, ask(p, **kw))) for k, (p, kw) in jobs.items()
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    alone = {k: ask(p, **kw) for k, (p, kw) in jobs.items()}
+    assert out == alone
+    assert out[1][2] is not None and len(out[1][2][0]) == 24
+    assert out[2][1] == "stop" and "e" not in out[2][0]
