@@ -150,6 +150,10 @@ def main(
         raise EdgeRuntimeError("edge-serve needs its extra: pip install 'edge-runtime[serve]'") from None
     if (bundle is None) == (model is None):
         raise EdgeRuntimeError("give one of --bundle DIR or --model CHECKPOINT")
+    if parallel is not None and parallel > slots:
+        raise EdgeRuntimeError(f"--parallel {parallel} needs as many --slots (one per generation); got --slots {slots}")
+    if parallel is not None and parallel > 1 and speculative is not None:
+        raise EdgeRuntimeError("speculative decoding runs one generation at a time: use --parallel 1 with it")
     if api_key is not None and not api_key.strip():
         raise EdgeRuntimeError("--api-key is empty")
     if not is_loopback(host) and api_key is None:
@@ -277,7 +281,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
             "%d generations at once: %s",
             parallel,
             f"decode steps batched, up to {parallel} rows a call; rows round as one row alone up to "
-            f"{loaded.exact_rows} (kernels.exact_rows)"
+            f"{loaded.exact_rows} (Model.exact_rows, measured here)"
             if loaded.batched
             else "this bundle's graph decodes one sequence a call (re-export it with --kernel edge to batch)",
         )
