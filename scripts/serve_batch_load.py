@@ -263,8 +263,8 @@ def main() -> None:
         "--soak-requests",
         type=int,
         default=0,
-        help="then this many requests through serve_load.py "
-        "on edge-serve --parallel CLIENTS (conversations that grow past the window): RSS at start and end",
+        help="then this many requests on edge-serve --parallel CLIENTS, CLIENTS at a time (32 tokens each): its "
+        "RSS after 10 rounds, at the end and at its peak",
     )
     ap.add_argument("--out", type=Path, help="write the benchmark page here")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/serve-batch-load"))
