@@ -229,6 +229,7 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
     from edge_runtime.engine import LoadOptions, load
     from edge_runtime.errors import ChatTemplateError
     from edge_runtime.first_use import resolve_run
+    from edge_runtime.rss import return_large_buffers
     from edge_runtime.sampling_defaults import model_defaults
     from edge_runtime.snapshot import bundle_checksum
     from edge_runtime.speculative import from_options
@@ -242,6 +243,9 @@ def _build(opts: ServeOptions) -> tuple[Any, list[Any]]:
 
     bundle, model, slots, max_tokens, model_id = opts.bundle, opts.model, opts.slots, opts.max_tokens, opts.model_id
     log = logging.getLogger("edge_serve")
+    # Worker threads each handle large requests now and then: their buffers go back to the OS when freed, so the
+    # server's memory stays flat (rss.py says why).
+    return_large_buffers()
     # The bundle runs under the target it was exported for unless --target names another; a model is exported
     # on first use for this machine's target, its progress logged.
     chosen = resolve_run(bundle, model, opts.target, progress=log.info)
