@@ -34,9 +34,22 @@ static inline __attribute__((always_inline)) void weights32(int type, const Blk 
         q = _mm256_sub_epi32(q, _mm256_set1_epi32(off));
         if (type == GGML_Q6_K) { /* D * s6 of the 16 the 8 lie in, then times q: gguf-py's (d * s6) * q */
             out[i] = _mm256_mul_ps(_mm256_set1_ps(w->D * (float)(i < 2 ? w->s6a : w->s6b)), _mm256_cvtepi32_ps(q));
+        } else if (type == GGML_Q4_0 || type == GGML_Q5_0 || type == GGML_Q8_0) { /* no minimum: d * q, whose zero
+                                                                                  * keeps d's sign as gguf-py's */
+            out[i] = _mm256_mul_ps(_mm256_set1_ps(w->D), _mm256_cvtepi32_ps(q));
         } else {
             out[i] = _mm256_fmadd_ps(_mm256_set1_ps(w->D), _mm256_cvtepi32_ps(q), _mm256_set1_ps(w->Mn));
         }
+    }
+}
+
+/* Row `row` of a GGUF tensor's bytes as K floats, each as gguf-py dequantizes it (weights32): GatherGGUF's rows. */
+void ggml_dequantize_row(int64_t type, const uint8_t *row, int64_t K, float *out) {
+    for (int64_t j = 0; j < K / 32; j++) {
+        Blk b = decode((int)type, row, j);
+        __m256 w[4];
+        weights32((int)type, &b, w);
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + j * 32 + 8 * i, w[i]);
     }
 }
 

@@ -40,4 +40,11 @@ int ggml_block_bytes(int64_t type);
  * In ggml_avx2.c. */
 const QImpl *ggml_impl(int64_t type, const char *isa, int fp32_compute);
 
+/* Row `row` (K / block elements' blocks of `type`) as K floats, equal to gguf-py's dequantize bit for bit. */
+void ggml_dequantize_row(int64_t type, const uint8_t *row, int64_t K, float *out);
+/* Bytes of one row of K elements of `type`. */
+static inline int64_t ggml_row_bytes(int64_t type, int64_t K) {
+    return K / ggml_block_elements(type) * ggml_block_bytes(type);
+}
+
 #endif

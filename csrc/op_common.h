@@ -97,5 +97,6 @@ static inline size_t attn_cache_elem(int type) { return type == 0 ? 4 : type == 
 extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op, edge_matmul_gguf_op;
 /* In ring_attention_op.c. */
 extern const OrtCustomOp edge_ring_attention_op, edge_ring_attention_f16_op, edge_ring_attention_q8_op;
+extern const OrtCustomOp edge_gather_gguf_op; /* gather_gguf_op.c */
 
 #endif

@@ -242,7 +242,7 @@ static const OrtCustomOp attn_q8_op = EDGE_OP(attn_create, attn_compute, attn_na
                                               op_required, attn_outputs, attn_q8_output_type, op_required);
 static const OrtCustomOp *const g_ops[] = {
     &edge_matmul_q4_op, &edge_matmul_q8_op, &edge_matmul_gguf_op, &silu_op, &attn_op, &attn_f16_op, &attn_q8_op,
-    &edge_ring_attention_op, &edge_ring_attention_f16_op, &edge_ring_attention_q8_op};
+    &edge_ring_attention_op, &edge_ring_attention_f16_op, &edge_ring_attention_q8_op, &edge_gather_gguf_op};
 
 /* The MatMulQ4 implementation sessions created now would run ("avx2", "avx512vnni"), or NULL where
  * EDGE_KERNELS_ISA names one this CPU lacks or the CPU runs none (kernels.isa(), for reports). */

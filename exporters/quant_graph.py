@@ -7,6 +7,8 @@ Both write the same `QuantizedMatrix` codes and scales (docs/architecture.md §5
     x ─► com.microsoft::MatMulNBits(B [N, k_blocks, blob], scales [N, k_blocks][, zp], accuracy_level) ─► y
     ids ─► com.microsoft::GatherBlockQuantized(the same B, scales [V, k_blocks, 1]) ─► [1, T, k_blocks, blk]
         ─► Reshape [1, T, H]                        (the tied table is stored once, read by both ops)
+    an INT8 block-32 table of fp16 scales (a GGUF's Q8_0) with --kernel edge: stored once as Q8_0 rows,
+    ids ─► ai.edge_runtime::GatherGGUF(rows, type=Q8_0) ─► [1, T, H];  x ─► MatMulGGUF(the same rows) ─► logits
 
   ort flavor with --kernel edge: products whose K is a multiple of 64 run edge-runtime's own ops on the
   same B (csrc/, x86-64 AVX2 or AVX-512 VNNI; activations int8 in blocks of 32, as accuracy_level 4):
@@ -34,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge_runtime.errors import ExportError
 from edge_runtime.kernels import DOMAIN as EDGE_DOMAIN
-from edge_runtime.kernels import MATMUL_GGUF, MATMUL_Q4, MATMUL_Q8
+from edge_runtime.kernels import GATHER_GGUF, MATMUL_GGUF, MATMUL_Q4, MATMUL_Q8
 
 from .blocks import FloatWeights, WeightFormat, concat_biases
 from .gguf_blocks import GGUFMatrix
@@ -158,6 +160,7 @@ class NBitsWeights:
     floats: FloatWeights  # tables kept in float (--fp-embeddings)
     kernel: MatMulKernel = MatMulKernel.MLAS
     _tables: dict[str, tuple[QuantizedMatrix, np.ndarray, int]] = field(default_factory=dict, compare=False)
+    _q8_0_tables: dict[str, QuantizedMatrix] = field(default_factory=dict, compare=False)  # stored as Q8_0 rows
 
     def matmul(self, g: GraphBuilder, prefix: str, x: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         qm = self.model.require(w, prefix)
@@ -224,11 +227,24 @@ class NBitsWeights:
         if qm is None:
             return self.floats.table(g, prefix, w)
         b, scales, blk = pack_nbits(qm, prefix)
+        if self.kernel is MatMulKernel.EDGE and _q8_0_rows(qm, scales):
+            # A GGUF's kept Q8_0 table (or any INT8 block-32 table of fp16 scales) is stored once, in Q8_0's
+            # layout: GatherGGUF reads the embedding's rows from it and MatMulGGUF the LM head's product, where
+            # MatMulNBits' B for GatherBlockQuantized and a Q8_0 copy for the head held it twice.
+            name = g.weight(f"{prefix}/weight_q8_0", q8_0_bytes(qm, scales))
+            self._q8_0_tables[name] = qm
+            return name
         name = g.weight(f"{prefix}/weight_q", b)
         self._tables[name] = (qm, scales, blk)
         return name
 
     def gather_rows(self, g: GraphBuilder, prefix: str, table: str, ids: str) -> str:
+        if table in self._q8_0_tables:
+            g.domains[EDGE_DOMAIN] = 1
+            k = self._q8_0_tables[table].shape[1]
+            return g.op(
+                GATHER_GGUF, [table, ids], f"{prefix}/{GATHER_GGUF}", domain=EDGE_DOMAIN, K=k, type=Q8_0_ID
+            )  # [1, T, H]
         if table not in self._tables:
             return self.floats.gather_rows(g, prefix, table, ids)
         qm, scales, blk = self._tables[table]
@@ -246,17 +262,20 @@ class NBitsWeights:
         return g.op("Reshape", [rows, g.const([0, 0, qm.shape[1]])], f"{prefix}/rows/Reshape")
 
     def matmul_table(self, g: GraphBuilder, prefix: str, x2d: str, table: str) -> str:
+        if table in self._q8_0_tables:
+            # MatMulNBits' 8-bit blocks of 32 (MLAS) took this LM head once; MatMulGGUF reads the table's Q8_0
+            # bytes as they are and leaves the fused argmax as MatMulQ8 does. In the accuracy_level 0 twin
+            # (rebuilt: export._twin_session) it takes float activations.
+            n, k = self._q8_0_tables[table].shape
+            g.domains[EDGE_DOMAIN] = 1
+            fp32 = {"fp32_compute": 1} if self.accuracy_level == 0 else {}
+            return g.op(
+                MATMUL_GGUF, [x2d, table], f"{prefix}/{MATMUL_GGUF}", domain=EDGE_DOMAIN, K=k, N=n, type=Q8_0_ID, **fp32
+            )
         if table not in self._tables:
             return self.floats.matmul_table(g, prefix, x2d, table)
         qm, scales, blk = self._tables[table]
         n, k = qm.shape
-        if self.kernel is MatMulKernel.EDGE and self.accuracy_level != 0 and _q8_0_rows(qm, scales):
-            # MatMulNBits' 8-bit blocks of 32 (MLAS) took the LM head of a GGUF's kept Q8_0 table; MatMulGGUF
-            # reads the same values in Q8_0's layout (a second copy of the codes: the table's own B stays for the
-            # embedding's GatherBlockQuantized) and leaves the fused argmax as MatMulQ8 does
-            g.domains[EDGE_DOMAIN] = 1
-            w = g.weight(f"{prefix}/weight_q8_0", q8_0_bytes(qm, scales))
-            return g.op(MATMUL_GGUF, [x2d, w], f"{prefix}/{MATMUL_GGUF}", domain=EDGE_DOMAIN, K=k, N=n, type=Q8_0_ID)
         if self._float_head(qm):
             # MLAS has no fp32 kernel for 8-bit codes: MatMulNBits at accuracy_level 0 dequantizes all of B on
             # every call (3.4 ns a weight: 0.17 s a call for SmolLM2's 49152 x 576 head, most of its twin's

@@ -172,3 +172,41 @@ def test_matmul_gguf_nan_activations_reach_the_output():
     x[1, 300] = np.nan
     y = _graph("Q4_K", 512, 4, raw).run(None, {"x": x})[0]
     assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
+
+
+def _gather(name: str, k: int, raw: np.ndarray) -> ort.InferenceSession:
+    node = helper.make_node(
+        kernels.GATHER_GGUF, ["table", "ids"], ["rows"], domain=kernels.DOMAIN, K=k, type=BLOCK_TYPES[name].ggml_id
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, "T", k])],
+        [numpy_helper.from_array(raw, "table")],
+    )
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    assert kernels.register(so)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+    return ort.InferenceSession(helper.make_model(graph, opset_imports=opsets).SerializeToString(), so)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", sorted(BLOCK_TYPES))
+def test_gather_gguf_rows_are_gguf_py_s_bit_for_bit(name):
+    """GatherGGUF (an embedding over the LM head's GGUF bytes) gives each row as gguf.quants.dequantize does, in
+    any order and repeated, the zero block included; an index outside the table is refused in one line."""
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(100 + t.ggml_id)
+    k, n = 3 * t.elements, 9
+    raw = _blocks(rng, name, n * 3).reshape(n, -1)
+    want = gguf_dequantize(raw, GGMLQuantizationType[name]).astype(np.float32)
+    ids = np.array([[8, 0, 3, 3, 7]], np.int64)
+    session = _gather(name, k, raw)
+    got = session.run(None, {"ids": ids})[0]
+    assert got.shape == (1, 5, k)
+    assert np.array_equal(got[0], want[ids[0]]) and np.array_equal(np.signbit(got[0]), np.signbit(want[ids[0]]))
+    assert np.array_equal(session.run(None, {"ids": ids[:, 2:3]})[0][0, 0], want[3])  # one row: the decode path
+    with pytest.raises(Exception, match="index 9 is outside the table's 9 rows"):
+        session.run(None, {"ids": np.array([[1, 9]], np.int64)})

@@ -152,3 +152,22 @@ def test_an_explicit_quant_requantizes_and_says_so(tmp_path, wide_hf):
     rec = m["quantization"]["gguf_codes"]
     assert rec["imported"] == {} and set(rec["requantized"].values()) >= {"Q4_K"}
     assert "requantizing" in output and not _gguf_nodes(tmp_path / "b")
+
+
+def test_a_tied_q8_0_table_is_stored_once_for_the_embedding_and_the_head(tmp_path):
+    """A tied Q8_0 token_embd: the bundle holds its bytes once, as the file stores them; GatherGGUF reads the
+    embedding's rows from them and MatMulGGUF the head's product (no MatMulNBits table beside a Q8_0 copy)."""
+    hf = tmp_path / "hf"
+    save_tiny_checkpoint("llama-tied", hf, num_hidden_layers=LAYERS, **WIDE)
+    path = tmp_path / "t.gguf"
+    write_gguf(hf, path, linear_type=Q.Q4_K, override_type=("token_embd.weight", Q.Q8_0))
+    m, _ = _export(path, tmp_path / "b", "--target", "nuc")
+    assert m["quantization"]["gguf_codes"]["imported"]["model.embed_tokens.weight"] == "Q8_0"
+    model = onnx.load(str(tmp_path / "b" / "model.onnx"))
+    tables = [t for t in model.graph.initializer if "embed_tokens" in t.name]
+    assert [t.name for t in tables] == ["/model/embed_tokens/weight_q8_0"]
+    assert np.array_equal(numpy_helper.to_array(tables[0]), _file_rows(path, "token_embd.weight", None))
+    readers = {n.op_type for n in _nodes(model.graph) if tables[0].name in n.input}
+    assert readers == {kernels.GATHER_GGUF, kernels.MATMUL_GGUF}
+    assert m["validation"]["max_rel_err"] <= m["validation"]["tolerance"]
+    assert len(_greedy(tmp_path / "b", [0, 5, 9], 6)) == 6
