@@ -81,6 +81,12 @@ def test_concurrent_streams_equal_each_alone_and_share_calls(batched_server):
     together = _together([(i, (c, p, 40), {}) for i, p in enumerate(PROMPTS)])
     calls, single = _batch_counts(batched_server)
     assert calls > 0 and single < calls  # some model calls decoded several streams
+    from .serve_util import metric_samples, sample_value
+
+    m = metric_samples(batched_server.get("/metrics")[1].decode())
+    assert sample_value(m, "edge_serve_aggregate_tokens_per_second") > 0
+    # the busy period's energy (sampled while any stream ran; the x86 profile's meter, else its estimate)
+    assert sample_value(m, "edge_serve_tokens_per_joule") > 0
     alone = {i: _together([(i, (c, p, 40), {})])[i] for i, p in enumerate(PROMPTS)}
     assert together == alone and all(alone.values())
 
