@@ -33,11 +33,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .kv_cache import KVCache
 
-# Tokens of a prompt per call while other streams decode: 128 rows of the 135M model's prompt take about as long
-# as a few decode steps, so running streams' inter-token latency stays within a small multiple while a prompt
-# goes in, and a chunk still has rows enough for the prompt kernels' tiles.
+# Tokens of a prompt per call while other streams decode. It bounds the stall a new prompt puts between a running
+# stream's tokens to one chunk's call (SmolLM2-135M int4 on 2 AMD EPYC cores: a lone 64-token prompt's TTFT was
+# 59 ms in benchmarks/batched-serving.md, so some 120 ms for 128, against a 3.5 ms decode step), and a chunk still
+# has rows enough for the prompt kernels' tiles. Not tuned: a smaller one trades the new request's TTFT for the
+# running streams' worst gap.
 CHUNK_BESIDE_STREAMS = 128
-# How long a decode step waits for streams that have not asked yet (host work between steps is ~1 ms a token).
+# How long a decode step waits for streams that have not asked yet. A stream's host work between its steps took
+# about 0.4 ms a token (sampling, detokenizing: cProfile of stream_generate, same CPU); four threads' calls were
+# 0.27 ms apart at the median, so 4 ms waits out a slow stream without holding the others a step's time.
 DEFAULT_WAIT_S = 0.004
 
 

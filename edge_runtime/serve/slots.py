@@ -75,9 +75,6 @@ class SlotPool:
         with self._lock:
             slot.busy = False
 
-    def busy(self) -> int:
-        return sum(1 for s in self.slots if s.busy)
-
     def route(self, prompt: Sequence[int], free: Sequence[Slot] | None = None) -> tuple[Slot, int]:
         """The slot for `prompt` among `free` (default: all) and the shared prefix that chose it (0: an empty or the
         least recent slot).
