@@ -9,6 +9,7 @@
 #define GG_DOT(u, a) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (a)), _mm256_set1_epi16(1))
 #define GG_NAME(x) x##_avx2
 #define GG_ISA "avx2"
+#define GG_AVX512 0
 #include "ggml_kernel.h"
 
 const QImpl *ggml_int_impl_avx512vnni(int64_t type); /* ggml_vnni.c */

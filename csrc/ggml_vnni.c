@@ -12,6 +12,7 @@
 #define GG_DOT(u, a) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (a))
 #define GG_NAME(x) x##_avx512vnni
 #define GG_ISA "avx512vnni"
+#define GG_AVX512 1
 #include "ggml_kernel.h"
 
 #include "vnni_end.h"

@@ -118,6 +118,28 @@ def test_matmul_gguf_is_the_dequantized_weights_times_int8_rows(name, k):
 
 @needs_kernels
 @pytest.mark.parametrize(("name", "k"), _SHAPES)
+def test_the_avx2_and_vnni_implementations_give_the_same_bits(name, k, monkeypatch):
+    """The two implementations form the same int32 block sums (VNNI's Q8_0 codes plus 128, then 128 times the
+    activation code sums off; AVX2's |w| against a with w's sign) and the same float work after them."""
+    runs = [isa for isa in ("avx2", "avx512vnni") if isa in kernels.runnable()]
+    if len(runs) < 2:
+        pytest.skip(f"this CPU runs {runs}: nothing to compare")
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(300 + t.ggml_id)
+    n = 37
+    raw = _blocks(rng, name, n * k // t.elements).reshape(n, -1)
+    x = rng.standard_normal((13, k)).astype(np.float32)
+    ys = {}
+    for isa in runs:
+        monkeypatch.setenv("EDGE_KERNELS_ISA", isa)
+        session = _graph(name, k, n, raw)
+        ys[isa] = [session.run(None, {"x": x[:m]})[0] for m in (1, 5, 13)]
+    for a, b in zip(*ys.values(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("name", "k"), _SHAPES)
 def test_matmul_gguf_fp32_compute_is_the_dequantized_weights_times_float_rows(name, k):
     """fp32_compute=1 (the export's accuracy_level 0 twin): float activations against weights formed as gguf-py
     forms them, so the product is the float64 one to float32 accumulation."""
