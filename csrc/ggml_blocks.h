@@ -13,10 +13,10 @@
  *   Q6_K  14    256      210   d*s6_j * (q - 32)          q 6-bit, 16 sub-blocks of 16
  *
  * Activations are quantized per row and block of 32 to int8 (quad.h's quantize_block, as MatMulQ4/Q8),
- * and each 32-block of weights is unpacked to its codes as unsigned bytes u (Q8_0: signed, ggml_decode.h) and
- * met with the activation codes in exact integer arithmetic, two blocks' sums converted to float together; the
- * codes' offset (8, 16) and the minimum enter through each block's activation code sum (ggml_kernel.h has the
- * arithmetic). A column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs, where matmul_op.c splits a
+ * and each 32-block of weights is unpacked to its codes as bytes (ggml_kernel.h's codes) and met with the
+ * activation codes in exact integer arithmetic, 8 blocks' sums converted to float together; the codes' offset
+ * (8, 16, 128) comes off in integers and the minimum enters through each block's activation code sum
+ * (ggml_kernel.h has the arithmetic). A column's float sum is closed every QGEMM_K_CHUNK_PAIRS pairs, where matmul_op.c splits a
  * prompt's K, so every row rounds alike at any row count (kernels.py's exact_rows: any). K is a multiple of the
  * type's block (32 for the legacy types: not necessarily of 64, as the other ops need). */
 #ifndef EDGE_GGML_BLOCKS_H

@@ -1,6 +1,7 @@
 /* MatMulGGUF's block decoding (ggml_blocks.h), shared by its implementations: each 32 weights of a GGUF row
- * unpacked to their codes as bytes, with the block's float factors. Static inline: each including file compiles
- * it for its own instruction set. */
+ * unpacked to their codes as bytes, with the block's float factors (the fp32_compute path and GatherGGUF's
+ * rows; the integer kernel unpacks a group's codes itself, ggml_kernel.h), and a group's scale factors.
+ * Static inline: each including file compiles it for its own instruction set. */
 #ifndef EDGE_GGML_DECODE_H
 #define EDGE_GGML_DECODE_H
 
@@ -88,7 +89,7 @@ static inline __attribute__((always_inline)) Blk decode(int type, const uint8_t 
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), _mm256_set1_epi8(3));
         w.u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
         const int8_t *s6 = (const int8_t *)(b + 192) + 2 * s;
-        w.s6a = s6[0], w.s6b = s6[1]; /* the float path's; the integer path scales by q6_pair_scales */
+        w.s6a = s6[0], w.s6b = s6[1];
         w.D = f16(b + 208);
         return w;
     }
@@ -158,16 +159,6 @@ static inline __attribute__((always_inline)) Scales8 group_scales(int type, cons
     __m256 M = mins ? _mm256_cvtph_ps(mh) : _mm256_setzero_ps();
     g.C = off != 0.0f ? _mm256_fnmadd_ps(_mm256_set1_ps(off), g.D, M) : M;
     return g;
-}
-
-/* Q6_K: the D factors of pair q (blocks 2q, 2q+1) of the super-block from block j0, in hadd's lane order: d times
- * the sub-scale of each lane's 16 weights, [b0 1st, b0 1st, b1 1st, b1 1st | b0 2nd, b0 2nd, b1 2nd, b1 2nd] (the
- * integer sums then need no per-lane multiply). */
-static inline __attribute__((always_inline)) __m256 q6_pair_scales(__m256 d, const uint8_t *bn, int64_t j0, int q) {
-    int32_t four;
-    memcpy(&four, bn + (j0 / 8) * 210 + 192 + 4 * q, 4);
-    __m128 s4 = _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four)));
-    return _mm256_mul_ps(d, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s4), _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3)));
 }
 
 #endif

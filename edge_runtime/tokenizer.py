@@ -14,6 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import BundleError
 from .manifest import TokenizerSpec
+from .rss import trim_heap
 
 
 class Tokenizer:
@@ -22,6 +23,7 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises plain Exceptions
             raise BundleError(f"cannot read tokenizer '{path}': {e}") from e
+        trim_heap()  # the JSON's parse buffers, freed, back to the OS (a large vocabulary's are hundreds of MB)
         self.spec = spec
 
     @classmethod
