@@ -156,7 +156,6 @@ def test_matmul_gguf_fp32_compute_is_the_dequantized_weights_times_float_rows(na
         assert err.max() < 1e-6, (m, err.max())
 
 
-
 @needs_kernels
 @pytest.mark.parametrize("name", sorted(BLOCK_TYPES))
 def test_the_op_reads_every_block_as_gguf_py_does_bit_for_bit(name):

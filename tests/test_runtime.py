@@ -121,6 +121,33 @@ def test_prompt_of_three_capacities_is_chunked(tiny, flavor):
 
 
 @pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
+def test_a_long_prompt_goes_in_calls_of_at_most_prefill_chunk_tokens(tiny, flavor, monkeypatch):
+    """A prompt longer than engine.PREFILL_CHUNK (here made 16) runs in calls of at most that many tokens (a
+    call's activation memory grows with its rows), and gives the reference's logits as one call does."""
+    import edge_runtime.engine as engine_module
+
+    ref, bundles = tiny
+    prompt = np.random.default_rng(5).integers(0, 320, 150)
+    whole = load(bundles[flavor]).prefill(prompt).copy()
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 16)
+    engine = load(bundles[flavor])
+    sizes = []
+    run_chunk = engine.backend.run_chunk
+
+    def counted(ids, *args, **kwargs):
+        sizes.append(len(ids))
+        return run_chunk(ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine.backend, "run_chunk", counted)
+    chunked = engine.prefill(prompt)
+    assert sum(sizes) == 150 and max(sizes) <= 16 and len(sizes) >= 10, sizes
+    assert rel(chunked, whole) <= 1e-4
+    stream = StreamingReference(ref, engine.geometry.sinks, engine.geometry.window)
+    want = [stream.step(int(t)) for t in prompt][-1]
+    assert rel(chunked, want) <= 1e-4
+
+
+@pytest.mark.parametrize("flavor", list(Flavor), ids=lambda f: f.value)
 def test_static_pool_pointers_and_no_allocation_growth(tiny, flavor):
     _, bundles = tiny
     engine = load(bundles[flavor], LoadOptions(sinks=4, window=64))
