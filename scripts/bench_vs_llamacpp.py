@@ -23,7 +23,8 @@ For each shape and precision (fp32 / F32, int8 / Q8_0, int4 block 32 / Q4_0) it
      ring); theirs through `llama-bench -p N -n 0` (prompt processing at depth 0, TTFT = N / pp rate) and
      `llama-bench -p 0 -n M -d N` (generation at depth N: decode after the prompt, as ours is measured),
      each `-t T -o json`; `--kv-dtype fp16|q8` builds our bundle with that cache and gives llama-bench
-     `-ctk/-ctv f16|q8_0` (our default fp32 cache runs against its default f16); `--prompt-tokens 2000`
+     `-ctk/-ctv f16|q8_0` (our default fp32 cache runs against its default f16; with --gguf our default is
+     fp16, as the export's is); `--prompt-tokens 2000`
      is the long-context row (repeat the option for rows at several depths),
   4. reports medians, ratios ours / llama.cpp (of the medians, and the median of per-round ratios, which
      cancels slow drift of a shared machine), peak RSS of each process, weight bytes read per token
@@ -212,10 +213,11 @@ def bench_pair(
         bundle = ours_dir(a.ours_work / shape, precision, a.our_kernel, kv)
         cmd = ours_build_cmd(ckpt, bundle, precision, a.block, a.our_kernel, kv)
     else:  # the file itself on both sides: ours keeps its blocks (the default for an edge-kernel target)
-        bundle = a.ours_work / shape / f"ours-gguf{'' if kv == 'fp32' else f'-kv{kv}'}"
+        # the cache named, always: a GGUF export's default (fp16) is not the other exports' (fp32)
+        bundle = a.ours_work / shape / f"ours-gguf-kv{kv}"
         cli = Path(sys.executable).with_name("edge-export")
         cmd = [str(cli), "build", str(gguf_file), "-o", str(bundle), "--overwrite", "--target", "nuc"]
-        cmd += [] if kv == "fp32" else ["--kv-dtype", kv]
+        cmd += ["--kv-dtype", kv]
     say(f"{shape} {precision} (KV {kv}, depth {prompt}): building ours")
     built = build("ours", cmd, bundle, "manifest.json", False, log)
     if not built["ok"]:
@@ -373,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                     "rows at several depths (2000: the long-context row) [128]")  # fmt: skip
     ap.add_argument("--kv-dtype", action="append", choices=tuple(KV_TYPES),
                     help="our KV cache (edge-export --kv-dtype) against llama.cpp's -ctk/-ctv: fp32 against its "
-                    "default f16, fp16 against f16, q8 against q8_0; repeat for one row each [fp32]")  # fmt: skip
+                    "default f16, fp16 against f16, q8 against q8_0; repeat for one row each [fp32; with --gguf "
+                    "fp16, the export's default for a GGUF kept in its blocks]")  # fmt: skip
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes-dir", type=Path, default=Path("/tmp/edge-shapes"))
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     a.our_kernel = a.our_kernel or default_kernel()
     a.prompt_tokens = a.prompt_tokens or [128]
-    kvs = a.kv_dtype or ["fp32"]
+    kvs = a.kv_dtype or (["fp16"] if a.gguf else ["fp32"])
     lc = LlamaCpp(a.llama_cpp.resolve(), a.build_dir)
     a.work.mkdir(parents=True, exist_ok=True)
     log = a.work / "bench.log"
