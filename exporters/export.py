@@ -50,7 +50,7 @@ from .plan import ExportPlan
 from .progress import Progress, as_progress
 from .prune import pruned_args
 from .quant import MatMulKernel, QuantConfig, QuantizedTable
-from .quant_graph import edge_matmul, fp32_compute_int8, fp32_compute_twin, nbits_block
+from .quant_graph import edge_matmul, float32_cache, fp32_compute_int8, fp32_compute_twin, nbits_block
 from .quant_model import LINEARS
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
 from .reference import Int8Activations, ReferenceModel
@@ -337,10 +337,11 @@ def _twin_session(graph: Path, ckpt: Checkpoint, built: BuiltGraph, prepared: Pr
     products become MatMulQ8 with fp32_compute too (quant_graph.fp32_compute_int8)."""
     assert prepared.quantized is not None
     # The bundle's own graph carries its cache's element type; the twin is held to the fp32 tolerance with an fp32
-    # cache (validate.with_kv_dtype), so an fp16 / q8 cache's bundle gets the rebuilt twin.
-    if kernels.available() and built.io["kv"]["dtype"] == np.dtype(np.float32).name:
+    # cache (validate.with_kv_dtype): an fp16 / q8 cache's graph becomes one of an fp32 cache (float32_cache).
+    if kernels.available():
         model = onnx.load(str(graph), load_external_data=False)
         if fp32_compute_twin(model, graph.parent):
+            float32_cache(model)
             return _session(model.SerializeToString(), built, data_dir=graph.parent)
         del model
     with tempfile.TemporaryDirectory(prefix=".edge-export-twin-", dir=graph.parent.parent) as scratch:

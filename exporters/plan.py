@@ -33,7 +33,8 @@ What the plan decides, in this order (each step refuses in one typed line, an Ex
       9. the output: not the checkpoint nor a folder holding it; --overwrite rules (bundle_writer.check_target)
     with the model read (export.py, in this order):
      10. fitted: a profile's INT4 block (not a typed --block) cut to the largest that divides every decoder
-         Linear's input width
+         Linear's input width; the default fp16 cache (not a typed --kv-dtype) fp32 where the model's heads keep
+         RingAttention out
      11. cache_spec: a sliding-window model keeps no sinks and its trained window; a profile's window (not a
          typed --window) is cut to the trained context; the default window fills the context up to
          DEFAULT_WINDOW_CAP; ring.geometry_problem refuses the rest; slack DEFAULT_SLACK
@@ -147,7 +148,7 @@ class ExportFlags:
     mixed: MixedPlan | None = None
     fp_embeddings: bool = False
     gguf_codes: GGUFCodes | None = None
-    kv_dtype: KvDtype | None = None  # None: fp16 for a GGUF kept in its blocks (as llama.cpp caches), else fp32
+    kv_dtype: KvDtype | None = None  # None: default_kv_dtype (fp16 where edge-runtime's attention ops run, else fp32)
     sinks: int | None = None
     window: int | None = None
     prune: float | None = None
@@ -184,6 +185,9 @@ class ExportPlan:
     # Likewise a profile's INT4 block: where it does not divide a Linear's input width (SmolLM2's 576 and the
     # Jetson profiles' 128), the largest supported block that does, instead of refusing a block nobody typed.
     fit_block: bool = False
+    # Likewise the default fp16 cache (default_kv_dtype): fp32 where the model's heads keep RingAttention out, instead
+    # of refusing a cache type nobody typed.
+    fit_kv_dtype: bool = False
     target: str | None = None  # the target profile the options came from (provenance); None: portable
     kv_dtype: KvDtype = KvDtype.FP32  # the KV cache's element type (fp16/q8: --kernel edge, ort flavor)
     # A GGUF source's Q4_0/Q8_0 codes kept as they are (gguf_quant.read_codes): filled by export_source once the
@@ -235,7 +239,15 @@ class ExportPlan:
         )
 
     def fitted(self, ckpt: Checkpoint, progress: Progress) -> ExportPlan:
-        """This plan with a profile's INT4 block cut to one that divides every decoder Linear's input width."""
+        """This plan with a profile's INT4 block cut to one that divides every decoder Linear's input width, and a
+        default fp16 cache fp32 where the model's heads cannot have it."""
+        plan = self._fitted_block(ckpt, progress)
+        if plan.fit_kv_dtype and kv_dtype_problem(ckpt.args, plan.flavor, plan.quant, plan.kv_dtype):
+            progress(f"RingAttention does not take head size {ckpt.args.head_dim}: caching K/V in fp32")
+            plan = dataclasses.replace(plan, kv_dtype=KvDtype.FP32, fit_kv_dtype=False)
+        return plan
+
+    def _fitted_block(self, ckpt: Checkpoint, progress: Progress) -> ExportPlan:
         q = self.quant
         if not self.fit_block or q.method.linear_bits != 4:
             return self
@@ -303,6 +315,15 @@ def _window_problem(window: int | None) -> str | None:
     if window is not None and window < 1:
         return f"--window {window} is out of range; use 1 or more, or leave it out for the model's context"
     return None
+
+
+def default_kv_dtype(flavor: Flavor, quant: QuantConfig) -> KvDtype:
+    """The cache where --kv-dtype is not given: fp16 where edge-runtime's attention ops run (a quantized ort bundle
+    on the edge kernels; ExportPlan.fitted falls back to fp32 for heads RingAttention does not take), as llama.cpp
+    caches; else fp32, which ONNX Runtime's own attention ops need. Decode is memory-bound and every step reads the
+    filled cache beside the weights (each stream's own in a batched step): half the bytes, for a rounding (2^-11 per
+    element) within the int8 activations' own (validate.with_kv_dtype; docs/decisions/kv-fp16-default.md)."""
+    return KvDtype.FP16 if kv_dtype_problem(None, flavor, quant, KvDtype.FP16) is None else KvDtype.FP32
 
 
 def kv_dtype_problem(args: ModelArgs | None, flavor: Flavor, quant: QuantConfig | None, kv: KvDtype) -> str | None:
@@ -478,9 +499,8 @@ def plan_export(source: Path, out: Path, flags: ExportFlags, profile: TargetProf
         fit_window=profile is not None and flags.window is None,
         fit_block=profile is not None and flags.block is None,
         target=s.target,
-        # A GGUF run as llama.cpp stored it gets llama.cpp's default cache, fp16: on the SmolLM2 Q4_K_M file at
-        # depth 2,000 it cut peak RSS 410 -> 363 MB and decoded 17% faster, at depth 128 within noise.
-        kv_dtype=flags.kv_dtype or (KvDtype.FP16 if gguf_blocks else KvDtype.FP32),
+        kv_dtype=flags.kv_dtype or default_kv_dtype(s.flavor, quant),
+        fit_kv_dtype=flags.kv_dtype is None,
         max_memory=flags.max_memory,
         gguf_codes=flags.gguf_codes,
         deferred_mixed=deferred,

@@ -39,6 +39,7 @@ from edge_runtime.kernels import DOMAIN as EDGE_DOMAIN
 from edge_runtime.kernels import GATHER_GGUF, MATMUL_GGUF, MATMUL_Q4, MATMUL_Q8
 
 from .blocks import FloatWeights, WeightFormat, concat_biases
+from .blocks_ort import Q8_ROW_EXTRA
 from .gguf_blocks import GGUFMatrix
 from .graph import GraphBuilder
 from .quant import MatMulKernel, QuantizedMatrix
@@ -421,6 +422,40 @@ def fp32_compute_twin(model: onnx.ModelProto, data_dir: Path) -> bool:
         if node.op_type in (MATMUL_Q8, MATMUL_GGUF) and node.domain == EDGE_DOMAIN:
             _set_int(node, "fp32_compute", 1)
     return True
+
+
+def float32_cache(model: onnx.ModelProto) -> None:
+    """Give `model` (an ort-flavor graph of edge-runtime's attention ops) an fp32 KV cache in place: its past_*
+    inputs, present_* outputs and the If branches' outputs that carry them, where they are fp16 or q8 rows (a q8
+    row's scale bytes dropped from its width). LinearAttention and RingAttention are registered once per cache
+    type, so the same nodes then read and write float32 rows: an fp32_compute_twin held to the fp32 tolerance,
+    which a narrow cache's rounding does not allow for (validate.with_kv_dtype), without rebuilding the graph."""
+    past = next(v for v in model.graph.input if v.name.startswith("past_key."))
+    narrow = past.type.tensor_type.elem_type
+    if narrow == TensorProto.FLOAT:
+        return
+    extra = Q8_ROW_EXTRA if narrow == TensorProto.UINT8 else 0
+
+    def widen(value: onnx.ValueInfoProto) -> None:
+        t = value.type.tensor_type
+        if t.elem_type != narrow:
+            return
+        t.elem_type = TensorProto.FLOAT
+        last = t.shape.dim[-1] if t.HasField("shape") and t.shape.dim else None
+        if extra and last is not None and last.HasField("dim_value"):
+            last.dim_value -= extra
+
+    for value in model.graph.input:
+        if value.name.startswith(("past_key.", "past_value.")):
+            widen(value)
+    for value in model.graph.output:
+        if value.name.startswith(("present_key.", "present_value.")):
+            widen(value)
+    for node in _nodes(model.graph):
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                for value in sub.output:  # a branch's outputs: the layers' output (fp32) and their present_*
+                    widen(value)
 
 
 def fp32_compute_int8(model: onnx.ModelProto, data_dir: Path) -> int:

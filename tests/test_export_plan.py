@@ -169,3 +169,34 @@ def test_an_edge_plan_takes_an_fp16_cache(tmp_path):
     p = _plan(tmp_path, quant=QuantMethod.INT4, kernel=MatMulKernel.EDGE, kv_dtype=KvDtype.FP16)
     assert (p.kv_dtype, p.quant.kernel) == (KvDtype.FP16, MatMulKernel.EDGE)
     p.check_model(load_checkpoint(DEMO_CHECKPOINT).args)  # head size 32: RingAttention takes it
+
+
+def test_the_cache_is_fp16_by_default_where_edge_runtimes_attention_runs(tmp_path):
+    """fp16 where the edge ops run (a quantized ort bundle on the edge kernels), fp32 elsewhere; a typed --kv-dtype
+    always decides."""
+    mlas = _plan(tmp_path, quant=QuantMethod.INT4, kernel=MatMulKernel.MLAS)
+    trt = _plan(tmp_path, quant=QuantMethod.INT4, flavor=Flavor.TRT)
+    assert (mlas.kv_dtype, trt.kv_dtype, _plan(tmp_path).kv_dtype) == (KvDtype.FP32,) * 3
+    if not kernels.available():
+        return
+    edge = _plan(tmp_path, quant=QuantMethod.INT4, kernel=MatMulKernel.EDGE)
+    typed = _plan(tmp_path, quant=QuantMethod.INT4, kernel=MatMulKernel.EDGE, kv_dtype=KvDtype.FP32)
+    assert (edge.kv_dtype, edge.fit_kv_dtype, typed.kv_dtype, typed.fit_kv_dtype) == (
+        KvDtype.FP16, True, KvDtype.FP32, False,
+    )  # fmt: skip
+
+
+@needs_kernels
+def test_the_default_fp16_cache_falls_back_to_fp32_for_heads_ring_attention_does_not_take(tmp_path):
+    """A typed fp16 cache for such heads is refused (check_model); the default one becomes fp32, said in one line."""
+    ckpt = load_checkpoint(DEMO_CHECKPOINT)
+    odd = dataclasses.replace(ckpt, args=dataclasses.replace(ckpt.args, head_dim=36))
+    said: list[str] = []
+    edge = _plan(tmp_path, quant=QuantMethod.INT4, kernel=MatMulKernel.EDGE)
+    fitted = edge.fitted(odd, said.append)
+    assert (fitted.kv_dtype, edge.fitted(ckpt, said.append).kv_dtype) == (KvDtype.FP32, KvDtype.FP16)
+    assert said == ["RingAttention does not take head size 36: caching K/V in fp32"]
+    fitted.check_model(odd.args)
+    typed = _plan(tmp_path, quant=QuantMethod.INT4, kernel=MatMulKernel.EDGE, kv_dtype=KvDtype.FP16)
+    with pytest.raises(ExportError, match="RingAttention does not take head size 36"):
+        typed.fitted(odd, said.append).check_model(odd.args)

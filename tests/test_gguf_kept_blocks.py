@@ -154,16 +154,16 @@ def test_an_explicit_quant_requantizes_and_says_so(tmp_path, wide_hf):
     assert "requantizing" in output and not _gguf_nodes(tmp_path / "b")
 
 
-def test_a_gguf_kept_in_its_blocks_caches_in_fp16_unless_asked(tmp_path, wide_hf):
-    """llama.cpp's default cache: fp16 where the file's blocks are kept; --kv-dtype still decides, and a
-    requantized export keeps fp32."""
+def test_a_gguf_export_caches_in_fp16_unless_asked(tmp_path, wide_hf):
+    """llama.cpp's default cache, fp16, where edge-runtime's attention ops run: the file's blocks kept or
+    requantized alike (plan.default_kv_dtype); --kv-dtype still decides."""
     path = tmp_path / "k.gguf"
     write_gguf(wide_hf, path, linear_type=Q.Q4_K)
     kept, _ = _export(path, tmp_path / "kept", "--target", "nuc")
     asked, _ = _export(path, tmp_path / "asked", "--target", "nuc", "--kv-dtype", "fp32")
     requantized, _ = _export(path, tmp_path / "requantized", "--target", "nuc", "--quant", "int4")
     assert kept["graph"]["kv"]["dtype"] == "float16" and kept["provenance"]["options"]["kv_dtype"] == "fp16"
-    assert asked["graph"]["kv"]["dtype"] == "float32" and requantized["graph"]["kv"]["dtype"] == "float32"
+    assert asked["graph"]["kv"]["dtype"] == "float32" and requantized["graph"]["kv"]["dtype"] == "float16"
     assert kept["validation"]["max_rel_err"] <= kept["validation"]["tolerance"]
     assert len(_greedy(tmp_path / "kept", [0, 5, 9], 6)) == 6
 

@@ -495,9 +495,10 @@ def test_the_rebuilt_twin_reads_its_int8_products_as_stored_and_keeps_its_int4_o
 
 @needs_kernels
 @pytest.mark.parametrize("kv", ["fp16", "q8"])
-def test_an_int8_edge_export_with_a_narrow_cache_gets_the_rebuilt_fp32_twin(kv, tmp_path, monkeypatch):
+def test_an_int8_edge_export_with_a_narrow_cache_is_its_own_twin_with_an_fp32_cache(kv, tmp_path, monkeypatch):
     """The bundle's own graph carries its fp16 / q8 cache, which the fp32 twin's tolerance does not allow for:
-    such exports validate with the rebuilt twin (an fp32 cache), and pass."""
+    the twin is that graph with float activations and an fp32 cache (quant_graph.float32_cache), nothing
+    rebuilt, and the export passes."""
     from edge_runtime.exporters import export as export_module
     from edge_runtime.exporters.decoder import KvDtype
     from edge_runtime.exporters.export import ExportOptions, export
@@ -505,14 +506,22 @@ def test_an_int8_edge_export_with_a_narrow_cache_gets_the_rebuilt_fp32_twin(kv, 
 
     from .tiny_models import save_tiny_checkpoint
 
-    builds = []
-    real_build = export_module.build_decoder
+    builds, caches = [], []
+    real_build, real_session = export_module.build_decoder, export_module._session
     monkeypatch.setattr(export_module, "build_decoder", lambda *a, **k: builds.append(k) or real_build(*a, **k))
+
+    def session(*a, **k):
+        s = real_session(*a, **k)
+        caches.append({i.type for i in s.get_inputs() if i.name.startswith("past_")})
+        return s
+
+    monkeypatch.setattr(export_module, "_session", session)
     ckpt = tmp_path / "ckpt"
     save_tiny_checkpoint("llama-tied", ckpt, intermediate_size=128)
     quant = QuantConfig(QuantMethod.INT8, kernel=MatMulKernel.EDGE)
     m = export(ExportOptions(checkpoint=ckpt, out=tmp_path / "b", window=60, quant=quant, kv_dtype=KvDtype(kv)))
-    assert len(builds) == 2 and builds[1].get("kv_dtype", KvDtype.FP32) is KvDtype.FP32  # bundle, then the twin
+    narrow = {"fp16": "tensor(float16)", "q8": "tensor(uint8)"}[kv]
+    assert len(builds) == 1 and caches == [{"tensor(float)"}, {narrow}]  # the twin, then the bundle's own graph
     parity = m.quantization["exact_parity"]
     assert parity["max_rel_err"] <= parity["tolerance"] <= 5e-3
     assert m.validation.max_rel_err <= m.validation.tolerance

@@ -220,8 +220,8 @@ def main() -> None:
     help="KV cache element type. fp16 halves the cache's memory and the bytes attention reads per token at a full "
     "ring; q8 (int8 codes and an fp32 scale per row) nearly quarters them. Both need --kernel edge "
     "(LinearAttention/RingAttention) on a quantized ort bundle. The manifest's graph.kv.dtype spellings "
-    "(float32, float16) are taken too. [default: fp16 for a GGUF whose blocks are kept as stored, as llama.cpp "
-    "caches; else fp32]",
+    "(float32, float16) are taken too. [default: fp16 where those ops run (a quantized ort bundle on the edge "
+    "kernels, as llama.cpp caches); else fp32]",
 )
 @click.option(
     "--max-memory",
