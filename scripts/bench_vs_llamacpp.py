@@ -30,7 +30,8 @@ For each shape and precision (fp32 / F32, int8 / Q8_0, int4 block 32 / Q4_0) it
      cancels slow drift of a shared machine), peak RSS of each process, weight bytes read per token
      (ours: as in bench_vs_ortgenai.py; GGUF: every tensor, except `token_embd` when a separate `output`
      exists), the KV cache's bytes (ours: the pool's K/V arrays; llama.cpp: its own `llama_kv_cache: size`
-     line, llama-bench -v), and the achieved fraction of the read bandwidth measured in the same run.
+     lines, llama-bench -v, the global and sliding-window caches of one context summed), and the achieved
+     fraction of the read bandwidth measured in the same run.
 
 Caveats, printed with the tables: llama-bench samples random token ids and repeats each test
 (`--llama-reps`, default 3) inside one process after a warm-up run, and its peak RSS covers all its
@@ -176,11 +177,24 @@ def parse_llama_bench(outs: list[str], prompt: int, gen: int) -> dict[str, Any]:
 
 
 def llama_kv_bytes(stderr: list[str]) -> tuple[int, int] | None:
-    """(bytes, cells) of llama.cpp's KV cache from its own log line, or None where it printed none."""
+    """(bytes, cells) of llama.cpp's first KV cache from its own log lines, or None where it printed none. A model
+    with sliding-window layers (Gemma 3) logs two caches per context, its global layers' and then, after
+    `llama_kv_cache_iswa: creating     SWA KV cache`, its window layers': their bytes are summed, the cells are the
+    global one's."""
+    found: tuple[int, int] | None = None
+    swa = False
     for line in stderr:
-        if m := _KV_LINE.search(line):
-            return round(float(m.group(1)) * 2**20), int(m.group(2))
-    return None
+        if found is not None and "llama_kv_cache_iswa: creating" in line and "SWA KV cache" in line:
+            swa = "non-SWA" not in line
+        elif m := _KV_LINE.search(line):
+            size = round(float(m.group(1)) * 2**20)
+            if found is None:
+                found = size, int(m.group(2))
+            elif swa:
+                return found[0] + size, found[1]
+            else:
+                return found
+    return found
 
 
 def bundle_prompt(bundle: Path, n: int) -> list[int]:

@@ -52,6 +52,19 @@ def test_kv_cache_size_comes_from_llama_cpp_own_line(llamacpp_bench):
             "V (q8_0):   17.00 MiB")  # fmt: skip
     assert llamacpp_bench.llama_kv_bytes(["load_tensors: ...", line]) == (34 * 2**20, 2048)
     assert llamacpp_bench.llama_kv_bytes(["no cache line"]) is None
+    # one context of a model with sliding-window layers (Gemma 3): its global cache, then its window layers' one;
+    # the next context's lines are not counted
+    tail = "1/1 seqs), K (f16):    3.38 MiB, V (f16):    3.38 MiB"
+    gemma = [
+        "llama_kv_cache_iswa: creating non-SWA KV cache, size = 2304 cells",
+        f"llama_kv_cache: size =    6.75 MiB (  2304 cells,   3 layers,  {tail}",
+        "llama_kv_cache_iswa: creating     SWA KV cache, size = 1024 cells",
+        f"llama_kv_cache: size =   15.00 MiB (  1024 cells,  15 layers,  {tail}",
+        "llama_kv_cache_iswa: creating non-SWA KV cache, size = 2304 cells",
+        f"llama_kv_cache: size =    6.75 MiB (  2304 cells,   3 layers,  {tail}",
+    ]
+    assert llamacpp_bench.llama_kv_bytes(gemma) == (round(21.75 * 2**20), 2304)
+    assert llamacpp_bench.llama_kv_bytes([line, line]) == (34 * 2**20, 2048)  # two contexts: the first
 
 
 def test_kv_dtype_picks_llama_cpp_cache_flags(llamacpp_bench, tmp_path):
