@@ -43,9 +43,8 @@ if TYPE_CHECKING:
     from .targets import TargetProfile
 
 # The most prompt tokens one graph call takes (llama.cpp's default micro-batch is 512 too). A call's activations,
-# and ONNX Runtime's arena that keeps its high-water mark, grow with its rows: on a 2,000-token prompt 512 rather
-# than 1,024 kept 60-65 MB off the peak RSS (SmolLM2-135M and Gemma 3 270M GGUF bundles), for a time to first
-# token within the machine's noise on SmolLM2 and 0-9% longer on Gemma 3 (docs/architecture.md, Prefill).
+# and ONNX Runtime's arena that keeps its high-water mark, grow with its rows; 512 rather than 1,024 keeps a long
+# prompt's peak RSS down for a time to first token within a few percent (docs/decisions/prefill-chunk.md).
 PREFILL_CHUNK = 512
 
 
