@@ -397,9 +397,9 @@ def _ort_layers(
 #    (the general ring path in `then` where RingAttention does not take the shapes: head size > 512)
 #
 #  One If per step instead of one per layer. It is not free: every outer-scope value the branches read
-#  (the weights included) is an implicit input ONNX Runtime feeds on each run, and the SmolLM2-135M int4
-#  graph with its else branch inlined decoded 5-6% faster, bit for bit alike (a throwaway measurement,
-#  decode at depths 64-192); one attention op that picks its kernel by fill would drop it. Both branches
+#  (the weights included) is an implicit input ONNX Runtime feeds on each run: SmolLM2-135M int4 graphs
+#  with the If replaced by one branch decoded bit for bit alike in 0.88-1.0x the step time, depending on
+#  the run (scripts/if_cost.py); one attention op that picks its kernel by fill would drop it. Both branches
 #  read the same outer-scope weights (one copy), which MatMulQ4/Q8 read as they are; graphs with
 #  MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_edge_matmul).
 # ------------------------------------------------------------------------------------------------
