@@ -23,8 +23,8 @@ For each shape and precision (fp32 / F32, int8 / Q8_0, int4 block 32 / Q4_0) it
      ring); theirs through `llama-bench -p N -n 0` (prompt processing at depth 0, TTFT = N / pp rate) and
      `llama-bench -p 0 -n M -d N` (generation at depth N: decode after the prompt, as ours is measured),
      each `-t T -o json`; `--kv-dtype fp16|q8` builds our bundle with that cache and gives llama-bench
-     `-ctk/-ctv f16|q8_0` (our default fp32 cache runs against its default f16; with --gguf our default is
-     fp16, as the export's is); `--prompt-tokens 2000`
+     `-ctk/-ctv f16|q8_0` (the script's default fp32 cache, named on every build, runs against its default
+     f16; with --gguf the default is fp16, edge-export's own on the edge kernels); `--prompt-tokens 2000`
      is the long-context row (repeat the option for rows at several depths),
   4. reports medians, ratios ours / llama.cpp (of the medians, and the median of per-round ratios, which
      cancels slow drift of a shared machine), peak RSS of each process, weight bytes read per token

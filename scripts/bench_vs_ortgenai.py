@@ -26,7 +26,8 @@ For each shape (default: smollm2-135m and llama-3.2-1b; `--skip-1b` drops the 1B
 
 `--prompt-tokens` may be repeated: each value is a row at that context depth (decode runs after the
 whole prompt; 2000 is the long-context row). `--kv-dtype fp16|q8` (repeatable) builds our bundles
-with that KV cache (`edge-export --kv-dtype`, edge kernels and int8/int4 only); onnxruntime-genai keeps its
+with that KV cache (`edge-export --kv-dtype`, edge kernels and int8/int4 only; the script's default is fp32, named
+on every build, where edge-export's own default on the edge kernels is fp16); onnxruntime-genai keeps its
 own (fp32 on CPU). The KV cache column is ours measured (the pool's K/V arrays) and theirs computed from
 its graph's past_key_values dtype and max_length.
 
@@ -246,8 +247,9 @@ def ours_build_cmd(
         cmd += ["--quant", precision, "--kernel", kernel]
     if precision == "int4":  # the builder stores the tied embedding / LM head in INT4 blocks too
         cmd += ["--block", str(block), "--table-bits", "4"]
-    if kv != "fp32":  # an fp16 / q8 cache, read by LinearAttention / RingAttention
-        cmd += ["--kv-dtype", kv]
+    # the cache named on every build: edge-export's own default is fp16 on the edge kernels, fp32 elsewhere, so an
+    # unnamed one would run fp16 under this script's fp32 label
+    cmd += ["--kv-dtype", kv]
     return cmd
 
 

@@ -205,7 +205,7 @@ def page(report: dict) -> str:
         "same checkpoint through llama.cpp's `convert_hf_to_gguf.py` and `llama-quantize Q4_0` (as "
         "`scripts/bench_vs_llamacpp.py` makes it).",
         "",
-        f"edge-serve ran the bundle `{report['bundle']}`"
+        f"edge-serve ran the bundle `{report['bundle']}` (KV cache {report['kv_dtype']})"
         + (f"; llama-server ({report['llama_server']}) the GGUF `{report['gguf']}`." if report["gguf"] else "."),
         "",
         f"{a['clients']} clients each stream {a['tokens']} tokens after a {a['prompt']}-token prompt (greedy, EOS "
@@ -311,6 +311,7 @@ def main() -> None:
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "bundle": a.bundle.name,
+        "kv_dtype": json.loads((a.bundle / "manifest.json").read_text())["graph"]["kv"]["dtype"],
         "gguf": a.gguf.name if a.gguf else None,
         "llama_server": peer,
         "cpu": cpu_model(),

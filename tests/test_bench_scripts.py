@@ -78,3 +78,13 @@ def test_kv_dtype_picks_llama_cpp_cache_flags(llamacpp_bench, tmp_path):
     assert tg[tg.index("-d") + 1] == "2000" and tg[tg.index("-n") + 1] == "128" and "-v" in tg
     assert tg[tg.index("-ctk") + 1] == tg[tg.index("-ctv") + 1] == "q8_0"
     assert "-ctk" not in lc.bench_cmds(tmp_path / "m.gguf", Args(), 128, "fp32")[1]  # its default f16
+
+
+def test_our_build_names_the_cache_it_is_labelled_with(llamacpp_bench, tmp_path):
+    """edge-export's own default cache is fp16 on the edge kernels: a row labelled fp32 must ask for fp32."""
+    from bench_vs_ortgenai import ours_build_cmd
+
+    for precision, kernel in (("int4", "edge"), ("int8", "edge"), ("int4", "mlas"), ("fp32", "mlas")):
+        for kv in ("fp32", "fp16"):
+            cmd = ours_build_cmd(tmp_path / "ckpt", tmp_path / "out", precision, 32, kernel, kv)
+            assert cmd[cmd.index("--kv-dtype") + 1] == kv, cmd
