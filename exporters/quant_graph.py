@@ -430,8 +430,8 @@ def float32_cache(model: onnx.ModelProto) -> None:
     row's scale bytes dropped from its width). LinearAttention and RingAttention are registered once per cache
     type, so the same nodes then read and write float32 rows: an fp32_compute_twin held to the fp32 tolerance,
     which a narrow cache's rounding does not allow for (validate.with_kv_dtype), without rebuilding the graph."""
-    past = next(v for v in model.graph.input if v.name.startswith("past_key."))
-    narrow = past.type.tensor_type.elem_type
+    past = next((v for v in model.graph.input if v.name.startswith("past_key.")), None)
+    narrow = TensorProto.FLOAT if past is None else past.type.tensor_type.elem_type
     if narrow == TensorProto.FLOAT:
         return
     extra = Q8_ROW_EXTRA if narrow == TensorProto.UINT8 else 0
