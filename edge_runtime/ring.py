@@ -89,16 +89,21 @@ class RingGeometry:
         """`slot` of each token index in `t`."""
         return np.where(t < self.sinks, t, self.sinks + (t - self.sinks) % self.ring)
 
-    def max_chunk(self, t0: int) -> int:
-        """Most tokens from token index t0 that one graph call may take.
+    def max_chunk(self, t0: int, want: int | None = None) -> int:
+        """Most tokens from token index t0 that one graph call may take, of the `want` the caller has
+        (default: as many as the ring allows).
 
         Rows must be contiguous (the in-graph scatter does not wrap), and once a chunk's writes evict
         older tokens (token t >= capacity evicts t - R) it may hold at most slack + 1 tokens, or its
         first row would lose a key inside its window. A chunk that writes sinks ends before any row
-        needs the sink-rotated query (t > S + W - 1).
+        needs the sink-rotated query (t > S + W - 1). That rule is applied to the chunk actually taken:
+        a prompt shorter than S + W goes in one call with its sinks, not as the sinks and then the rest
+        (a second pass over every weight).
         """
         contiguous = self.capacity - (t0 if t0 < self.sinks else self.slot(t0))
         n = min(contiguous, max(self.capacity - t0, self.slack + 1))
+        if want is not None:
+            n = min(n, want)
         if t0 < self.sinks and t0 + n > self.logical_capacity:
             # Write the sinks in an earlier call than any row past S + W - 1: no graph call then both
             # creates the sinks and rotates the query apart for them (one case fewer to validate).
@@ -246,10 +251,10 @@ class RingState:
         """Rows of bookkeeping `state` covers: this ring's, then the local ring's."""
         return self.geometry.capacity + (0 if self.local_ring is None else self.local_ring.geometry.capacity)
 
-    def max_chunk(self, t0: int) -> int:
-        """Most tokens from token t0 one graph call may take: RingGeometry.max_chunk of every ring."""
-        n = self.geometry.max_chunk(t0)
-        return n if self.local_ring is None else min(n, self.local_ring.geometry.max_chunk(t0))
+    def max_chunk(self, t0: int, want: int | None = None) -> int:
+        """Most tokens from token t0 one graph call may take of `want`: RingGeometry.max_chunk of every ring."""
+        n = self.geometry.max_chunk(t0, want)
+        return n if self.local_ring is None else min(n, self.local_ring.geometry.max_chunk(t0, want))
 
     # -- rollback ----------------------------------------------------------------------------------
 
@@ -323,8 +328,9 @@ class RingState:
         """
         g = self.geometry
         t0 = self.tokens
-        if not 1 <= n <= self.max_chunk(t0):
-            raise EdgeRuntimeError(f"chunk of {n} tokens at token {t0} exceeds the ring's limit {self.max_chunk(t0)}")
+        most = self.max_chunk(t0, n)
+        if not 1 <= n <= most:
+            raise EdgeRuntimeError(f"chunk of {n} tokens at token {t0} exceeds the ring's limit {most}")
         steps = np.arange(t0, t0 + n, dtype=np.int64)
         pos = steps + self.position_offset  # absolute positions
         logical = self._sink_position(steps) + self.position_offset
@@ -462,7 +468,7 @@ class RingState:
         past capacity, every slack + 1 tokens."""
         sizes, t = [], self.tokens
         while n_tokens > 0:
-            n = min(n_tokens, self.max_chunk(t), max_chunk or n_tokens)
+            n = self.max_chunk(t, min(n_tokens, max_chunk or n_tokens))
             sizes.append(n)
             t += n
             n_tokens -= n

@@ -49,6 +49,15 @@ def test_chunks_are_contiguous_and_keep_every_key_their_rows_need(g, requests):
             assert (state.row_pos[: g.sinks] >= 0).sum() == min(state.tokens, g.sinks)
 
 
+@given(geometries, st.integers(1, 80))
+def test_a_prompt_that_fits_goes_in_one_call_with_its_sinks(g, n_tokens):
+    # Split as the sinks and then the rest, a short prompt would pay a second pass over every weight.
+    state = RingState(g, np.ones(2))
+    sizes = state.chunks(n_tokens)
+    fits = n_tokens <= g.capacity and (g.sinks == 0 or n_tokens <= g.logical_capacity)
+    assert sum(sizes) == n_tokens and (sizes == [n_tokens]) == fits
+
+
 def test_plan_refuses_an_illegal_chunk():
     state = RingState(RingGeometry(4, 8), np.ones(2))
     state.plan(12, new_rows_as_columns=False)
