@@ -9,33 +9,44 @@
  *
  * A column's blocks go in groups of 8 (a K-quant's super-block), whose scale factors are unpacked once into two
  * vectors (ggml_decode.h's group_scales: D multiplies a block's codes' dot product, C its activation code sum).
- * Per group and row, every block's integer dot product is reduced to one int32 before any float work:
- *   p_b  = GG_DOT(u_b, xq_b)                 exact int32 lanes of block b (Q8_0: under VNNI the codes plus 128
- *                                            as unsigned bytes, under AVX2 |w| against xq with w's sign; Q6_K:
- *                                            maddubs of (q - 32), then madd with each lane's sub-scale s6)
- *   u    = hadd tree of p_0..p_7 - off * is  8 int32 sums in block order, the codes' offset (Q4_0 8, Q5_0 16,
- *                                            Q8_0 128) taken off through the blocks' activation code sums: exact
+ * The group's codes go into registers a pair of blocks (A, B) at a time, each 128-bit lane one block's 16 codes:
+ * [A k 0-15 | B k 0-15] and [A k 16-31 | B k 16-31], the activations stored in the same order. Per group and
+ * row, every block's integer dot product is reduced to one int32 before any float work:
+ *   d_j  = GG_DOT(p_j0, xq) + GG_DOT(p_j1, xq')  exact int32 lanes of pair j, 4 a block (Q8_0: under VNNI the
+ *                                            codes plus 128 as unsigned bytes, under AVX2 |w| against xq with
+ *                                            w's sign; Q6_K: maddubs of (q - 32), then madd with each lane's
+ *                                            sub-scale s6)
+ *   u    = tree of d_0..d_3 - off * is       8 int32 sums in u's order (the pairs' first blocks, then their
+ *                                            second), the codes' offset (Q4_0 8, Q5_0 16, Q8_0 128) taken off
+ *                                            through the blocks' activation code sums: exact
  *   acc += float(u) * (D * sx)               one conversion, multiply and FMA for 8 blocks
  *   bias += C * xs                           a minimum's term (Q4_1, Q5_1, Q4_K, Q5_K), one FMA for 8 blocks
- * The group's codes are unpacked once for all the call's rows (up to 8, a prompt's tile). Against reducing two
- * blocks at a time, converting and scaling each pair, on the decode of a matrix streamed from memory (2 threads,
- * AMD EPYC, AVX-512 VNNI): Q4_K 2.1x, Q6_K 3.0x, Q5_0 1.5x the weights' bytes a second; prompts 1.6x. */
+ * The group's codes are unpacked once for all the call's rows (up to 8, a prompt's tile). The pairs' tree
+ * (MatMulQ4's, q4gemm_vnni.c: 4 registers, unpacks and adds) against a block a register reduced by vphaddd:
+ * prompts of 128 rows 1.1-1.4x the multiply-adds a second (Q4_0, Q5_0, Q8_0 1.4x at K = 640; Q4_K, Q5_K 1.2x,
+ * Q6_K 1.1x at 1024; 2 threads, AMD EPYC, AVX-512 VNNI), a Gemma 3 270M Q4_K_M decode step 0.86-0.94x the
+ * time. */
 
-/* One row's quantized activations (64-byte aligned rows, `row_bytes` apart):
- *   xq  int8  [K]            the codes, in k order
- *   sx  float [groups][8]    each block's scale; 0 past the last block
- *   xs  float [groups][8]    each block's sx * (its code sum); 0 past the last block
- *   is  int32 [groups][8]    each block's code sum; 0 past the last block                                */
+/* One row's quantized activations (64-byte aligned rows, `row_bytes` apart), per group of 8 blocks (256 k):
+ *   xq  int8  [groups][4][64]  pair j (blocks 2j, 2j + 1 of the group, A and B) as the weights' pair registers
+ *                              hold it: [A k 0-15 | B k 0-15 | A k 16-31 | B k 16-31]; zeros past K
+ *   sx  float [groups][8]      each block's scale, in u's order (pairs' first blocks, then their second); 0 past K
+ *   xs  float [groups][8]      each block's sx * (its code sum), same order
+ *   is  int32 [groups][8]      each block's code sum, same order                                        */
 static size_t GG_NAME(row_bytes)(int64_t K) {
     int64_t groups = (K / 32 + 7) / 8;
-    return ((size_t)K + (size_t)groups * 96 + 63) / 64 * 64;
+    return ((size_t)groups * (256 + 96) + 63) / 64 * 64;
 }
 
 static size_t GG_NAME(scratch_bytes)(int64_t K, int64_t M) { return GG_NAME(row_bytes)(K) * (size_t)M; }
 
-#define GG_SX(row, K) ((float *)((row) + (K)))
-#define GG_XS(row, K) ((float *)((row) + (K)) + ((K) / 32 + 7) / 8 * 8)
-#define GG_IS(row, K) ((int32_t *)((row) + (K)) + ((K) / 32 + 7) / 8 * 16)
+#define GG_GROUPS(K) (((K) / 32 + 7) / 8)
+#define GG_SX(row, K) ((float *)((row) + GG_GROUPS(K) * 256))
+#define GG_XS(row, K) ((float *)((row) + GG_GROUPS(K) * 256) + GG_GROUPS(K) * 8)
+#define GG_IS(row, K) ((int32_t *)((row) + GG_GROUPS(K) * 256) + GG_GROUPS(K) * 16)
+
+/* u's slot of block b of a group: the pairs' first blocks 0..3, their second 4..7 (the pair tree's order). */
+#define GG_SLOT(b) (((b) % 2) * 4 + (b) / 2)
 
 static void GG_NAME(quantize_row)(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
     (void)M;
@@ -43,16 +54,22 @@ static void GG_NAME(quantize_row)(const float *x, int64_t K, int64_t M, void *sc
     int8_t *xq = (int8_t *)row;
     float *sx = GG_SX(row, K), *xs = GG_XS(row, K);
     int32_t *is = GG_IS(row, K);
-    int64_t nb = K / 32;
-    for (int64_t b = 0; b < nb; b++) {
+    int64_t nb = K / 32, groups = GG_GROUPS(K);
+    memset(row, 0, (size_t)groups * 256); /* a partial last group's missing blocks: zero codes */
+    for (int64_t b = 0; b < groups * 8; b++) {
+        int64_t g = b / 8, at = g * 8 + GG_SLOT(b % 8);
+        if (b >= nb) {
+            sx[at] = xs[at] = 0.0f, is[at] = 0;
+            continue;
+        }
         int32_t q[32], sum = 0;
         float s = quantize_block(x + b * 32, q);
-        for (int e = 0; e < 32; e++) xq[b * 32 + e] = (int8_t)q[e], sum += q[e];
-        sx[b] = s;
-        xs[b] = s * (float)sum;
-        is[b] = sum;
+        int8_t *pair = xq + g * 256 + ((b % 8) / 2) * 64 + (b % 2) * 16;
+        for (int e = 0; e < 32; e++) pair[(e / 16) * 32 + e % 16] = (int8_t)q[e], sum += q[e];
+        sx[at] = s;
+        xs[at] = s * (float)sum;
+        is[at] = sum;
     }
-    for (int64_t b = nb; b % 8; b++) sx[b] = xs[b] = 0.0f, is[b] = 0;
 }
 
 /* log2 of the offset taken off a type's codes in integers (Q4_0: 8, Q5_0: 16, Q8_0 under VNNI: 128; Q6_K's 32 is
@@ -60,63 +77,99 @@ static void GG_NAME(quantize_row)(const float *x, int64_t K, int64_t M, void *sc
 #define GG_SHIFT(type) ((type) == GGML_Q4_0 ? 3 : (type) == GGML_Q5_0 ? 4 : (type) == GGML_Q8_0 && GG_AVX512 ? 7 : 0)
 #define GG_MINS(type) ((type) == GGML_Q4_1 || (type) == GGML_Q5_1 || (type) == GGML_Q4_K || (type) == GGML_Q5_K)
 
-/* Block s of the group at `grp` (its first block's bytes; a K-quant's super-block) as 32 unsigned bytes of codes
- * (Q8_0: its signed int8), element order; Q6_K's sub-scales of its two 16s as int16 lanes [s6a x 8 | s6b x 8] in
- * *s16. s is a constant where this is unrolled: no address arithmetic beyond fixed offsets. */
-static inline __attribute__((always_inline)) __m256i GG_NAME(codes)(int type, const uint8_t *grp, int s,
-                                                                   __m256i *s16) {
+/* [lo 16 bytes | hi 16 bytes] */
+static inline __m256i GG_NAME(two16)(const uint8_t *lo, const uint8_t *hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                   _mm_loadu_si128((const __m128i *)hi), 1);
+}
+
+/* Pair j of the group at `grp` (its first block's bytes; a K-quant's super-block): blocks A = 2j and B = 2j + 1
+ * as two registers of unsigned byte codes (Q8_0: signed int8 without VNNI), each 128-bit lane one block's 16:
+ *   p[0] = [A k 0-15 | B k 0-15],  p[1] = [A k 16-31 | B k 16-31]
+ * (with `two` 0, B is past K: its lanes are zero and its bytes unread); Q6_K's sub-scales of the lanes' 16s as
+ * int16 lanes in s16[0], s16[1]. j and two are constants where this is unrolled. */
+static inline __attribute__((always_inline)) void GG_NAME(pair)(int type, const uint8_t *grp, int j, int two,
+                                                                __m256i p[2], __m256i s16[2]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     if (type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q5_1 || type == GGML_Q8_0) {
         const int bytes = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : type == GGML_Q5_0 ? 22 : type == GGML_Q5_1 ? 24 : 34;
-        const uint8_t *b = grp + s * bytes;
+        const uint8_t *a = grp + 2 * j * bytes, *b = a + bytes;
         if (type == GGML_Q8_0) { /* VNNI: w + 128 as unsigned bytes (the 128 taken off in integers, GG_SHIFT) */
-            __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
-            return GG_AVX512 ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;
+            for (int h = 0; h < 2; h++) {
+                __m256i w = two ? GG_NAME(two16)(a + 2 + 16 * h, b + 2 + 16 * h)
+                                : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(a + 2 + 16 * h)));
+                p[h] = GG_AVX512 ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;
+                if (GG_AVX512 && !two) p[h] = _mm256_zextsi128_si256(_mm256_castsi256_si128(p[h]));
+            }
+            return;
         }
         const int at = type == GGML_Q4_0 ? 2 : type == GGML_Q4_1 ? 4 : type == GGML_Q5_0 ? 6 : 8;
-        /* element e < 16: byte e's low nibble, e >= 16: byte e - 16's high one: the 16 bytes in both halves,
-         * the upper half shifted by 4 (a 32-bit shift: what crosses into a byte's high nibble is masked off) */
-        __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + at)));
-        __m256i u = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), low4);
-        if (type == GGML_Q5_0 || type == GGML_Q5_1) {
-            const uint8_t *qh = b + (type == GGML_Q5_0 ? 2 : 4);
+        /* k < 16: byte k's low nibble, k >= 16: byte k - 16's high one */
+        __m256i v = two ? GG_NAME(two16)(a + at, b + at) : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(a + at)));
+        p[0] = _mm256_and_si256(v, low4);
+        p[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if (type == GGML_Q5_0 || type == GGML_Q5_1) { /* bit k of qh: element k's fifth bit */
+            const int q5 = type == GGML_Q5_0 ? 2 : 4;
+            uint32_t ha, hb = 0;
+            memcpy(&ha, a + q5, 4);
+            if (two) memcpy(&hb, b + q5, 4);
+            uint32_t m0 = (ha & 0xFFFFu) | (hb << 16), m1 = (ha >> 16) | (hb & 0xFFFF0000u);
 #if GG_AVX512
-            uint32_t bits;
-            memcpy(&bits, qh, 4);
-            u = _mm256_mask_add_epi8(u, _cvtu32_mask32(bits), u, _mm256_set1_epi8(0x10));
+            p[0] = _mm256_mask_add_epi8(p[0], _cvtu32_mask32(m0), p[0], _mm256_set1_epi8(0x10));
+            p[1] = _mm256_mask_add_epi8(p[1], _cvtu32_mask32(m1), p[1], _mm256_set1_epi8(0x10));
 #else
-            u = _mm256_or_si256(u, bits_to_16s(qh));
+            p[0] = _mm256_or_si256(p[0], bits_to_16s((const uint8_t *)&m0));
+            p[1] = _mm256_or_si256(p[1], bits_to_16s((const uint8_t *)&m1));
 #endif
         }
-        return u;
+        return;
     }
     const uint8_t *b = grp;
-    if (type == GGML_Q6_K) { /* ql [128] | qh [64] | s6 int8 [16] | d */
-        const int half = s / 4, c = s % 4;
-        __m256i lo = nibbles32(b + half * 64 + (c % 2) * 32, c / 2);
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + half * 32));
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), _mm256_set1_epi8(3));
-        int16_t two;
-        memcpy(&two, b + 192 + 2 * s, 2);
-        __m128i pair = _mm_shuffle_epi8(_mm_cvtsi32_si128(two), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-        *s16 = _mm256_cvtepi8_epi16(pair);
-        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    if (type == GGML_Q6_K) { /* ql [128] | qh [64] | s6 int8 [16] | d; block s: half s / 4, c = s % 4 */
+        const int half = j / 2, cA = (2 * j) % 4; /* B: cA + 1 */
+        const int nib = cA / 2;                   /* A's and B's nibble: cA / 2 == (cA + 1) / 2 */
+        const __m256i shifts = _mm256_setr_epi32(2 * cA, 2 * cA, 2 * cA, 2 * cA, 2 * cA + 2, 2 * cA + 2, 2 * cA + 2, 2 * cA + 2);
+        for (int h = 0; h < 2; h++) {
+            /* A's element l from ql[half * 64 + l], B's from ql[half * 64 + 32 + l]; both from qh[half * 32 + l] */
+            __m256i v = GG_NAME(two16)(b + half * 64 + 16 * h, b + half * 64 + 32 + 16 * h);
+            __m256i lo = _mm256_and_si256(nib ? _mm256_srli_epi16(v, 4) : v, low4);
+            __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 128 + half * 32 + 16 * h)));
+            __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), _mm256_set1_epi8(3));
+            p[h] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            /* s6[2A + h] into every int16 of lane 0, s6[2B + h] of lane 1: each byte shuffled into an int16's high
+             * byte, then shifted down with its sign */
+            const char ia = (char)(4 * j + h), ib = (char)(4 * j + 2 + h), z = (char)0x80;
+            const __m256i at = _mm256_setr_epi8(z, ia, z, ia, z, ia, z, ia, z, ia, z, ia, z, ia, z, ia,
+                                                z, ib, z, ib, z, ib, z, ib, z, ib, z, ib, z, ib, z, ib);
+            const __m256i s6 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 192)));
+            s16[h] = _mm256_srai_epi16(_mm256_shuffle_epi8(s6, at), 8);
+        }
+        return;
     }
-    __m256i u = nibbles32(b + (type == GGML_Q4_K ? 16 : 48) + (s / 2) * 32, s % 2);
-    if (type == GGML_Q5_K) { /* bit s of byte l: element 32 s + l's fifth bit */
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    /* Q4_K: d | dmin | scales [12] | qs [128];  Q5_K: d | dmin | scales [12] | qh [32] | qs [128]: chunk j's 32
+     * bytes hold A's codes in their low nibbles, B's in their high ones */
+    const uint8_t *qs = b + (type == GGML_Q4_K ? 16 : 48) + j * 32;
+    const __m256i split = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    for (int h = 0; h < 2; h++) {
+        __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(qs + 16 * h)));
+        p[h] = _mm256_and_si256(_mm256_srlv_epi32(v, split), low4);
+        if (type == GGML_Q5_K) { /* bit s of qh byte l: element l of block s's fifth bit */
+            __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 16 + 16 * h)));
 #if GG_AVX512
-        u = _mm256_mask_add_epi8(u, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << s))), u, _mm256_set1_epi8(0x10));
+            const __m256i bit = _mm256_setr_m128i(_mm_set1_epi8((char)(1 << (2 * j))), _mm_set1_epi8((char)(1 << (2 * j + 1))));
+            p[h] = _mm256_mask_add_epi8(p[h], _mm256_test_epi8_mask(qh, bit), p[h], _mm256_set1_epi8(0x10));
 #else
-        u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1)), 4));
+            const __m256i sh = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
+            p[h] = _mm256_or_si256(p[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(qh, sh), _mm256_set1_epi8(1)), 4));
 #endif
+        }
     }
-    return u;
 }
 
-/* Block codes u (and Q6_K's s16) against one row's codes at xq: 8 exact int32 lanes. */
+/* One pair register's codes u (and Q6_K's s16) against the row's 32 bytes at xq: 8 exact int32 partial sums,
+ * 4 a block. */
 static inline __attribute__((always_inline)) __m256i GG_NAME(lanes)(int type, __m256i u, __m256i s16, const int8_t *xq) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)xq);
+    __m256i a = _mm256_load_si256((const __m256i *)xq);
     if (type == GGML_Q8_0 && !GG_AVX512) /* maddubs would saturate on w + 128: |w| against a with w's sign */
         return GG_DOT(_mm256_sign_epi8(u, u), _mm256_sign_epi8(a, u));
     if (type == GGML_Q6_K) { /* (q - 32) * a in int16 pairs (|.| <= 24130), times each 16's sub-scale in madd */
@@ -126,12 +179,12 @@ static inline __attribute__((always_inline)) __m256i GG_NAME(lanes)(int type, __
     return GG_DOT(u, a);
 }
 
-/* 8 blocks' int32 lanes to one sum each, in block order. */
-static inline __attribute__((always_inline)) __m256i GG_NAME(reduce8)(const __m256i p[8]) {
-    __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    /* g0: [b0 b1 b2 b3 | b0 b1 b2 b3] (lanes 0-3's sums, then 4-7's), g1 likewise for blocks 4-7 */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+/* Pairs 0..3's partial sums (per 128-bit lane 4 int32 of one block: the low lane the pair's first block) to one
+ * sum a block, in u's order [first blocks of pairs 0-3 | their second blocks] (MatMulQ4's tree, q4gemm_vnni.c). */
+static inline __attribute__((always_inline)) __m256i GG_NAME(sum_pairs)(const __m256i d[4]) {
+    __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
+    __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d[2], d[3]), _mm256_unpackhi_epi32(d[2], d[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
 }
 
 /* Blocks [j0, j0 + nbg) of a column (nbg <= 8, j0 a multiple of 8) against m rows, into acc and bias. */
@@ -142,24 +195,33 @@ static inline __attribute__((always_inline)) void GG_NAME(group)(int type, const
                     : type == GGML_Q8_0 ? 34 : type == GGML_Q4_K ? 144 : type == GGML_Q5_K ? 176 : 210;
     const uint8_t *grp = bn + (type >= GGML_Q4_K ? j0 / 8 : j0) * bpe;
     Scales8 g = group_scales(type, bn, j0, nbg);
-    __m256i u[8], s16[8];
-#pragma GCC unroll 8
-    for (int b = 0; b < 8; b++) {
-        s16[b] = _mm256_setzero_si256();
-        u[b] = b < nbg ? GG_NAME(codes)(type, grp, b, &s16[b]) : _mm256_setzero_si256();
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7); /* block order to u's */
+    const __m256 D = _mm256_permutevar8x32_ps(g.D, order), C = _mm256_permutevar8x32_ps(g.C, order);
+    const int pairs = (nbg + 1) / 2;
+    __m256i u[4][2], s16[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        s16[j][0] = s16[j][1] = _mm256_setzero_si256();
+        if (j < pairs)
+            GG_NAME(pair)(type, grp, j, 2 * j + 1 < nbg, u[j], s16[j]);
+        else
+            u[j][0] = u[j][1] = _mm256_setzero_si256();
     }
     for (int r = 0; r < m; r++) {
         const char *row = rows + stride * r;
         const int8_t *xq = (const int8_t *)row + j0 * 32;
-        __m256i p[8];
-#pragma GCC unroll 8
-        for (int b = 0; b < 8; b++) p[b] = b < nbg ? GG_NAME(lanes)(type, u[b], s16[b], xq + 32 * b) : _mm256_setzero_si256();
-        __m256i sums = GG_NAME(reduce8)(p);
+        __m256i d[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            d[j] = j < pairs ? _mm256_add_epi32(GG_NAME(lanes)(type, u[j][0], s16[j][0], xq + 64 * j),
+                                                GG_NAME(lanes)(type, u[j][1], s16[j][1], xq + 64 * j + 32))
+                             : _mm256_setzero_si256();
+        __m256i sums = GG_NAME(sum_pairs)(d);
         if (GG_SHIFT(type)) /* the codes' offset, exact: offset * the blocks' activation code sums */
             sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(GG_IS(row, K) + j0)),
                                                             GG_SHIFT(type)));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(g.D, _mm256_loadu_ps(GG_SX(row, K) + j0)), acc[r]);
-        if (GG_MINS(type)) bias[r] = _mm256_fmadd_ps(g.C, _mm256_loadu_ps(GG_XS(row, K) + j0), bias[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(D, _mm256_loadu_ps(GG_SX(row, K) + j0)), acc[r]);
+        if (GG_MINS(type)) bias[r] = _mm256_fmadd_ps(C, _mm256_loadu_ps(GG_XS(row, K) + j0), bias[r]);
     }
 }
 
