@@ -48,13 +48,24 @@ static size_t GG_NAME(scratch_bytes)(int64_t K, int64_t M) { return GG_NAME(row_
 /* u's slot of block b of a group: the pairs' first blocks 0..3, their second 4..7 (the pair tree's order). */
 #define GG_SLOT(b) (((b) % 2) * 4 + (b) / 2)
 
-static void GG_NAME(quantize_row)(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {
-    (void)M;
+/* A float rounded to fp16 and back (llama.cpp stores its activation blocks' scales as fp16). */
+static inline float GG_NAME(fp16_round)(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* A row's activations: per block of 32, codes rint(x * 127 / max |x|) (quantize_block: half to even, as llama.cpp's
+ * AVX quantize_row_q8_0 rounds). The legacy types take their scales as llama.cpp's CPU backend gives them
+ * (its vec_dot_type, Q8_0 / Q8_1 blocks), so both sides multiply the same integers by the same scales:
+ *   Q4_0, Q5_0, Q8_0: the scale max |x| / 127 rounded to fp16;
+ *   Q4_1, Q5_1: the same, and the code sum's term (what the minimum multiplies) fp16(unrounded scale * sum).
+ * The K-quants keep the float32 scale of each 32: llama.cpp's Q8_K (one scale per 256) measured +0.17% and +0.30%
+ * held-out perplexity on SmolLM2-135M and Gemma 3 270M Q4_K_M (docs/decisions/gguf-activation-rounding.md). */
+static inline __attribute__((always_inline)) void GG_NAME(quantize_typed)(int type, const float *x, int64_t K,
+                                                                           void *scratch, int64_t r) {
     char *row = (char *)scratch + GG_NAME(row_bytes)(K) * (size_t)r;
     int8_t *xq = (int8_t *)row;
     float *sx = GG_SX(row, K), *xs = GG_XS(row, K);
     int32_t *is = GG_IS(row, K);
     int64_t nb = K / 32, groups = GG_GROUPS(K);
+    const int fp16_scales = type != GGML_Q4_K && type != GGML_Q5_K && type != GGML_Q6_K;
     memset(row, 0, (size_t)groups * 256); /* a partial last group's missing blocks: zero codes */
     for (int64_t b = 0; b < groups * 8; b++) {
         int64_t g = b / 8, at = g * 8 + GG_SLOT(b % 8);
@@ -66,9 +77,9 @@ static void GG_NAME(quantize_row)(const float *x, int64_t K, int64_t M, void *sc
         float s = quantize_block(x + b * 32, q);
         int8_t *pair = xq + g * 256 + ((b % 8) / 2) * 64 + (b % 2) * 16;
         for (int e = 0; e < 32; e++) pair[(e / 16) * 32 + e % 16] = (int8_t)q[e], sum += q[e];
-        sx[at] = s;
-        xs[at] = s * (float)sum;
         is[at] = sum;
+        sx[at] = fp16_scales ? GG_NAME(fp16_round)(s) : s;
+        xs[at] = fp16_scales ? GG_NAME(fp16_round)(s * (float)sum) : s * (float)sum;
     }
 }
 
@@ -266,7 +277,11 @@ static inline __attribute__((always_inline)) void GG_NAME(column)(int type, cons
         else                                                                                                  \
             GG_NAME(column)(TYPE, scratch, r0, m, B, K, N, n0, n1, p0, p1, y);                                \
     }                                                                                                         \
-    static const QImpl GG_NAME(impl_##NAME) = {GG_ISA, 8, GG_NAME(scratch_bytes), GG_NAME(quantize_row),       \
+    static void GG_NAME(quantize_##NAME)(const float *x, int64_t K, int64_t M, void *scratch, int64_t r) {    \
+        (void)M;                                                                                              \
+        GG_NAME(quantize_typed)(TYPE, x, K, scratch, r);                                                      \
+    }                                                                                                         \
+    static const QImpl GG_NAME(impl_##NAME) = {GG_ISA, 8, GG_NAME(scratch_bytes), GG_NAME(quantize_##NAME),   \
                                                GG_NAME(tile_##NAME)};
 GG_IMPL(q4_0, GGML_Q4_0)
 GG_IMPL(q4_1, GGML_Q4_1)

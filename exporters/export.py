@@ -53,7 +53,7 @@ from .quant import MatMulKernel, QuantConfig, QuantizedTable
 from .quant_graph import edge_matmul, float32_cache, fp32_compute_int8, fp32_compute_twin, nbits_block
 from .quant_model import LINEARS
 from .quant_pipeline import PreparedWeights, exact_twin, prepare_weights
-from .reference import Int8Activations, ReferenceModel
+from .reference import Int8Activations, LlamaRounding, ReferenceModel, Rounding
 from .scratch import Scratch
 from .tokenizer_export import BundleTokenizer, bundle_tokenizer, check_source_template, read_json
 from .validate import (
@@ -304,24 +304,23 @@ def _validate(
 
 
 def _activation_rounding(weights: ModelWeights, config: QuantConfig) -> Int8Activations:
-    """The block each integer product of the graph built from `weights` rounds its inputs with (validate.int8_probe):
-    32 where an edge op computes it (quant_graph.edge_matmul), MatMulNBits' own block otherwise (nbits_block:
-    a per-channel INT8 product's is the largest of 128..16 dividing K), None for a product left in float."""
+    """How each integer product of the graph built from `weights` rounds its inputs (validate.int8_probe): blocks
+    of 32 where an edge op computes it (quant_graph.edge_matmul; under a legacy GGUF type with llama.cpp's fp16
+    scales), MatMulNBits' own block otherwise (nbits_block: a per-channel INT8 product's is the largest
+    of 128..16 dividing K), None for a product left in float."""
     edge = config.kernel is MatMulKernel.EDGE
 
-    def block(w: np.ndarray, name: str) -> int | None:
+    def block(w: np.ndarray, name: str) -> Rounding:
         if not isinstance(w, QuantizedTable):
             return None
         qm = w.qm
-        if isinstance(qm, GGUFMatrix):  # MatMulGGUF rounds in blocks of 32 (a non-edge graph multiplies in float)
-            return 32 if edge else None
+        if isinstance(qm, GGUFMatrix):  # a non-edge graph multiplies a GGUF Linear in float
+            return (32 if qm.block == 256 else LlamaRounding()) if edge else None
         if edge and qm.zeros is None and edge_matmul(qm.bits, qm.per_channel, qm.block, qm.shape[1]) is not None:
             return 32
         return nbits_block(qm, name)
 
-    layers = tuple(
-        {f: block(getattr(lw, f), f"layer {i} {f}") for f in LINEARS} for i, lw in enumerate(weights.layers)
-    )
+    layers = tuple({f: block(getattr(lw, f), f"layer {i} {f}") for f in LINEARS} for i, lw in enumerate(weights.layers))
     return Int8Activations(layers, block(weights.lm_head, "lm_head"))
 
 

@@ -115,17 +115,46 @@ class NumpyLowering:
 
 
 @dataclass(frozen=True)
+class LlamaRounding:
+    """MatMulGGUF's inputs under a legacy type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), rounded as llama.cpp's CPU backend
+    rounds them (Q8_0 blocks, csrc/ggml_kernel.h): blocks of 32 whose scale is stored in fp16."""
+
+
+# How one product rounds its inputs: int8 per block of that many inputs, llama.cpp's way, or not at all (float).
+Rounding = int | LlamaRounding | None
+
+
+@dataclass(frozen=True)
 class Int8Activations:
     """How the graph's integer products round their inputs: per row and block of inputs to int8 (scale = the
-    block's max |x| / 127, round half to even). `layers[i]` maps layer i's Linears (LayerWeights field names:
-    q, k, v, o, gate, up, down) to the block their op rounds with, None where it takes float inputs; `head`
-    is the LM head's."""
+    block's max |x| / 127, round half to even), or as llama.cpp does for a legacy GGUF type (LlamaRounding).
+    `layers[i]` maps layer i's Linears (LayerWeights field names: q, k, v, o, gate, up, down) to the rounding
+    their op applies, None where it takes float inputs; `head` is the LM head's."""
 
-    layers: tuple[dict[str, int | None], ...]
-    head: int | None
+    layers: tuple[dict[str, Rounding], ...]
+    head: Rounding
 
-    def block(self, layer: int, name: str) -> int | None:
+    def block(self, layer: int, name: str) -> Rounding:
         return self.layers[layer].get(name) if 0 <= layer < len(self.layers) else None
+
+
+def round_activations(h: np.ndarray, rounding: Rounding) -> np.ndarray:
+    """h [T, K] as a product that rounds its inputs with `rounding` sees them."""
+    if rounding is None:
+        return h
+    if isinstance(rounding, LlamaRounding):
+        return round_llama_blocks(h)
+    return round_int8_blocks(h, rounding)
+
+
+def round_llama_blocks(h: np.ndarray) -> np.ndarray:
+    """h [T, K] rounded as llama.cpp's quantize_row_q8_0 rounds it (codes rint(x * 127 / max |x|) per block of 32,
+    the scale max |x| / 127 stored in fp16), and back."""
+    t, k = h.shape
+    x = h.reshape(t, -1, 32)
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    codes = np.rint(x * np.divide(h.dtype.type(127), amax, out=np.zeros_like(amax), where=amax > 0))
+    return (codes * (amax / h.dtype.type(127)).astype(np.float16).astype(h.dtype)).reshape(t, k)
 
 
 def round_int8_blocks(h: np.ndarray, block: int) -> np.ndarray:
@@ -255,16 +284,15 @@ class ReferenceModel:
     ) -> np.ndarray:
         """h @ w.T (+ b): layer `layer`'s Linear `name` of the rows h [T, in], its inputs rounded as
         `int8_activations` says for it."""
-        block = None if self.int8_activations is None else self.int8_activations.block(layer, name)
-        if block is not None:
-            h = round_int8_blocks(h, block)
+        if self.int8_activations is not None:
+            h = round_activations(h, self.int8_activations.block(layer, name))
         y = h @ w.T
         return y if b is None else y + b
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.final_norm, self.args.rms_norm_eps)
-        if self.int8_activations is not None and self.int8_activations.head is not None:
-            h = round_int8_blocks(h, self.int8_activations.head)
+        if self.int8_activations is not None:
+            h = round_activations(h, self.int8_activations.head)
         if not isinstance(self.lm_head, RowTable):
             return h @ self.lm_head.T  # [T, V]
         out = np.empty((h.shape[0], self.lm_head.shape[0]), h.dtype)

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edge_runtime import kernels
 from edge_runtime.errors import CorruptCheckpointError
 from edge_runtime.exporters.gguf_blocks import BLOCK_TYPES, check, dequantize
+from edge_runtime.exporters.reference import round_int8_blocks, round_llama_blocks
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"{kernels.unavailable_reason()}")
 
@@ -80,13 +81,30 @@ def _graph(name: str, k: int, n: int, raw: np.ndarray, **attrs: int) -> ort.Infe
     return _node_graph(k, n, BLOCK_TYPES[name].ggml_id, raw, **attrs)
 
 
-def _int8_rows(x: np.ndarray) -> np.ndarray:
-    """x's rows as the op quantizes them (blocks of 32, codes rint(x * 127 / max) in float32), in float64."""
-    xb = x.reshape(x.shape[0], -1, 32)
+def _llama_rows(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """x's rows as the op quantizes them, in float64: (codes * scale, and per block of 32 the code sum's term a
+    minimum multiplies). Per 32, codes rint(x * 127 / max|x|) in float32; the scale max|x| / 127, which a legacy
+    type (llama.cpp's Q8_0/Q8_1 activation blocks) stores in fp16 and a K-quant keeps in float32; Q8_1's term
+    fp16(unrounded scale * code sum)."""
+    rows = x.shape[0]
+    xb = x.reshape(rows, -1, 32)
     amax = np.abs(xb).max(axis=-1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     codes = np.rint(xb * inv).astype(np.float64)
-    return (codes * (amax / np.float32(127)).astype(np.float64)).reshape(x.shape)
+    d = (amax / np.float32(127)).astype(np.float32)
+    term = (d[..., 0] * codes.sum(axis=-1).astype(np.float32)).astype(np.float16).astype(np.float64)
+    if not name.endswith("_K"):
+        d = d.astype(np.float16)
+    return (codes * d.astype(np.float64)).reshape(x.shape), term
+
+
+def _minimums(name: str, raw: np.ndarray) -> np.ndarray:
+    """Q4_1/Q5_1: each block's fp16 minimum [N, K / 32] (the term Q8_1's code sums meet); other types: none."""
+    if name not in ("Q4_1", "Q5_1"):
+        return np.zeros((raw.shape[0], 0))
+    t = BLOCK_TYPES[name]
+    blocks = raw.reshape(raw.shape[0], -1, t.bytes)
+    return np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float64)
 
 
 _SHAPES = [(name, k) for name in sorted(BLOCK_TYPES) for k in ((1536,) if name.endswith("_K") else (1088, 96))]
@@ -94,7 +112,7 @@ _SHAPES = [(name, k) for name in sorted(BLOCK_TYPES) for k in ((1536,) if name.e
 
 @needs_kernels
 @pytest.mark.parametrize(("name", "k"), _SHAPES)
-def test_matmul_gguf_is_the_dequantized_weights_times_int8_rows(name, k):
+def test_matmul_gguf_is_the_dequantized_weights_times_llama_cpp_s_int8_rows(name, k):
     """1..64 rows against 70 columns of K = 1536 (K-quants: 6 super-blocks), 1088 (17 pairs of blocks, one past
     a K chunk) or 96 (3 blocks: half a pair at the end, as tiny models have): within float32 accumulation of the
     float64 product, relative to the sum of the terms' magnitudes (the random extreme scales make sums that
@@ -109,8 +127,16 @@ def test_matmul_gguf_is_the_dequantized_weights_times_int8_rows(name, k):
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :32] = 0  # an all-zero activation block
         y = session.run(None, {"x": x})[0]
-        xr = _int8_rows(x)
-        err = np.abs(y - xr @ w.T) / (np.abs(xr) @ np.abs(w).T + 1e-30)
+        xr, term = _llama_rows(x, name)
+        mins = _minimums(name, raw)
+        if mins.size:  # the minimum meets Q8_1's rounded code-sum term, d * q (exact) the codes
+            zero_min = raw.reshape(n, -1, t.bytes).copy()
+            zero_min[..., 2:4] = 0
+            wq = dequantize(t, zero_min.reshape(n, -1), (n, k)).astype(np.float64)
+            want, size = xr @ wq.T + term @ mins.T, np.abs(xr) @ np.abs(wq).T + np.abs(term) @ np.abs(mins).T
+        else:
+            want, size = xr @ w.T, np.abs(xr) @ np.abs(w).T
+        err = np.abs(y - want) / (size + 1e-30)
         assert err.max() < 1e-6, (m, err.max())
         alone = np.concatenate([session.run(None, {"x": x[i : i + 1]})[0] for i in range(m)])
         assert np.array_equal(y, alone), m
@@ -231,3 +257,25 @@ def test_gather_gguf_rows_are_gguf_py_s_bit_for_bit(name):
     assert np.array_equal(session.run(None, {"ids": ids[:, 2:3]})[0][0, 0], want[3])  # one row: the decode path
     with pytest.raises(Exception, match="index 9 is outside the table's 9 rows"):
         session.run(None, {"ids": np.array([[1, 9]], np.int64)})
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q4_K", "Q6_K"])
+def test_the_references_rounding_is_matmul_gguf_s(name):
+    """The int8 probe's rounding of a MatMulGGUF input (exporters/reference.py, which sets an export's tolerance) is
+    the op's: llama.cpp's Q8_0 blocks (fp16 scales, round_llama_blocks) under a legacy type, blocks of 32 with float32
+    scales (round_int8_blocks) under a K-quant; and the two are measurably apart."""
+    t = BLOCK_TYPES[name]
+    rng = np.random.default_rng(11)
+    k, n = 512, 40
+    raw = _blocks(rng, name, n * k // t.elements).reshape(n, -1)
+    w = dequantize(t, raw, (n, k)).astype(np.float64)
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    x[:, :32] *= 40
+    x[2, 256:] = 0.0  # blocks of zeros
+    y = _graph(name, k, n, raw).run(None, {"x": x})[0]
+    size = np.abs(x).astype(np.float64) @ np.abs(w).T + 1e-30
+    legacy, int8 = round_llama_blocks(x).astype(np.float64) @ w.T, round_int8_blocks(x, 32).astype(np.float64) @ w.T
+    ours, other = (int8, legacy) if name.endswith("_K") else (legacy, int8)
+    assert (np.abs(y - ours) / size).max() < 2e-6
+    assert (np.abs(y - other) / size).max() > 1e-4
