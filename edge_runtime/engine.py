@@ -42,10 +42,10 @@ from .ring import LocalLayers, RingGeometry, RingState, geometry_problem
 if TYPE_CHECKING:
     from .targets import TargetProfile
 
-# The most prompt tokens one graph call takes (llama.cpp's default micro-batch is 512 too). A call's activations,
-# and ONNX Runtime's arena that keeps its high-water mark, grow with its rows; 512 rather than 1,024 keeps a long
-# prompt's peak RSS down for a time to first token within a few percent (docs/decisions/prefill-chunk.md).
-PREFILL_CHUNK = 512
+# The most prompt tokens one graph call takes. A call's activations, and ONNX Runtime's arena that keeps its
+# high-water mark, grow with its rows; 256 keeps a long prompt's peak RSS 28-42 MB under 512's for a time to first
+# token within a few percent either way (docs/decisions/prefill-chunk.md).
+PREFILL_CHUNK = 256
 
 
 class MemoryBudgetError(EdgeRuntimeError):
