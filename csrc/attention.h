@@ -23,10 +23,10 @@ void attn_write_kv(const AttnArgs *a, int64_t i);
 /* Most tokens one attn_rows call takes: a verification chunk's (the pending token and up to 7 proposals). */
 #define ATTN_MAX_ROWS 8
 
-/* Output of query head `h` for tokens [i0, i0 + n) (n <= ATTN_MAX_ROWS; token i reads cache rows
- * 0..past + i), using `scratch` [n * (d + capacity)] floats. The tokens share each block of keys and
- * values as it is read (a chunk's rows used to read the whole cache once each); each token's result is
- * bit for bit what it is alone (n = 1). */
-void attn_rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h, float *scratch);
+/* Output of query heads [h0, h0 + nh) (of one KV head) for tokens [i0, i0 + n) (n * nh <= ATTN_MAX_ROWS; token i
+ * reads cache rows 0..past + i), using `scratch` [n * nh * (d + capacity)] floats. The tokens and heads share each
+ * block of keys and values as it is read (a chunk's rows used to read the whole cache once each, and a decode
+ * step's heads once each); each token's and head's result is bit for bit what it is alone (n = nh = 1). */
+void attn_rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h0, int64_t nh, float *scratch);
 
 #endif

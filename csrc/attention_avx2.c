@@ -123,57 +123,60 @@ static inline __attribute__((always_inline)) void add_values(const void *values,
 }
 
 /* attn_rows' body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
- * loops (simd.h). Every row's arithmetic is the same whatever n is (its scores key by key, its exp sum,
- * its value sum row by row in order), so a token's output is bit for bit the same at decode (n = 1) and
- * in a chunk: only the order in which the rows take turns over a block of keys changes. */
-static inline __attribute__((always_inline)) void rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h,
-                                                       float *scratch, const int kt) {
-    int64_t d = a->d, kvh = h / (a->hq / a->hkv), width = (a->hq + 2 * a->hkv) * d;
-    float *q = scratch, *scores = scratch + n * d, best[ATTN_MAX_ROWS], inv[ATTN_MAX_ROWS];
-    for (int64_t j = 0; j < n; j++) {
-        rope(a, a->qkv + (i0 + j) * width + h * d, a->past + i0 + j, q + j * d);
-        best[j] = -INFINITY;
+ * loops (simd.h). A unit is one token's one query head: unit u is token i0 + u / nh's head h0 + u % nh, all of
+ * them on the KV head of h0. Every unit's arithmetic is the same whatever n and nh are (its scores key by key,
+ * its exp sum, its value sum row by row in order), so a token's output is bit for bit the same at decode (n = 1)
+ * and in a chunk, with its heads alone or grouped: only the order in which the units take turns over a block of
+ * keys changes. */
+static inline __attribute__((always_inline)) void rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h0,
+                                                       int64_t nh, float *scratch, const int kt) {
+    int64_t d = a->d, kvh = h0 / (a->hq / a->hkv), width = (a->hq + 2 * a->hkv) * d, units = n * nh;
+    float *q = scratch, *scores = scratch + units * d, best[ATTN_MAX_ROWS], inv[ATTN_MAX_ROWS];
+    for (int64_t u = 0; u < units; u++) {
+        rope(a, a->qkv + (i0 + u / nh) * width + (h0 + u % nh) * d, a->past + i0 + u / nh, q + u * d);
+        best[u] = -INFINITY;
     }
     const void *keys = kv_row(a->keys, kvh * a->capacity, d, kt);
     const void *values = kv_row(a->values, kvh * a->capacity, d, kt);
-    int64_t last = a->past + i0 + n; /* keys [0, last) are read by some row; row j reads past + i0 + j + 1 */
-    /* One row (decode) has nothing to share: one block, the loops of a single row (and no per-block reload of
-     * its value sums). The block size changes no row's arithmetic. */
-    int64_t block = n == 1 ? last : ATTN_KEY_BLOCK;
+    int64_t last = a->past + i0 + n; /* keys [0, last) are read by some unit; token j reads past + i0 + j + 1 */
+    /* One unit (decode of one head) has nothing to share: one block, the loops of a single row (and no per-block
+     * reload of its value sums). Several share each block of keys and values while it is in L1. The block size
+     * changes no unit's arithmetic. */
+    int64_t block = units == 1 ? last : ATTN_KEY_BLOCK;
     for (int64_t kb = 0; kb < last; kb += block) {
-        for (int64_t j = 0; j < n; j++) {
-            int64_t end = a->past + i0 + j + 1;
+        for (int64_t u = 0; u < units; u++) {
+            int64_t end = a->past + i0 + u / nh + 1;
             if (kb >= end) continue;
             end = end < kb + block ? end : kb + block;
-            best[j] = score_keys(a, q + j * d, keys, kb, end, scores + j * a->capacity, best[j], kt);
+            best[u] = score_keys(a, q + u * d, keys, kb, end, scores + u * a->capacity, best[u], kt);
         }
     }
-    for (int64_t j = 0; j < n; j++)
-        inv[j] = 1.0f / softmax_numerators(scores + j * a->capacity, a->past + i0 + j + 1, best[j]);
+    for (int64_t u = 0; u < units; u++)
+        inv[u] = 1.0f / softmax_numerators(scores + u * a->capacity, a->past + i0 + u / nh + 1, best[u]);
     for (int64_t e0 = 0; e0 < d; e0 += 64) {
         int nv = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
         for (int64_t vb = 0; vb < last; vb += block) {
-            for (int64_t j = 0; j < n; j++) {
-                int64_t end = a->past + i0 + j + 1;
+            for (int64_t u = 0; u < units; u++) {
+                int64_t end = a->past + i0 + u / nh + 1;
                 if (vb >= end) continue;
                 end = end < vb + block ? end : vb + block;
-                float *o = a->out + (i0 + j) * a->hq * d + h * d;
-                add_values(values, scores + j * a->capacity, vb, end, d, e0, nv, vb == 0, o, kt);
+                float *o = a->out + (i0 + u / nh) * a->hq * d + (h0 + u % nh) * d;
+                add_values(values, scores + u * a->capacity, vb, end, d, e0, nv, vb == 0, o, kt);
             }
         }
-        for (int64_t j = 0; j < n; j++) {
-            float *o = a->out + (i0 + j) * a->hq * d + h * d;
-            __m256 s = _mm256_set1_ps(inv[j]);
+        for (int64_t u = 0; u < units; u++) {
+            float *o = a->out + (i0 + u / nh) * a->hq * d + (h0 + u % nh) * d;
+            __m256 s = _mm256_set1_ps(inv[u]);
             for (int k = 0; k < nv; k++) _mm256_storeu_ps(o + e0 + 8 * k, _mm256_mul_ps(_mm256_loadu_ps(o + e0 + 8 * k), s));
         }
     }
 }
 
-void attn_rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h, float *scratch) {
+void attn_rows(const AttnArgs *a, int64_t i0, int64_t n, int64_t h0, int64_t nh, float *scratch) {
     if (a->kv_type == KV_F16)
-        rows(a, i0, n, h, scratch, KV_F16);
+        rows(a, i0, n, h0, nh, scratch, KV_F16);
     else if (a->kv_type == KV_Q8)
-        rows(a, i0, n, h, scratch, KV_Q8);
+        rows(a, i0, n, h0, nh, scratch, KV_Q8);
     else
-        rows(a, i0, n, h, scratch, KV_F32);
+        rows(a, i0, n, h0, nh, scratch, KV_F32);
 }

@@ -41,9 +41,14 @@ void ring_write_kv(const RingArgs *a, int64_t i);
  * of them are sink rows (the first). One scan of the mask row serves all of the token's heads. */
 int64_t ring_columns(const RingArgs *a, int64_t i, int32_t *cols, int64_t *n_sink);
 
-/* Output of query head `h` of token `i` over its n unmasked buffer rows `cols` (ring_columns), using `scores`
- * [capacity] as scratch. Reads nothing of the other tokens of the call but the rows the mask shows. */
-void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, const int32_t *cols, int64_t n,
+/* Most query heads one ring_head call takes (they share a KV head). */
+#define RING_MAX_HEADS 4
+
+/* Output of query heads [h0, h0 + nh) of token `i` (nh <= RING_MAX_HEADS, all on one KV head) over its n unmasked
+ * buffer rows `cols` (ring_columns), using `scores` [nh * capacity] as scratch: each head's result bit for bit
+ * what it is alone (nh = 1), the heads sharing each block of keys and values. Reads nothing of the other tokens of
+ * the call but the rows the mask shows. */
+void ring_head(const RingArgs *a, int64_t i, int64_t h0, int64_t nh, float *scores, const int32_t *cols, int64_t n,
                int64_t n_sink);
 
 #endif

@@ -82,24 +82,15 @@ int64_t ring_columns(const RingArgs *a, int64_t i, int32_t *cols, int64_t *n_sin
     return n;
 }
 
-static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_t i, int64_t h, float *scores,
-                                                       const int32_t *cols, int64_t n, int64_t n_sink,
-                                                       const int kt) {
-    int64_t d = a->d, cap = a->capacity, kvh = h / (a->hq / a->hkv);
-    const float *x = a->qkv + i * (a->hq + 2 * a->hkv) * d + h * d, *mask = a->mask + i * cap;
-    float *o = a->out + i * a->hq * d + h * d;
-    if (n == 0) { /* no column to attend: nothing to average (the host never masks a token's own row) */
-        memset(o, 0, (size_t)d * sizeof(float));
-        return;
-    }
-    float q[512], qs[512]; /* d <= 512, checked when the op runs */
-    rope(x, a->cos + i * a->rot_half, a->sin + i * a->rot_half, a->rot_half, d, q);
-    if (n_sink) rope(x, a->cos_sink + i * a->rot_half, a->sin_sink + i * a->rot_half, a->rot_half, d, qs);
-    int64_t first = ring_cache_rows(a, i) + kvh * cap; /* this token's cache, this head */
-    const void *keys = kv_row(a->keys, first, d, kt), *values = kv_row(a->values, first, d, kt);
-    float best = -INFINITY;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
+/* Columns [j, jend) of unit u's scores (j a multiple of 4; jend a multiple of 4 or n): four at a time as
+ * dot4 sums them, the last n % 4 one at a time. A score is a function of its column alone, so a unit's scores are
+ * the same whichever blocks they are computed in. Returns the largest, with best. */
+static inline __attribute__((always_inline)) float score_block(const RingArgs *a, const float *q, const float *qs,
+                                                               const void *keys, const int32_t *cols, int64_t j,
+                                                               int64_t jend, int64_t n_sink, const float *mask,
+                                                               float *scores, float best, const int kt) {
+    int64_t d = a->d;
+    for (; j + 4 <= jend; j += 4) {
         const void *k[4] = {kv_row(keys, cols[j], d, kt), kv_row(keys, cols[j + 1], d, kt),
                             kv_row(keys, cols[j + 2], d, kt), kv_row(keys, cols[j + 3], d, kt)};
         __m128 sc;
@@ -116,7 +107,7 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
             best = scores[j + m] > best ? scores[j + m] : best;
         }
     }
-    for (; j < n; j++) {
+    for (; j < jend; j++) {
         const void *k = kv_row(keys, cols[j], d, kt);
         const float *qj = j < n_sink ? qs : q;
         __m256 acc = _mm256_setzero_ps();
@@ -125,8 +116,14 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
         scores[j] = sc;
         best = sc > best ? sc : best;
     }
+    return best;
+}
+
+/* scores[0..n) <- exp(scores - best), in place; their sum. */
+static inline float ring_softmax(float *scores, int64_t n, float best) {
     __m256 sum = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
-    for (j = 0; j + 8 <= n; j += 8) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
         __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j), top));
         _mm256_storeu_ps(scores + j, p);
         sum = _mm256_add_ps(sum, p);
@@ -142,35 +139,82 @@ static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_
             total += tail[e];
         }
     }
+    return total;
+}
+
+/* o[e0 .. e0 + 8 w) (+)= value rows cols[r0 .. r1) weighted by scores, in order, in w (<= 8) registers: from 0
+ * where `first`, else from what o holds; times `inv` where `last` (the sum complete), else stored as it is. */
+static inline __attribute__((always_inline)) void value_block(const void *values, const int32_t *cols,
+                                                              const float *scores, int64_t r0, int64_t r1,
+                                                              int64_t d, int64_t e0, int w, int first, int last,
+                                                              float inv, float *o, const int kt) {
+    __m256 acc[8];
+    for (int m = 0; m < 8; m++) acc[m] = m < w && !first ? _mm256_loadu_ps(o + e0 + 8 * m) : _mm256_setzero_ps();
+    if (w == 8) {
+        for (int64_t r = r0; r < r1; r++) {
+            const void *vr = kv_row(values, cols[r], d, kt);
+            __m256 p = _mm256_set1_ps(scores[r]);
+            for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, e0 + 8 * m, kt), acc[m]);
+        }
+    } else {
+        for (int64_t r = r0; r < r1; r++) {
+            const void *vr = kv_row(values, cols[r], d, kt);
+            __m256 p = _mm256_set1_ps(scores[r]);
+            for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, e0 + 8 * m, kt), acc[m]);
+        }
+    }
+    __m256 s = _mm256_set1_ps(inv);
+    for (int m = 0; m < w; m++) _mm256_storeu_ps(o + e0 + 8 * m, last ? _mm256_mul_ps(acc[m], s) : acc[m]);
+}
+
+/* ring_head's body; `kt` (the cache type) is a constant at each call, so each cache type gets its own
+ * loops (simd.h). Query heads [h0, h0 + nh) of token i share its KV head: one head goes through its columns in
+ * one block, several take turns over blocks of RING_BLOCK columns, each block's keys and values then read from
+ * L1 by all but the first. A head's arithmetic is the same either way (score_block, value_block). */
+#define RING_BLOCK 64
+static inline __attribute__((always_inline)) void head(const RingArgs *a, int64_t i, int64_t h0, int64_t nh,
+                                                       float *scores, const int32_t *cols, int64_t n,
+                                                       int64_t n_sink, const int kt) {
+    int64_t d = a->d, cap = a->capacity, kvh = h0 / (a->hq / a->hkv);
+    const float *x = a->qkv + i * (a->hq + 2 * a->hkv) * d, *mask = a->mask + i * cap;
+    float *out = a->out + i * a->hq * d;
+    if (n == 0) { /* no column to attend: nothing to average (the host never masks a token's own row) */
+        memset(out + h0 * d, 0, (size_t)(nh * d) * sizeof(float));
+        return;
+    }
+    float q[RING_MAX_HEADS][512], qs[RING_MAX_HEADS][512]; /* d <= 512, checked when the op runs */
+    for (int64_t u = 0; u < nh; u++) {
+        rope(x + (h0 + u) * d, a->cos + i * a->rot_half, a->sin + i * a->rot_half, a->rot_half, d, q[u]);
+        if (n_sink) rope(x + (h0 + u) * d, a->cos_sink + i * a->rot_half, a->sin_sink + i * a->rot_half, a->rot_half, d, qs[u]);
+    }
+    int64_t first = ring_cache_rows(a, i) + kvh * cap; /* this token's cache, this KV head */
+    const void *keys = kv_row(a->keys, first, d, kt), *values = kv_row(a->values, first, d, kt);
+    const int64_t block = nh == 1 ? n : RING_BLOCK;
+    float best[RING_MAX_HEADS], inv[RING_MAX_HEADS];
+    for (int64_t u = 0; u < nh; u++) best[u] = -INFINITY;
+    for (int64_t j = 0; j < n; j += block)
+        for (int64_t u = 0; u < nh; u++)
+            best[u] = score_block(a, q[u], qs[u], keys, cols, j, j + block < n ? j + block : n, n_sink, mask,
+                                  scores + u * cap, best[u], kt);
+    for (int64_t u = 0; u < nh; u++) inv[u] = 1.0f / ring_softmax(scores + u * cap, n, best[u]);
     /* Value rows in column order, 64 dims at a time in eight registers (attention_avx2.c says why). */
-    __m256 inv = _mm256_set1_ps(1.0f / total);
     for (int64_t e0 = 0; e0 < d; e0 += 64) {
         int w = d - e0 < 64 ? (int)(d - e0) / 8 : 8;
-        __m256 acc[8];
-        for (int m = 0; m < 8; m++) acc[m] = _mm256_setzero_ps();
-        if (w == 8) {
-            for (int64_t r = 0; r < n; r++) {
-                const void *vr = kv_row(values, cols[r], d, kt);
-                __m256 p = _mm256_set1_ps(scores[r]);
-                for (int m = 0; m < 8; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, e0 + 8 * m, kt), acc[m]);
-            }
-        } else {
-            for (int64_t r = 0; r < n; r++) {
-                const void *vr = kv_row(values, cols[r], d, kt);
-                __m256 p = _mm256_set1_ps(scores[r]);
-                for (int m = 0; m < w; m++) acc[m] = _mm256_fmadd_ps(p, kv_load8(vr, e0 + 8 * m, kt), acc[m]);
-            }
+        for (int64_t r = 0; r < n; r += block) {
+            int64_t r1 = r + block < n ? r + block : n;
+            for (int64_t u = 0; u < nh; u++)
+                value_block(values, cols, scores + u * cap, r, r1, d, e0, w, r == 0, r1 == n, inv[u],
+                            out + (h0 + u) * d, kt);
         }
-        for (int m = 0; m < w; m++) _mm256_storeu_ps(o + e0 + 8 * m, _mm256_mul_ps(acc[m], inv));
     }
 }
 
-void ring_head(const RingArgs *a, int64_t i, int64_t h, float *scores, const int32_t *cols, int64_t n,
+void ring_head(const RingArgs *a, int64_t i, int64_t h0, int64_t nh, float *scores, const int32_t *cols, int64_t n,
                int64_t n_sink) {
     if (a->kv_type == KV_F16)
-        head(a, i, h, scores, cols, n, n_sink, KV_F16);
+        head(a, i, h0, nh, scores, cols, n, n_sink, KV_F16);
     else if (a->kv_type == KV_Q8)
-        head(a, i, h, scores, cols, n, n_sink, KV_Q8);
+        head(a, i, h0, nh, scores, cols, n, n_sink, KV_Q8);
     else
-        head(a, i, h, scores, cols, n, n_sink, KV_F32);
+        head(a, i, h0, nh, scores, cols, n, n_sink, KV_F32);
 }

@@ -65,22 +65,32 @@ static _Thread_local Grown t_scratch;
 static _Thread_local int64_t t_call = -1, t_row = -1, t_n, t_n_sink;
 static int64_t g_calls;
 
+/* Query heads one task takes: its KV head's group, so that a token's keys and values are read once rather than
+ * once a query head (Gemma 3 270M: 4 query heads on 1), halved where one token on one KV head would leave the
+ * second thread idle; at most RING_MAX_HEADS, and a divisor of the group. */
+static int64_t ring_heads(const RingArgs *a) {
+    int64_t g = a->hq / a->hkv, per = a->T == 1 && a->hkv < 2 && g % 2 == 0 ? g / 2 : g;
+    while (per > RING_MAX_HEADS || g % per) per--;
+    return per;
+}
+
 static void ring_task(void *data, size_t index) {
     RingArgs *a = data;
-    int64_t i = (int64_t)index / a->hq, h = (int64_t)index % a->hq;
-    size_t cap = (size_t)a->capacity, bytes = cap * (sizeof(float) + sizeof(int32_t));
+    int64_t nh = ring_heads(a), groups = a->hq / nh;
+    int64_t i = (int64_t)index / groups, h = (int64_t)index % groups * nh;
+    size_t cap = (size_t)a->capacity, bytes = cap * ((size_t)nh * sizeof(float) + sizeof(int32_t));
     if (bytes > t_scratch.capacity) t_call = -1; /* regrown: the columns kept are gone */
     float *scores = grown(&t_scratch, bytes);
     if (!scores) {
         __atomic_store_n(&a->out_of_memory, 1, __ATOMIC_RELAXED);
         return;
     }
-    int32_t *cols = (int32_t *)(scores + cap);
+    int32_t *cols = (int32_t *)(scores + (size_t)nh * cap);
     if (t_call != a->call || t_row != i) {
         t_n = ring_columns(a, i, cols, &t_n_sink);
         t_call = a->call, t_row = i;
     }
-    ring_head(a, i, h, scores, cols, t_n, t_n_sink);
+    ring_head(a, i, h, nh, scores, cols, t_n, t_n_sink);
 }
 
 static int same_dims(const int64_t *a, const int64_t *b, size_t rank) {
@@ -169,7 +179,7 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
                         &g_cache_copies);
     for (int64_t i = 0; i < a.T; i++) ring_write_kv(&a, i);
     a.call = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
-    size_t tasks = (size_t)(a.T * a.hq);
+    size_t tasks = (size_t)(a.T * (a.hq / ring_heads(&a)));
     if (tasks == 0) return NULL;
     if (a.T == 1 && a.capacity < 64) { /* a few microseconds of work: less than waking the pool */
         for (size_t t = 0; t < tasks; t++) ring_task(&a, t);

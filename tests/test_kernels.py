@@ -376,7 +376,7 @@ def test_linear_attention_is_group_query_attention(hq, hkv, d, capacity, past, t
 @pytest.mark.parametrize("q8", [False, True])
 @pytest.mark.parametrize(
     ("hq", "hkv", "d", "capacity", "past", "t"),
-    [(9, 3, 64, 300, 150, 11), (4, 2, 80, 200, 60, 9), (4, 4, 16, 40, 0, 17)],
+    [(9, 3, 64, 300, 150, 11), (4, 2, 80, 200, 60, 9), (4, 4, 16, 40, 0, 17), (4, 1, 32, 300, 150, 11)],
 )
 def test_linear_attention_chunk_is_its_rows_as_decode_steps_bit_for_bit(hq, hkv, d, capacity, past, t, q8):
     """A chunk's rows share each block of keys (csrc/attention_avx2.c) but compute what one-row calls do,

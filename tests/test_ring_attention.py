@@ -108,6 +108,7 @@ CASES = [
     (4, 1, 32, 37, 0, 5, 8, 32),
     (8, 8, 128, 70, 3, 9, 24, 61),
     (6, 2, 72, 29, 5, 3, 20, 0),
+    (4, 1, 32, 160, 4, 3, 8, 120),  # one KV head: its query heads share blocks of 64 columns (ring_heads)
 ]
 
 
@@ -158,7 +159,12 @@ def test_a_chunk_is_its_rows_as_one_row_calls_bit_for_bit(hq, hkv, d, cap, sinks
     assert np.array_equal(pk, keys) and np.array_equal(pv, values)
 
 
-LINEAR_CASES = [(9, 3, 64, 90, 4, 37, 6, 32), (4, 2, 16, 40, 0, 0, 9, 8), (4, 1, 32, 30, 3, 10, 5, 8)]
+LINEAR_CASES = [
+    (9, 3, 64, 90, 4, 37, 6, 32),
+    (4, 2, 16, 40, 0, 0, 9, 8),
+    (4, 1, 32, 30, 3, 10, 5, 8),
+    (4, 1, 32, 200, 4, 140, 3, 8),
+]
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "cap", "sinks", "past", "t", "half"), LINEAR_CASES)
