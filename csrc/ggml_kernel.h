@@ -66,7 +66,8 @@ static inline __attribute__((always_inline)) void GG_NAME(quantize_typed)(int ty
     int32_t *is = GG_IS(row, K);
     int64_t nb = K / 32, groups = GG_GROUPS(K);
     const int fp16_scales = type != GGML_Q4_K && type != GGML_Q5_K && type != GGML_Q6_K;
-    memset(row, 0, (size_t)groups * 256); /* a partial last group's missing blocks: zero codes */
+    if (nb % 8) /* a partial last group: its missing blocks' codes are zero (the rest is written below) */
+        memset(xq + (groups - 1) * 256, 0, 256);
     for (int64_t b = 0; b < groups * 8; b++) {
         int64_t g = b / 8, at = g * 8 + GG_SLOT(b % 8);
         if (b >= nb) {

@@ -93,6 +93,16 @@ OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *
 /* Bytes of one cache element as ONNX Runtime counts them (a q8 row is 4 + D uint8). */
 static inline size_t attn_cache_elem(int type) { return type == 0 ? 4 : type == 1 ? 2 : 1; }
 
+/* Query heads one attention task takes for one token: its KV head's group of hq / hkv, so that the token's keys
+ * and values are read once rather than once a query head; halved where a lone token on one KV head would leave the
+ * second thread idle (`one_token`); at most `most`, and a divisor of the group. LinearAttention's decode and
+ * RingAttention (attention.h, ring_attention.h) share the rule. */
+static inline int64_t attn_group_heads(int64_t hq, int64_t hkv, int one_token, int64_t most) {
+    int64_t g = hq / hkv, per = one_token && hkv < 2 && g % 2 == 0 ? g / 2 : g;
+    while (per > most || g % per) per--;
+    return per;
+}
+
 /* In matmul_op.c. */
 extern const OrtCustomOp edge_matmul_q4_op, edge_matmul_q8_op, edge_matmul_gguf_op;
 /* In ring_attention_op.c. */

@@ -152,17 +152,11 @@ __attribute__((visibility("default"))) int64_t edge_linear_attention_cache_copie
 static _Thread_local float *t_scores;
 static _Thread_local size_t t_scores_len;
 
-/* Query heads one decode task takes: a KV head's group, so that its keys and values are read once a step rather
- * than once a query head, halved where there is one KV head so that the two threads share the step; at most
- * ATTN_MAX_ROWS, and a divisor of the group. Prefill chunks keep one head a task: their tokens share the blocks
- * already. At Gemma 3 270M's shape (4 query heads on 1 KV head of 256, 2,000 cached tokens, fp16; AMD EPYC, 2
- * threads) the op alone went from 143-149 to 94 us a call with its cache in L2/L3; inside a decode step, where the
+/* Query heads one decode task takes (attn_group_heads); prefill chunks keep one head a task: their tokens share the
+ * blocks already. At Gemma 3 270M's shape (4 query heads on 1 KV head of 256, 2,000 cached tokens, fp16; AMD EPYC,
+ * 2 threads) the op alone went from 143-149 to 94 us a call with its cache in L2/L3; inside a decode step, where the
  * cache comes from memory after the weights streamed through, from 280 to 255 us a layer (one profile each). */
-static int64_t decode_heads(const AttnArgs *a) {
-    int64_t g = a->hq / a->hkv, per = a->hkv < 2 && g % 2 == 0 ? g / 2 : g;
-    while (per > ATTN_MAX_ROWS || g % per) per--;
-    return per;
-}
+static int64_t decode_heads(const AttnArgs *a) { return attn_group_heads(a->hq, a->hkv, 1, ATTN_MAX_ROWS); }
 
 static void attn_task(void *data, size_t index) {
     AttnArgs *a = data;

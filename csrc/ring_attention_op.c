@@ -65,14 +65,8 @@ static _Thread_local Grown t_scratch;
 static _Thread_local int64_t t_call = -1, t_row = -1, t_n, t_n_sink;
 static int64_t g_calls;
 
-/* Query heads one task takes: its KV head's group, so that a token's keys and values are read once rather than
- * once a query head (Gemma 3 270M: 4 query heads on 1), halved where one token on one KV head would leave the
- * second thread idle; at most RING_MAX_HEADS, and a divisor of the group. */
-static int64_t ring_heads(const RingArgs *a) {
-    int64_t g = a->hq / a->hkv, per = a->T == 1 && a->hkv < 2 && g % 2 == 0 ? g / 2 : g;
-    while (per > RING_MAX_HEADS || g % per) per--;
-    return per;
-}
+/* Query heads one task takes (attn_group_heads): a token's keys and values read once for them. */
+static int64_t ring_heads(const RingArgs *a) { return attn_group_heads(a->hq, a->hkv, a->T == 1, RING_MAX_HEADS); }
 
 static void ring_task(void *data, size_t index) {
     RingArgs *a = data;

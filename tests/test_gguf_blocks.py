@@ -82,20 +82,17 @@ def _graph(name: str, k: int, n: int, raw: np.ndarray, **attrs: int) -> ort.Infe
 
 
 def _llama_rows(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """x's rows as the op quantizes them, in float64: (codes * scale, and per block of 32 the code sum's term a
-    minimum multiplies). Per 32, codes rint(x * 127 / max|x|) in float32; the scale max|x| / 127, which a legacy
-    type (llama.cpp's Q8_0/Q8_1 activation blocks) stores in fp16 and a K-quant keeps in float32; Q8_1's term
-    fp16(unrounded scale * code sum)."""
-    rows = x.shape[0]
-    xb = x.reshape(rows, -1, 32)
-    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    """x's rows as the op quantizes them, in float64: the codes times their scales (llama.cpp's Q8_0/Q8_1 rounding
+    with fp16 scales under a legacy type, blocks of 32 with float32 scales under a K-quant: the reference's two, whose
+    agreement with the op test_the_references_rounding_is_matmul_gguf_s checks alone), and per block of 32 Q8_1's
+    code-sum term a minimum multiplies, fp16(unrounded scale * code sum)."""
+    rounded = round_int8_blocks(x, 32) if name.endswith("_K") else round_llama_blocks(x)
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(axis=-1)
+    d = amax / np.float32(127)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    codes = np.rint(xb * inv).astype(np.float64)
-    d = (amax / np.float32(127)).astype(np.float32)
-    term = (d[..., 0] * codes.sum(axis=-1).astype(np.float32)).astype(np.float16).astype(np.float64)
-    if not name.endswith("_K"):
-        d = d.astype(np.float16)
-    return (codes * d.astype(np.float64)).reshape(x.shape), term
+    sums = np.rint(xb * inv[..., None]).sum(axis=-1).astype(np.float32)
+    return rounded.astype(np.float64), (d * sums).astype(np.float16).astype(np.float64)
 
 
 def _minimums(name: str, raw: np.ndarray) -> np.ndarray:
