@@ -90,6 +90,10 @@ static inline int attn_q8_output_type(const OrtCustomOp *op, size_t i) {
 /* The cache type (simd.h KV_F32, KV_F16, KV_Q8) of past_key and past_value; -1 for mixed or other types. */
 OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *type);
 
+/* LinearAttention's computation (ort_ops.c) on its six inputs qkv, past_key, past_value, seqlens_k, cos_cache,
+ * sin_cache, into the node's outputs 0-2: RingAttention runs it while its ring_full input is false. */
+OrtStatus *linear_attention_run(const AttnHeads *k, OrtKernelContext *ctx, const OrtValue *const in[6]);
+
 /* Bytes of one cache element as ONNX Runtime counts them (a q8 row is 4 + D uint8). */
 static inline size_t attn_cache_elem(int type) { return type == 0 ? 4 : type == 1 ? 2 : 1; }
 

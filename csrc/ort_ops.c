@@ -179,9 +179,12 @@ static void attn_task(void *data, size_t index) {
 }
 
 static OrtStatus *attn_compute(void *kernel, OrtKernelContext *ctx) {
-    const AttnHeads *k = kernel;
     const OrtValue *in[6];
     for (size_t i = 0; i < 6; i++) TRY(ORT_KernelContext_GetInput(g_api)(ctx, i, &in[i]));
+    return linear_attention_run(kernel, ctx, in);
+}
+
+OrtStatus *linear_attention_run(const AttnHeads *k, OrtKernelContext *ctx, const OrtValue *const in[6]) {
     int64_t qd[8], kd[8], cd[8];
     size_t qr = 0, kr = 0, cr = 0, qn = 0, kn = 0, cn = 0, sn = 0;
     TRY(element_count(in[0], &qn, qd, &qr, NULL));

@@ -278,15 +278,21 @@ def _ring_attention(
     rotary_dim: int,
     scale: float,
     cache_outs: tuple[str, str] | None = None,
+    by_fill: bool = False,
 ) -> list[str]:
     """What `_general_path` computes, as edge-runtime's RingAttention: (out [1, T, Hq*D], keys, values);
-    `cache_outs` names the written buffers (the graph's present_* outputs)."""
+    `cache_outs` names the written buffers (the graph's present_* outputs). `by_fill`: the node also takes
+    ring_full, seqlens_k and the rotary cache, and computes as LinearAttention while ring_full is false."""
     g.domains[kernels.DOMAIN] = 1
     name = f"{prefix}/{kernels.RING_ATTENTION}"
+    linear = [step.ring_full, step.seqlens_k, step.cos_cache, step.sin_cache] if by_fill else []
+    if by_fill and None in linear:  # decoder.py declares these inputs exactly where gqa_can_run
+        raise ValueError(f"{prefix}: the linear ring's inputs were not declared")  # a builder bug
+    batch = [step.row_cache or ""] if step.row_cache or linear else []
     return g.op_multi(
         kernels.RING_ATTENTION,
         [qkv, f"past_key.{layer}", f"past_value.{layer}", step.write_index, step.cos, step.sin, step.cos_sink,
-         step.sin_sink, step.sink_rows, step.attn_mask, *([step.row_cache] if step.row_cache else [])],
+         step.sin_sink, step.sink_rows, step.attn_mask, *batch, *linear],
         name,
         n_out=3,
         outs=[f"{name}/output_0", *cache_outs] if cache_outs else None,
@@ -421,6 +427,7 @@ def attention(
     rotary_dim: int,
     linear: bool | None = None,
     edge_ops: bool = False,
+    by_fill: bool = False,
     eps: float = 0.0,
     scale: float | None = None,
 ) -> tuple[str, str | None, str | None]:
@@ -433,7 +440,9 @@ def attention(
     `edge_ops`: edge-runtime's LinearAttention in place of GroupQueryAttention and RingAttention in place of
     the general path (where it takes the shapes: `ring_attention_can_run`). `eps`: the q/k norms' epsilon
     (layers with `q_norm`/`k_norm`); `scale`: the softmax scale (None: 1/sqrt(head_dim)). A local layer's
-    `step` (`step.local`) takes the ring path at every fill."""
+    `step` (`step.local`) takes the ring path at every fill. `by_fill` (with `linear` None and `edge_ops`, where
+    RingAttention and GroupQueryAttention take the shapes): no If; a global layer's RingAttention computes as
+    LinearAttention while ring_full is false."""
     d = head_dim
     scale = float(1.0 / np.sqrt(d)) if scale is None else scale
     hq, hkv = lw.num_heads(d), lw.num_kv_heads(d)
@@ -453,6 +462,9 @@ def attention(
     _, _, present = cache_io(g, layer, hkv, d, local=step.local, batched=step.row_cache is not None)
     if step.local or not gqa_can_run(d, rotary_dim):  # the general path at every fill
         out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general, cache_outs=tuple(present))
+        return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
+    if by_fill and edge_ops and ring_attention_can_run(d, rotary_dim):  # one node at every fill
+        out, _, _ = _ring_attention(g, prefix, qkv, step, **general, cache_outs=tuple(present), by_fill=True)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
     full = g.branch(f"{prefix}/ring_full/then")
     ring = _full_ring(full, prefix, qkv, step, edge=edge_ops, **general)

@@ -259,6 +259,11 @@ def _ort_body(
     if args.nope_layers:
         steps[RopeKind.NONE] = _unrotated(g, step)
     x = _embed(g, args, wf, table, ids)
+    if stacked and step.ring_full is not None and _switch_by_fill(args):
+        # RingAttention takes every layer's shapes: one node a layer at every fill, no If (_stacked_layers says why)
+        h, _ = _ort_layers(g, args, weights, wf, steps, x, linear=None, edge_ops=True, by_fill=True)
+        blocks_ort.fold_norms(g, outputs={h})
+        return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
     if stacked and step.ring_full is not None:
         h = _stacked_layers(g, args, weights, wf, steps, x)
         return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
@@ -304,6 +309,7 @@ class _OrtLowering:
     steps: dict[RopeKind, blocks_ort.OrtStep]  # by the layers' rotation (the local ones' also their own ring)
     linear: bool | None
     edge_ops: bool
+    by_fill: bool = False
     delta: str | None = None
     kv: list[str] = field(default_factory=list)
 
@@ -316,8 +322,8 @@ class _OrtLowering:
         step = self.steps[a.rope_kind(layer)]
         out, k, v = blocks_ort.attention(
             self.g, f"/model/layers.{layer}/attn", h, lw, self.wf, step, layer=layer, head_dim=a.head_dim,
-            rotary_dim=a.rotary_dim, linear=self.linear, edge_ops=self.edge_ops, eps=a.rms_norm_eps,
-            scale=a.softmax_scale,
+            rotary_dim=a.rotary_dim, linear=self.linear, edge_ops=self.edge_ops, by_fill=self.by_fill,
+            eps=a.rms_norm_eps, scale=a.softmax_scale,
         )  # fmt: skip
         self.kv += [k, v]
         return out
@@ -379,30 +385,39 @@ def _ort_layers(
     *,
     linear: bool | None,
     edge_ops: bool,
+    by_fill: bool = False,
 ) -> tuple[str, list[str]]:
-    """The `ort` layer loop, for the whole graph (`linear` None: each layer's own If) or one branch of the
-    decoder-wide If (`linear` True/False): (the final norm's output, [keys, values] per layer in a branch).
-    `steps`: each kind of layer's step (_ort_body)."""
-    lowering = _OrtLowering(g, args, wf, steps, linear=linear, edge_ops=edge_ops)
+    """The `ort` layer loop, for the whole graph (`linear` None: each layer's own If, or with `by_fill` none:
+    RingAttention switching by fill) or one branch of the decoder-wide If (`linear` True/False): (the final
+    norm's output, [keys, values] per layer in a branch). `steps`: each kind of layer's step (_ort_body)."""
+    lowering = _OrtLowering(g, args, wf, steps, linear=linear, edge_ops=edge_ops, by_fill=by_fill)
     x = run_layers(lowering, weights.layers, x)
     h, _ = blocks_ort.skip_norm(g, "/model/norm", x, lowering.delta, weights.final_norm, args.rms_norm_eps)
     return h, lowering.kv if linear is not None else []
 
 
 # ------------------------------------------------------------------------------------------------
-#  `ort` with edge-runtime's ops: one If on ring_full around every layer instead of one per layer
+#  `ort` with edge-runtime's ops, every layer product theirs (_all_edge_matmul):
 #
-#    x ─► If ring_full ─┬ then: layers 0..L-1 with RingAttention ────┬─► h (final norm), present_*
-#                       └ else: layers 0..L-1 with LinearAttention ──┘
-#    (the general ring path in `then` where RingAttention does not take the shapes: head size > 512)
+#    where RingAttention takes the shapes (head size <= 512): no If at all. Each global layer's RingAttention
+#    also takes ring_full, seqlens_k and the rotary cache and computes as LinearAttention while the ring is
+#    linear (csrc/ring_attention_op.c), so the graph is one layer stack at every fill.
 #
-#  One If per step instead of one per layer. It is not free: every outer-scope value the branches read
-#  (the weights included) is an implicit input ONNX Runtime feeds on each run: SmolLM2-135M int4 graphs
-#  with the If replaced by one branch decoded bit for bit alike in 0.88-1.0x the step time, depending on
-#  the run (scripts/if_cost.py); one attention op that picks its kernel by fill would drop it. Both branches
-#  read the same outer-scope weights (one copy), which MatMulQ4/Q8 read as they are; graphs with
-#  MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_edge_matmul).
+#    else one If on ring_full around every layer instead of one per layer:
+#    x ─► If ring_full ─┬ then: layers 0..L-1 with the general ring path ─┬─► h (final norm), present_*
+#                       └ else: layers 0..L-1 with LinearAttention ───────┘
+#
+#  Without the If the graph holds each layer once instead of twice: on Gemma 3 270M Q4_K_M its session opens in
+#  48 ms instead of 85 and holds 3.9 MB less; its decode steps were not measurably faster in an interleaved A/B
+#  (docs/decisions/ring-attention-by-fill.md). Both branches of the If read the same outer-scope weights (one
+#  copy); graphs with MatMulNBits layers keep per-layer Ifs (measured slower otherwise: _all_edge_matmul).
 # ------------------------------------------------------------------------------------------------
+def _switch_by_fill(args: ModelArgs) -> bool:
+    """Every global layer's attention is one RingAttention that switches to LinearAttention's computation while
+    the ring is linear (no If): where RingAttention takes the shapes."""
+    return blocks_ort.ring_attention_can_run(args.head_dim, args.rotary_dim)
+
+
 def _stacked_layers(
     g: GraphBuilder,
     args: ModelArgs,

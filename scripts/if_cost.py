@@ -3,14 +3,15 @@ inlined, side by side in one process (not run by CI).
 
     python scripts/if_cost.py BUNDLE [--prompt 64] [--gen 128] [--rounds 8] [--work /tmp/if-cost]
 
-An `--kernel edge` graph runs every layer inside one If on `ring_full` (exporters/decoder.py: RingAttention in
-`then`, LinearAttention in `else`). This writes two copies of BUNDLE under --work: `else` (the If replaced by its
-else branch's nodes: LinearAttention at every fill, right only while the ring is linear) and `then` (the then
-branch, `ring_full` dropped from the graph and the manifest, so the runtime keeps RingAttention's inputs current at
-every step), then checks that each gives the bundle's logits bit for bit on the prompt and 40 decode steps, and
-times `--gen` decode steps after a `--prompt`-token prefill, every model in turn each round. Prints each one's median
-step and its per-round ratio to the bundle. Keep `--prompt` + `--gen` below the bundle's ring (sinks + window) for the
-`else` copy to stay right.
+An `--kernel edge` graph exported before RingAttention switched by fill, or one whose heads RingAttention does not
+take, runs every layer inside one If on `ring_full` (exporters/decoder.py: the ring path in `then`, LinearAttention
+in `else`); graphs without an If are refused with a message. This writes two copies of BUNDLE under --work: `else`
+(the If replaced by its else branch's nodes: LinearAttention at every fill, right only while the ring is linear)
+and `then` (the then branch, `ring_full` dropped from the graph and the manifest, so the runtime keeps
+RingAttention's inputs current at every step), then checks that each gives the bundle's logits bit for bit on the
+prompt and 40 decode steps, and times `--gen` decode steps after a `--prompt`-token prefill, every model in turn
+each round. Prints each one's median step and its per-round ratio to the bundle. Keep `--prompt` + `--gen` below
+the bundle's ring (sinks + window) for the `else` copy to stay right.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def main() -> int:
     from edge_runtime.bench.environment import cpu_line
     from edge_runtime.engine import LoadOptions, load
 
+    graph = json.loads((a.bundle / "manifest.json").read_text())["graph"]["file"]
+    if not any(n.op_type == "If" for n in onnx.load(str(a.bundle / graph), load_external_data=False).graph.node):
+        raise SystemExit(f"{a.bundle}: its graph has no If around the layers (nothing to measure)")
     paths = {"bundle": a.bundle}
     for side in ("else", "then"):
         paths[side] = a.work / side
@@ -80,6 +84,7 @@ def main() -> int:
     ref = engines["bundle"]
     want = [ref.prefill(ids).copy(), *(ref.decode(7 + t).copy() for t in range(40))]
     for name, engine in engines.items():
+        engine.reset()  # the bundle's own engine ran the reference
         got = [engine.prefill(ids).copy(), *(engine.decode(7 + t).copy() for t in range(40))]
         same = all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
         print(f"{name}: logits {'equal to the bundle bit for bit' if same else 'DIFFER from the bundle'}")

@@ -10,10 +10,12 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from edge_runtime import kernels
 from edge_runtime.errors import BundleError, ExportError
+from edge_runtime.manifest import ROW_CACHE
 
 from .test_kernels import _cache_copies, needs_kernels
 
@@ -80,27 +82,24 @@ def test_edge_kernel_export_validates_and_matches_the_mlas_bundle(tiny_ckpt, tmp
     _export(tiny_ckpt, tmp_path / "mlas", "mlas")
     graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph
     top = [n.op_type for n in graph.node]
-    assert top.count("If") == 1 and top.count("MatMulQ4") == 1  # one If around every layer; the INT4 LM head
-    (if_node,) = [n for n in graph.node if n.op_type == "If"]
-    for branch in if_node.attribute:  # each branch: every layer, reading the one copy of the weights
-        ops = [n.op_type for n in branch.g.node]
-        assert ops.count("MatMulQ4") == 2 * 4 and "MatMulNBits" not in ops  # qkv, o, gate_up, down
-        assert kernels.SILU_MUL not in ops and "QuickGelu" not in ops and "If" not in ops  # folded into down:
-        folded = [n for n in branch.g.node if any(a.name == "silu_mul" and a.i == 1 for a in n.attribute)]
-        assert [n.name.split("/")[-2] for n in folded] == ["down_proj"] * 2
-        normed = [n.name.split("/")[-2] for n in branch.g.node if any(a.name == "rms_norm" for a in n.attribute)]
-        assert normed == ["qkv_proj", "gate_up_proj"] * 2  # the layers' norms folded into their products
-        final = f"/ring_full/{branch.name[:4]}/model/norm/SkipLayerNorm"  # the last norm feeds the LM head
-        assert [n.name for n in branch.g.node if "LayerNorm" in n.name] == [final]
-        assert not branch.g.initializer
-    branches = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
-    assert branches["else_branch"].count(kernels.LINEAR_ATTENTION) == 2  # the ring is still a linear cache
-    assert "GroupQueryAttention" not in branches["else_branch"]
-    then = branches["then_branch"]  # the full ring: one RingAttention a layer, none of ONNX's attention ops
-    assert then.count(kernels.RING_ATTENTION) == 2 and kernels.LINEAR_ATTENTION not in then
-    assert not {"TensorScatter", "Attention", "RotaryEmbedding"} & set(then)
+    # no If: every layer in the graph itself, each global layer's attention one RingAttention at every fill
+    # (LinearAttention's computation while the ring is linear); qkv, o, gate_up, down a layer; the INT4 LM head
+    assert "If" not in top and top.count("MatMulQ4") == 2 * 4 + 1 and "MatMulNBits" not in top
+    assert kernels.SILU_MUL not in top and "QuickGelu" not in top  # folded into down:
+    folded = [n for n in graph.node if any(a.name == "silu_mul" and a.i == 1 for a in n.attribute)]
+    assert [n.name.split("/")[-2] for n in folded] == ["down_proj"] * 2
+    normed = [n.name.split("/")[-2] for n in graph.node if any(a.name == "rms_norm" for a in n.attribute)]
+    assert normed == ["qkv_proj", "gate_up_proj"] * 2  # the layers' norms folded into their products
+    assert [n.name for n in graph.node if "LayerNorm" in n.name] == ["/model/norm/SkipLayerNorm"]  # feeds the head
+    rings = [n for n in graph.node if n.op_type == kernels.RING_ATTENTION]
+    assert len(rings) == 2 and kernels.LINEAR_ATTENTION not in top and "GroupQueryAttention" not in top
+    for i, n in enumerate(rings):  # the ring's inputs, a batch's rows, then the linear ring's
+        assert list(n.input[1:3]) == [f"past_key.{i}", f"past_value.{i}"]
+        assert list(n.input[10:]) == [ROW_CACHE, "ring_full", "seqlens_k", "cos_cache", "sin_cache"]
+        assert list(n.output[1:]) == [f"present_key.{i}", f"present_value.{i}"]
+    assert not {"TensorScatter", "Attention", "RotaryEmbedding"} & set(top)
     assert not {"Sub", "Concat", "Shape"} & set(top)  # nor the general path's sink-term inputs
-    # scripts/matmul_floor.py finds the layer products inside the If, each weight once: 2 x 4 + the LM head
+    # scripts/matmul_floor.py finds the layer products, each weight once: 2 x 4 + the LM head
     spec = importlib.util.spec_from_file_location("matmul_floor", SCRIPTS / "matmul_floor.py")
     floor = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(floor)
@@ -277,3 +276,31 @@ def test_one_weight_name_cannot_hold_two_tensors():
     assert len(g.initializers) == 1 and not b.initializers
     with pytest.raises(ValueError, match="already stored"):
         b.weight("w", np.zeros((3, 2), np.float32))
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["llama-tied", "gemma3"])
+def test_one_attention_node_a_layer_decodes_as_the_if_around_the_layers_bit_for_bit(name, tmp_path, monkeypatch):
+    """The graph without an If (each global layer's RingAttention switching to LinearAttention's computation while
+    the ring is linear; Gemma 3's local layers RingAttention on their own ring) gives the logits of the graph with
+    the If on ring_full around the layer stack, bit for bit: prompt, steps while linear and past the wrap."""
+    from edge_runtime.engine import load
+    from edge_runtime.exporters import decoder
+
+    from .tiny_models import save_tiny_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint(name, ckpt, intermediate_size=128)  # every K a multiple of 64: all MatMulQ4
+    _export(ckpt, tmp_path / "one", "edge")
+    monkeypatch.setattr(decoder, "_switch_by_fill", lambda args: False)
+    _export(ckpt, tmp_path / "if", "edge")
+    ops = {}
+    for side in ("one", "if"):
+        graph = onnx.load(str(tmp_path / side / "model.onnx"), load_external_data=False).graph
+        ops[side] = [n.op_type for n in graph.node]
+    assert "If" not in ops["one"] and ops["if"].count("If") == 1
+    a, b = load(tmp_path / "one"), load(tmp_path / "if")
+    prompt = list(range(3, 30))
+    assert np.array_equal(a.prefill(prompt, all_logits=True), b.prefill(prompt, all_logits=True))
+    for tok in (5, 9, 11, 2) * 20:  # 80 decode steps: past the 64-row ring's wrap
+        assert np.array_equal(a.decode(tok), b.decode(tok))

@@ -154,14 +154,12 @@ def test_int8_edge_export_runs_matmul_q8_for_every_product_and_validates(tmp_pat
         assert m.quantization["exact_parity"]["max_rel_err"] <= m.quantization["exact_parity"]["tolerance"] <= 5e-3
     graph = onnx.load(str(tmp_path / "edge" / "model.onnx"), load_external_data=False).graph
     top = [n.op_type for n in graph.node]
-    assert top.count("If") == 1 and top.count(kernels.MATMUL_Q8) == 1  # one If around every layer; the LM head
-    (head,) = [n for n in graph.node if n.op_type == kernels.MATMUL_Q8]
+    # no If: one RingAttention a layer at every fill; qkv, o, gate_up, down a layer and the LM head
+    assert "If" not in top and top.count(kernels.MATMUL_Q8) == 2 * 4 + 1 and "MatMulNBits" not in top
+    assert top.count(kernels.RING_ATTENTION) == 2
+    (head,) = [n for n in graph.node if n.op_type == kernels.MATMUL_Q8 and n.name.startswith("/lm_head")]
     (gather,) = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
     assert head.input[1] == gather.input[0]  # the tied table: one copy, read by both
-    (if_node,) = [n for n in graph.node if n.op_type == "If"]
-    for branch in if_node.attribute:
-        ops = [n.op_type for n in branch.g.node]
-        assert ops.count(kernels.MATMUL_Q8) == 2 * 4 and "MatMulNBits" not in ops  # qkv, o, gate_up, down
 
     a, b = load(tmp_path / "edge"), load(tmp_path / "mlas")
     assert a.fused_argmax and not b.fused_argmax

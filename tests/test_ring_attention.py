@@ -1,11 +1,13 @@
 """ai.edge_runtime::RingAttention (csrc/ring_attention.h): the full ring's attention in one node. Checked
 against a float64 transcription of its formula, for row-by-row exactness (a T-row call is T one-row calls
-bit for bit, and while the ring is linear it is LinearAttention bit for bit), for its refusals, and for
+bit for bit, and while the ring is linear it is LinearAttention bit for bit; given ring_full off, it computes as
+LinearAttention), for its refusals, and for
 writing the cache in place when its outputs are bound to its inputs."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -20,10 +22,15 @@ pytestmark = needs_kernels
 NAMES = ["qkv", "pk", "pv", "write_index", "cos", "sin", "cos_sink", "sin_sink", "sink_rows", "mask"]
 
 
-def _ring_graph(hq: int, hkv: int, d: int, *, mask_rank: int = 2, batched: bool = False) -> bytes:
-    """`batched`: the optional row_cache input too (past_* then hold a batch of caches)."""
+def _ring_graph(
+    hq: int, hkv: int, d: int, *, mask_rank: int = 2, batched: bool = False, by_fill: bool = False
+) -> bytes:
+    """`batched`: the optional row_cache input too (past_* then hold a batch of caches). `by_fill`: the linear
+    ring's optional inputs too (ring_full, seqlens_k, cos_cache, sin_cache)."""
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     names = [*NAMES, "row_cache"] if batched else NAMES
+    if by_fill:
+        names = [*names, *([] if batched else [""]), "ring_full", "seq", "cos_cache", "sin_cache"]
     inputs = [
         helper.make_tensor_value_info("qkv", f, [1, "T", "W"]),
         *(helper.make_tensor_value_info(n, f, [1, "H", "C", "D"]) for n in ("pk", "pv")),
@@ -35,6 +42,12 @@ def _ring_graph(hq: int, hkv: int, d: int, *, mask_rank: int = 2, batched: bool 
     if batched:
         inputs[1:3] = [helper.make_tensor_value_info(n, f, ["B", "H", "C", "D"]) for n in ("pk", "pv")]
         inputs.append(helper.make_tensor_value_info("row_cache", i64, ["rows"]))
+    if by_fill:
+        inputs += [
+            helper.make_tensor_value_info("ring_full", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("seq", TensorProto.INT32, [1]),
+            *(helper.make_tensor_value_info(n, f, ["C", "R"]) for n in ("cos_cache", "sin_cache")),
+        ]
     attrs = {"num_heads": hq, "kv_num_heads": hkv, "scale": float(1 / np.sqrt(d))}
     node = helper.make_node(kernels.RING_ATTENTION, names, ["out", "k", "v"], domain=kernels.DOMAIN, **attrs)
     outs = [helper.make_tensor_value_info(n, f, None) for n in ("out", "k", "v")]
@@ -188,6 +201,57 @@ def test_on_a_linear_ring_it_is_linear_attention_bit_for_bit(hq, hkv, d, cap, si
     got = _session(_ring_graph(hq, hkv, d)).run(None, ring)
     for a, b in zip(got, want, strict=True):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "cap", "sinks", "past", "t", "half"), LINEAR_CASES)
+def test_with_ring_full_off_it_computes_linear_attention_and_with_it_on_the_ring(hq, hkv, d, cap, sinks, past, t, half):
+    """The graphs' one attention node a layer (no If): given ring_full, seqlens_k and the rotary cache, RingAttention
+    is LinearAttention bit for bit while ring_full is false (its ring inputs unread: here all masked, angles
+    garbage), and the plain RingAttention bit for bit once it is true."""
+    rng = np.random.default_rng(past + t + 1)
+    qkv = rng.standard_normal((1, t, (hq + 2 * hkv) * d)).astype(np.float32)
+    pk, pv = (rng.standard_normal((1, hkv, cap, d)).astype(np.float32) for _ in range(2))
+    angles = np.arange(cap)[:, None] * (10000.0 ** (-np.arange(half) / half))[None]
+    cos_cache, sin_cache = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    seq = np.array([past + t - 1], np.int32)
+    want_linear = _session(_attention_graph(kernels.LINEAR_ATTENTION, hq, hkv, d)).run(
+        None, {"qkv": qkv, "pk": pk, "pv": pv, "seq": seq, "cos": cos_cache, "sin": sin_cache}
+    )
+    garbage = {n: rng.standard_normal((t, half)).astype(np.float32) for n in ("cos", "sin", "cos_sink", "sin_sink")}
+    ring = {"qkv": qkv, "pk": pk, "pv": pv, "write_index": np.array([past], np.int64), **garbage}
+    ring |= {"sink_rows": np.array([max(sinks, 1)], np.int64), "mask": np.full((t, cap), MASKED, np.float32)}
+    linear = {"seq": seq, "cos_cache": cos_cache, "sin_cache": sin_cache}
+    both = _session(_ring_graph(hq, hkv, d, by_fill=True))
+    got = both.run(None, {**ring, **linear, "ring_full": np.array(False)})
+    for a, b in zip(got, want_linear, strict=True):
+        assert np.array_equal(a, b)
+    want_ring = _session(_ring_graph(hq, hkv, d)).run(None, ring)
+    got = both.run(None, {**ring, **linear, "ring_full": np.array(True)})
+    for a, b in zip(got, want_ring, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_ring_full_comes_with_the_linear_inputs_and_a_batch_needs_it_on():
+    hq, hkv, d, cap, t = 4, 2, 16, 12, 1
+    rng = np.random.default_rng(0)
+    feeds = {"qkv": rng.standard_normal((1, t, (hq + 2 * hkv) * d)).astype(np.float32)}
+    feeds |= {n: np.zeros((2, hkv, cap, d), np.float32) for n in ("pk", "pv")}
+    feeds |= {n: np.ones((t, 4), np.float32) for n in ("cos", "sin", "cos_sink", "sin_sink")}
+    feeds |= {"write_index": np.array([0], np.int64), "sink_rows": np.array([1], np.int64)}
+    feeds |= {"mask": np.zeros((t, cap), np.float32), "row_cache": np.array([1], np.int64)}
+    feeds |= {"seq": np.array([0], np.int32), "ring_full": np.array(False)}
+    feeds |= {n: np.ones((cap, 4), np.float32) for n in ("cos_cache", "sin_cache")}
+    with pytest.raises(Exception, match="a batch \\(row_cache\\) needs ring_full on"):
+        _session(_ring_graph(hq, hkv, d, batched=True, by_fill=True)).run(None, feeds)
+    node = helper.make_node(kernels.RING_ATTENTION, [*NAMES, "", "ring_full"], ["out", "k", "v"],
+                            domain=kernels.DOMAIN, num_heads=hq, kv_num_heads=hkv, scale=0.25)  # fmt: skip
+    model = onnx.load_model_from_string(_ring_graph(hq, hkv, d))
+    model.graph.input.append(helper.make_tensor_value_info("ring_full", TensorProto.BOOL, []))
+    del model.graph.node[:]
+    model.graph.node.append(node)
+    one = {k: v[:1] if k in ("pk", "pv") else v for k, v in feeds.items() if k in (*NAMES, "ring_full")}
+    with pytest.raises(Exception, match="ring_full must hold one value and come with seqlens_k"):
+        _session(model.SerializeToString()).run(None, one)
 
 
 def test_ring_attention_refuses_bad_inputs_with_a_message():
