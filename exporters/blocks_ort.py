@@ -261,6 +261,8 @@ def _sink_term(
 #                   attn_mask): new keys rotated at their absolute position and written with their values
 #     at rows [write_index, write_index + T) in place, then per (row, head) the same attention as above over
 #     every unmasked buffer row, the first S columns with the query at its cache-logical rotation.
+#     Optional after attn_mask: row_cache (a batch of caches), then ring_full, seqlens_k, cos_cache, sin_cache
+#     (`by_fill`: while ring_full is false the node computes LinearAttention's linear-ring attention instead).
 #  One task per (row, head) in a fixed order: a T-row chunk is T decode steps bit for bit (ONNX Attention's
 #  T-row rounding differs from its one-row rounding by ~1e-6, which the next layer's int8 activations
 #  amplify), and a decode step is one node a layer instead of ~15.
