@@ -26,7 +26,7 @@ typedef struct OrtApiBase {
 } OrtApiBase;
 
 enum { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
-enum { ONNX_UNDEFINED = 0, ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_INT64 = 7, ONNX_FLOAT16 = 10 }; /* ONNXTensorElementDataType; UNDEFINED: any type */
+enum { ONNX_UNDEFINED = 0, ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_INT64 = 7, ONNX_BOOL = 9, ONNX_FLOAT16 = 10 }; /* ONNXTensorElementDataType; UNDEFINED: any type */
 enum { INPUT_OUTPUT_REQUIRED = 0, INPUT_OUTPUT_OPTIONAL = 1 }; /* OrtCustomOpInputOutputCharacteristic */
 enum { ORT_MEM_TYPE_DEFAULT = 0 };                /* OrtMemType */
 

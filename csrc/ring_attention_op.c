@@ -1,16 +1,16 @@
 /* RingAttention, over ring_attention.h: the full ring's attention in one node (exporters/blocks_ort.py).
  *
  *   inputs:  qkv [1, T, (Hq + 2 Hkv) * D], past_key, past_value [1, Hkv, C, D], write_index [1] int64,
- *            cos, sin, cos_sink, sin_sink [T, R/2], sink_rows [1] int64, attn_mask [T, C] (or [1, 1, T, C])
- *   outputs: out [1, T, Hq * D], present_key, present_value [1, Hkv, C, D]
- *            row_cache [B] int64 (optional; B = T, or empty)
+ *            cos, sin, cos_sink, sin_sink [T, R/2], sink_rows [1] int64, attn_mask [T, C] (or [1, 1, T, C]),
+ *            row_cache [B] int64 (optional; B = T, or empty),
  *            ring_full [] bool, seqlens_k [1] int32, cos_cache, sin_cache [C, R/2] (optional, together)
+ *   outputs: out [1, T, Hq * D], present_key, present_value [1, Hkv, C, D]
  *   attributes: num_heads, kv_num_heads, scale
  *
  * With ring_full given and false the ring is still linear (row r holds token r) and the node computes what
  * LinearAttention computes from qkv, past_*, seqlens_k and the rotary cache (the ring inputs unread): one
- * attention node a layer at every fill, where an If on ring_full around the layer stack cost Gemma 3 270M
- * 9-13% of a decode step (every outer-scope value a branch reads is fed to the If on each run).
+ * attention node a layer at every fill, so the graph holds each layer once instead of twice inside an If on
+ * ring_full (docs/decisions/ring-attention-by-fill.md).
  *
  * With row_cache of T values the call is a batch: row i is one token of cache row_cache[i], past_* hold every
  * cache of the batch [caches, Hkv, C, D] and write_index gives each row's buffer row [T] (edge-serve's batched
@@ -31,7 +31,7 @@
 
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, IN_ROW_CACHE,
        IN_RING_FULL, IN_SEQLENS, IN_COS_CACHE, IN_SIN_CACHE, N_IN };
-enum { N_REQUIRED = IN_ROW_CACHE, ONNX_BOOL = 9 };
+enum { N_REQUIRED = IN_ROW_CACHE };
 
 
 static const char *ring_name(const OrtCustomOp *op) { (void)op; return "RingAttention"; }

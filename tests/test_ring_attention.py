@@ -207,7 +207,8 @@ def test_on_a_linear_ring_it_is_linear_attention_bit_for_bit(hq, hkv, d, cap, si
 def test_with_ring_full_off_it_computes_linear_attention_and_with_it_on_the_ring(hq, hkv, d, cap, sinks, past, t, half):
     """The graphs' one attention node a layer (no If): given ring_full, seqlens_k and the rotary cache, RingAttention
     is LinearAttention bit for bit while ring_full is false (its ring inputs unread: here all masked, angles
-    garbage), and the plain RingAttention bit for bit once it is true."""
+    garbage), and the plain RingAttention bit for bit once it is true (ring inputs of the same linear ring: then
+    LinearAttention's result again)."""
     rng = np.random.default_rng(past + t + 1)
     qkv = rng.standard_normal((1, t, (hq + 2 * hkv) * d)).astype(np.float32)
     pk, pv = (rng.standard_normal((1, hkv, cap, d)).astype(np.float32) for _ in range(2))
@@ -225,10 +226,14 @@ def test_with_ring_full_off_it_computes_linear_attention_and_with_it_on_the_ring
     got = both.run(None, {**ring, **linear, "ring_full": np.array(False)})
     for a, b in zip(got, want_linear, strict=True):
         assert np.array_equal(a, b)
+    rows = slice(past, past + t)
+    causal = np.arange(cap)[None, :] <= np.arange(past, past + t)[:, None]
+    ring |= {n: cos_cache[rows] for n in ("cos", "cos_sink")} | {n: sin_cache[rows] for n in ("sin", "sin_sink")}
+    ring["mask"] = np.where(causal, 0.0, MASKED).astype(np.float32)
     want_ring = _session(_ring_graph(hq, hkv, d)).run(None, ring)
     got = both.run(None, {**ring, **linear, "ring_full": np.array(True)})
-    for a, b in zip(got, want_ring, strict=True):
-        assert np.array_equal(a, b)
+    for a, b, c in zip(got, want_ring, want_linear, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 def test_ring_full_comes_with_the_linear_inputs_and_a_batch_needs_it_on():
