@@ -199,8 +199,9 @@ def _ort_body(
     edge_ops: bool,
     stacked: bool,
 ) -> str:
-    """`edge_ops`: the graph may use edge-runtime's own ops (--kernel edge); `stacked`: one If around
-    every layer (where every layer product is a MatMulQ4 or MatMulQ8)."""
+    """`edge_ops`: the graph may use edge-runtime's own ops (--kernel edge); `stacked`: every layer product is an
+    edge op, so the layers go in once with RingAttention switching by fill (or, where RingAttention does not take
+    the heads, inside one If around every layer) instead of one If per layer."""
     half = args.rotary_dim // 2
     ids = g.input("input_ids", np.int64, [1, "tokens"])
     cos, sin, cos_s, sin_s = (g.input(n, g.dtype, ["tokens", half]) for n in ("cos", "sin", "cos_sink", "sin_sink"))

@@ -28,8 +28,8 @@ FLOOR_OPS = ("MatMulNBits", kernels.MATMUL_Q4, kernels.MATMUL_Q8)
 
 
 def _floor_nodes(graph: onnx.GraphProto, seen: set[str]) -> list[onnx.NodeProto]:
-    """Every quantized-matmul node, If branches included (edge bundles hold the layers in a decoder-wide
-    If); each weight counted once, as a step runs one branch."""
+    """Every quantized-matmul node, If branches included (edge bundles exported before RingAttention switched by
+    fill hold the layers in a decoder-wide If); each weight counted once, as a step runs one branch."""
     nodes = []
     for n in graph.node:
         if n.op_type in FLOOR_OPS and n.input[1] not in seen:
