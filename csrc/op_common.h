@@ -59,10 +59,11 @@ static inline void kernel_destroy(void *k) { free(k); }
 
 /* ---- what the two attention ops share (ort_ops.c) ----------------------------------------------- */
 
-/* The attributes both take: num_heads, kv_num_heads (a divisor of it), scale. */
+/* The attributes both take: num_heads, kv_num_heads (a divisor of it), scale, and qk_norm_epsilon (optional: the
+ * epsilon of the per-head RMS norms given as the q_norm and k_norm inputs). */
 typedef struct {
     int64_t hq, hkv;
-    float scale;
+    float scale, qk_norm_eps;
 } AttnHeads;
 
 /* Read them into a new AttnHeads at *out (freed by kernel_destroy); `op` names the op in errors. */
@@ -90,9 +91,18 @@ static inline int attn_q8_output_type(const OrtCustomOp *op, size_t i) {
 /* The cache type (simd.h KV_F32, KV_F16, KV_Q8) of past_key and past_value; -1 for mixed or other types. */
 OrtStatus *attn_cache_type(const OrtValue *past_k, const OrtValue *past_v, int *type);
 
-/* LinearAttention's computation (ort_ops.c) on its six inputs qkv, past_key, past_value, seqlens_k, cos_cache,
- * sin_cache, into the node's outputs 0-2: RingAttention runs it while its ring_full input is false. */
-OrtStatus *linear_attention_run(const AttnHeads *k, OrtKernelContext *ctx, const OrtValue *const in[6]);
+/* LinearAttention's computation (ort_ops.c) on its inputs qkv, past_key, past_value, seqlens_k, cos_cache,
+ * sin_cache, q_norm, k_norm (the last two NULL when absent), into the node's outputs 0-2: RingAttention runs it
+ * while its ring_full input is false. */
+OrtStatus *linear_attention_run(const AttnHeads *k, OrtKernelContext *ctx, const OrtValue *const in[8]);
+
+/* Qwen3's and Gemma 3's per-head RMS norms, before RoPE: with q_norm and k_norm ([D] each) given, *qkv (the op's
+ * [T, (hq + 2 hkv) * D] input) is pointed at a per-thread copy whose query and key heads are RMS-normalized
+ * (the values copied as they are) with the arithmetic ONNX Runtime's SimplifiedLayerNormalization uses for them
+ * on the CPUs measured (ort_ops.c), so a graph that folds those nodes into its attention op computes what it did
+ * with them. Neither given: *qkv is left as it is. `op` names the op in errors. */
+OrtStatus *attn_head_norms(const AttnHeads *k, const char *op, const OrtValue *q_norm, const OrtValue *k_norm,
+                           int64_t T, int64_t d, const float **qkv);
 
 /* Bytes of one cache element as ONNX Runtime counts them (a q8 row is 4 + D uint8). */
 static inline size_t attn_cache_elem(int type) { return type == 0 ? 4 : type == 1 ? 2 : 1; }

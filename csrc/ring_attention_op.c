@@ -3,9 +3,10 @@
  *   inputs:  qkv [1, T, (Hq + 2 Hkv) * D], past_key, past_value [1, Hkv, C, D], write_index [1] int64,
  *            cos, sin, cos_sink, sin_sink [T, R/2], sink_rows [1] int64, attn_mask [T, C] (or [1, 1, T, C]),
  *            row_cache [B] int64 (optional; B = T, or empty),
- *            ring_full [] bool, seqlens_k [1] int32, cos_cache, sin_cache [C, R/2] (optional, together)
+ *            ring_full [] bool, seqlens_k [1] int32, cos_cache, sin_cache [C, R/2] (optional, together),
+ *            q_norm, k_norm [D] (optional, together: per-head RMS norms before RoPE, attn_head_norms)
  *   outputs: out [1, T, Hq * D], present_key, present_value [1, Hkv, C, D]
- *   attributes: num_heads, kv_num_heads, scale
+ *   attributes: num_heads, kv_num_heads, scale, qk_norm_epsilon (with q_norm and k_norm)
  *
  * With ring_full given and false the ring is still linear (row r holds token r) and the node computes what
  * LinearAttention computes from qkv, past_*, seqlens_k and the rotary cache (the ring inputs unread): one
@@ -30,7 +31,7 @@
 #include "simd.h"
 
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_WRITE, IN_COS, IN_SIN, IN_COS_SINK, IN_SIN_SINK, IN_SINKS, IN_MASK, IN_ROW_CACHE,
-       IN_RING_FULL, IN_SEQLENS, IN_COS_CACHE, IN_SIN_CACHE, N_IN };
+       IN_RING_FULL, IN_SEQLENS, IN_COS_CACHE, IN_SIN_CACHE, IN_Q_NORM, IN_K_NORM, N_IN };
 enum { N_REQUIRED = IN_ROW_CACHE };
 
 
@@ -121,8 +122,8 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
                 TRY(element_count(in[IN_ROW_CACHE], &rows, NULL, NULL, NULL));
                 if (rows) return fail(ORT_INVALID_ARGUMENT, "RingAttention: a batch (row_cache) needs ring_full on");
             }
-            const OrtValue *lin[6] = {in[IN_QKV], in[IN_PAST_K], in[IN_PAST_V], in[IN_SEQLENS], in[IN_COS_CACHE],
-                                      in[IN_SIN_CACHE]};
+            const OrtValue *lin[8] = {in[IN_QKV],       in[IN_PAST_K],    in[IN_PAST_V], in[IN_SEQLENS],
+                                      in[IN_COS_CACHE], in[IN_SIN_CACHE], in[IN_Q_NORM], in[IN_K_NORM]};
             return linear_attention_run(k, ctx, lin);
         }
     }
@@ -186,6 +187,7 @@ static OrtStatus *ring_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 2, kd, 4, &pv_v));
     void *past_k, *past_v;
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_QKV], (void **)&a.qkv));
+    TRY(attn_head_norms(k, "RingAttention", in[IN_Q_NORM], in[IN_K_NORM], a.T, a.d, &a.qkv));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_PAST_K], &past_k));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_PAST_V], &past_v));
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)in[IN_COS], (void **)&a.cos));

@@ -82,6 +82,20 @@ class OrtStep:
     row_cache: str | None = None
 
 
+@dataclass(frozen=True)
+class HeadNorms:
+    """Per-head RMS norms on the queries and keys before RoPE (Qwen3, Gemma 3): their weights [D] and epsilon."""
+
+    q: np.ndarray
+    k: np.ndarray
+    eps: float
+
+    def op_inputs(self, g: GraphBuilder, prefix: str) -> list[str]:
+        """The weights as an edge attention op's q_norm and k_norm inputs (the names head_norms gives them)."""
+        pairs = (("q_norm", self.q), ("k_norm", self.k))
+        return [g.weight(f"{prefix}/{name}/weight", w.astype(np.float32)) for name, w in pairs]
+
+
 def fused_matmuls(
     g: GraphBuilder, prefix: str, x: str, wf: WeightFormat, parts: list[tuple[np.ndarray, np.ndarray | None]]
 ) -> list[str]:
@@ -281,20 +295,26 @@ def _ring_attention(
     scale: float,
     cache_outs: tuple[str, str] | None = None,
     by_fill: bool = False,
+    norms: HeadNorms | None = None,
 ) -> list[str]:
     """What `_general_path` computes, as edge-runtime's RingAttention: (out [1, T, Hq*D], keys, values);
     `cache_outs` names the written buffers (the graph's present_* outputs). `by_fill`: the node also takes
-    ring_full, seqlens_k and the rotary cache, and computes as LinearAttention while ring_full is false."""
+    ring_full, seqlens_k and the rotary cache, and computes as LinearAttention while ring_full is false.
+    `norms`: the node normalizes the query and key heads itself (its q_norm and k_norm inputs)."""
     g.domains[kernels.DOMAIN] = 1
     name = f"{prefix}/{kernels.RING_ATTENTION}"
     linear = [step.ring_full, step.seqlens_k, step.cos_cache, step.sin_cache] if by_fill else []
     if by_fill and None in linear:  # decoder.py declares these inputs exactly where gqa_can_run
         raise ValueError(f"{prefix}: the linear ring's inputs were not declared")  # a builder bug
+    if norms is not None and not linear:  # the norms are inputs 15 and 16: the optional ones before them empty
+        linear = ["", "", "", ""]
     batch = [step.row_cache or ""] if step.row_cache or linear else []
+    extra = {} if norms is None else {"qk_norm_epsilon": float(norms.eps)}
     return g.op_multi(
         kernels.RING_ATTENTION,
         [qkv, f"past_key.{layer}", f"past_value.{layer}", step.write_index, step.cos, step.sin, step.cos_sink,
-         step.sin_sink, step.sink_rows, step.attn_mask, *batch, *linear],
+         step.sin_sink, step.sink_rows, step.attn_mask, *batch, *linear,
+         *(norms.op_inputs(g, prefix) if norms is not None else [])],
         name,
         n_out=3,
         outs=[f"{name}/output_0", *cache_outs] if cache_outs else None,
@@ -302,15 +322,19 @@ def _ring_attention(
         num_heads=hq,
         kv_num_heads=hkv,
         scale=scale,
+        **extra,
     )  # fmt: skip
 
 
 def _full_ring(
-    g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, edge: bool, **general
+    g: GraphBuilder, prefix: str, qkv: str, step: OrtStep, *, edge: bool, norms: HeadNorms | None = None, **general
 ) -> tuple[str, str, str] | list[str]:
-    """The ring at any fill: RingAttention with `edge` where it takes the shapes, else the general path."""
+    """The ring at any fill: RingAttention with `edge` where it takes the shapes, else the general path.
+    `norms` only where RingAttention runs (`attention` decides)."""
     if edge and ring_attention_can_run(general["head_dim"], general["rotary_dim"]):
-        return _ring_attention(g, prefix, qkv, step, **general)
+        return _ring_attention(g, prefix, qkv, step, **general, norms=norms)
+    if norms is not None:  # attention() fuses the norms only into the edge ops: a builder bug
+        raise ValueError(f"{prefix}: head norms given to the general path")
     return _general_path(g, prefix, qkv, step, **general)
 
 
@@ -348,25 +372,31 @@ def _gqa(
     d: int,
     edge: bool,
     scale: float,
+    norms: HeadNorms | None = None,
 ) -> list[str]:
     """GroupQueryAttention on packed qkv, or with `edge` edge-runtime's LinearAttention (the same
     semantics: tests/test_kernels.py): (out [1, T, Hq*D], present_key, present_value); K/V are written
-    in place at rows [past, past + T)."""
+    in place at rows [past, past + T). `norms` (with `edge` only): LinearAttention normalizes the heads."""
     if step.ring_full is None:  # decoder.py declares these inputs exactly where gqa_can_run
         raise ValueError(f"{prefix}: GroupQueryAttention inputs were not declared")  # a builder bug
     cache = [f"past_key.{layer}", f"past_value.{layer}"]
     if edge:
         g.domains[kernels.DOMAIN] = 1
+        extra = {} if norms is None else {"qk_norm_epsilon": float(norms.eps)}
         return g.op_multi(
             kernels.LINEAR_ATTENTION,
-            [qkv, *cache, step.seqlens_k, step.cos_cache, step.sin_cache],
+            [qkv, *cache, step.seqlens_k, step.cos_cache, step.sin_cache,
+             *(norms.op_inputs(g, prefix) if norms is not None else [])],
             f"{prefix}/{kernels.LINEAR_ATTENTION}",
             n_out=3,
             domain=kernels.DOMAIN,
             num_heads=hq,
             kv_num_heads=hkv,
             scale=scale,
-        )
+            **extra,
+        )  # fmt: skip
+    if norms is not None:  # attention() fuses the norms only into the edge ops: a builder bug
+        raise ValueError(f"{prefix}: head norms given to GroupQueryAttention")
     g.domains[MS] = 1
     return g.op_multi(
         "GroupQueryAttention",
@@ -451,27 +481,35 @@ def attention(
     qkv = wf.matmul_concat(
         g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
     )  # [1, T, (Hq + 2 Hkv) * D]
-    if lw.q_norm is not None and lw.k_norm is not None:
-        qkv = head_norms(g, prefix, qkv, lw.q_norm, lw.k_norm, hq=hq, hkv=hkv, head_dim=d, eps=eps)
+    norms = HeadNorms(lw.q_norm, lw.k_norm, eps) if lw.q_norm is not None and lw.k_norm is not None else None
+    # The edge attention ops normalize the heads themselves, bit for bit as the six nodes of head_norms do (one
+    # node a layer instead of seven: docs/decisions/head-norms-in-attention.md); every other path keeps the nodes.
+    edge_only = edge_ops and ((linear is True and not step.local) or ring_attention_can_run(d, rotary_dim))
+    if norms is not None and not edge_only:
+        qkv = head_norms(g, prefix, qkv, norms.q, norms.k, hq=hq, hkv=hkv, head_dim=d, eps=eps)
+        norms = None
     general = {"layer": layer, "hq": hq, "hkv": hkv, "head_dim": d, "rotary_dim": rotary_dim, "scale": scale}
+    gqa_args = {"layer": layer, "hq": hq, "hkv": hkv, "d": d, "edge": edge_ops, "scale": scale, "norms": norms}
     if linear is not None:
         if linear and not step.local:
-            out, keys, values = _gqa(g, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops, scale=scale)
+            out, keys, values = _gqa(g, prefix, qkv, step, **gqa_args)
         else:
-            out, keys, values = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general)
+            out, keys, values = _full_ring(g, prefix, qkv, step, edge=edge_ops, norms=norms, **general)
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), keys, values
 
     _, _, present = cache_io(g, layer, hkv, d, local=step.local, batched=step.row_cache is not None)
     if step.local or not gqa_can_run(d, rotary_dim):  # the general path at every fill
-        out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, **general, cache_outs=tuple(present))
+        out, _, _ = _full_ring(g, prefix, qkv, step, edge=edge_ops, norms=norms, **general, cache_outs=tuple(present))
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
     if by_fill and edge_ops and ring_attention_can_run(d, rotary_dim):  # one node at every fill
-        out, _, _ = _ring_attention(g, prefix, qkv, step, **general, cache_outs=tuple(present), by_fill=True)
+        out, _, _ = _ring_attention(
+            g, prefix, qkv, step, **general, cache_outs=tuple(present), by_fill=True, norms=norms
+        )
         return wf.matmul(g, f"{prefix}/o_proj", out, lw.o, lw.o_bias), None, None
     full = g.branch(f"{prefix}/ring_full/then")
-    ring = _full_ring(full, prefix, qkv, step, edge=edge_ops, **general)
+    ring = _full_ring(full, prefix, qkv, step, edge=edge_ops, norms=norms, **general)
     lin = g.branch(f"{prefix}/ring_full/else")
-    gqa = _gqa(lin, prefix, qkv, step, layer=layer, hq=hq, hkv=hkv, d=d, edge=edge_ops, scale=scale)
+    gqa = _gqa(lin, prefix, qkv, step, **gqa_args)
     out, _, _ = g.op_multi(
         "If",
         [step.ring_full],
