@@ -19,7 +19,8 @@
  *
  * Both take an optional attribute silu_mul (0 or 1): with 1, A is [..., 2K] = gate | up and the product
  * is over silu(gate) * up, formed row by row as the rows are quantized (SiluMul folded into the MLP's
- * down projection: one node and one pass over the activations less per layer).
+ * down projection: one node and one pass over the activations less per layer). gelu_mul (0 or 1) is the same
+ * with gelu_tanh(gate) * up (FastGelu and Mul folded: Gemma 3's GeGLU; silu_mul.h).
  * And rms_norm (0 or 1) with epsilon: the product is over (Skip)SimplifiedLayerNormalization of A, the
  * norm folded in the same way (rms_norm.h):
  *   inputs  A [..., K], B, scales, skip [..., K] (optional: s = A + skip, else s = A), gamma [K]
@@ -35,11 +36,13 @@
 #include "rms_norm.h"
 #include "silu_mul.h"
 
+enum { GLU_SILU = 1, GLU_GELU = 2 }; /* the gated activation folded in (silu_mul, gelu_mul) */
+
 typedef struct {
     int64_t K, N;
     int bits;     /* 4: MatMulQ4, 8: MatMulQ8, 0: MatMulGGUF */
     int64_t type; /* MatMulGGUF: the ggml block type (ggml_blocks.h) */
-    int silu_mul; /* A is gate | up [..., 2K]; the product is over silu(gate) * up */
+    int glu;      /* GLU_SILU, GLU_GELU: A is gate | up [..., 2K], the product over act(gate) * up; 0: none */
     int rms_norm; /* the product is over RMSNorm(A (+ skip)) * gamma */
     float eps;
     const QImpl *impl;
@@ -99,6 +102,11 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         ORT_ReleaseStatus(g_api)(absent);
         silu_mul = 0;
     }
+    int64_t gelu_mul = 0;
+    if ((absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "gelu_mul", &gelu_mul))) {
+        ORT_ReleaseStatus(g_api)(absent);
+        gelu_mul = 0;
+    }
     int64_t rms_norm = 0;
     if ((absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "rms_norm", &rms_norm))) {
         ORT_ReleaseStatus(g_api)(absent);
@@ -110,8 +118,9 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         snprintf(msg, sizeof msg, "%s: rms_norm needs its epsilon attribute", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
-    if ((silu_mul != 0 && silu_mul != 1) || (rms_norm != 0 && rms_norm != 1) || (silu_mul && rms_norm)) {
-        snprintf(msg, sizeof msg, "%s: silu_mul and rms_norm are 0 or 1, and not both 1", op);
+    if ((silu_mul != 0 && silu_mul != 1) || (gelu_mul != 0 && gelu_mul != 1) || (rms_norm != 0 && rms_norm != 1) ||
+        silu_mul + gelu_mul + rms_norm > 1) {
+        snprintf(msg, sizeof msg, "%s: silu_mul, gelu_mul and rms_norm are 0 or 1, and at most one is 1", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     int64_t fp32_compute = 0;
@@ -139,7 +148,7 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
     k->N = N;
     k->bits = bits;
     k->type = type;
-    k->silu_mul = (int)silu_mul;
+    k->glu = silu_mul ? GLU_SILU : gelu_mul ? GLU_GELU : 0;
     k->rms_norm = (int)rms_norm;
     k->eps = eps;
     k->impl = impl;
@@ -176,7 +185,7 @@ typedef struct {
     int fp16_scales;
     const QImpl *impl;
     void *scratch;
-    int silu_mul, rms_norm;
+    int glu, rms_norm;
     float eps;
     const float *skip, *gamma; /* rms_norm: skip may be NULL */
     float *sum;                /* rms_norm: the optional sum output, or NULL */
@@ -191,15 +200,17 @@ static inline int beats(float v, float b) { return v > b || (v != v && b == b); 
 
 static void quantize_task(void *data, size_t r) {
     Work *w = data;
-    const float *row = w->a + (int64_t)r * w->K * (w->silu_mul ? 2 : 1);
-    if (w->silu_mul || w->rms_norm) {
+    const float *row = w->a + (int64_t)r * w->K * (w->glu ? 2 : 1);
+    if (w->glu || w->rms_norm) {
         float *act = grown(&t_act, (size_t)w->K * sizeof(float));
         if (!act) {
             __atomic_store_n(&w->out_of_memory, 1, __ATOMIC_RELAXED);
             return;
         }
-        if (w->silu_mul)
+        if (w->glu == GLU_SILU)
             silu_mul_row(row, w->K, act);
+        else if (w->glu == GLU_GELU)
+            gelu_mul_row(row, w->K, act);
         else
             rms_norm_row(row, w->skip ? w->skip + (int64_t)r * w->K : NULL, w->gamma, w->K, w->eps,
                          w->sum ? w->sum + (int64_t)r * w->K : NULL, act);
@@ -261,9 +272,9 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         snprintf(msg, sizeof msg, "%s: scales must be %s", op, k->bits == 4 ? "float16 or float" : "float");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
-    int64_t width = k->silu_mul ? 2 * k->K : k->K;
+    int64_t width = k->glu ? 2 * k->K : k->K;
     if (rank < 1 || dims[rank - 1] != width) {
-        snprintf(msg, sizeof msg, "%s: A's last dimension is not %s", op, k->silu_mul ? "2K (silu_mul)" : "K");
+        snprintf(msg, sizeof msg, "%s: A's last dimension is not %s", op, k->glu ? "2K (silu_mul or gelu_mul)" : "K");
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
     if ((int64_t)b_count != b_want || (int64_t)s_count != s_want) {
@@ -319,7 +330,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)b_v, (void **)&w.b));
     if (s_v) TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)s_v, (void **)&w.scales));
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
-    w.M = M, w.K = k->K, w.N = k->N, w.silu_mul = k->silu_mul;
+    w.M = M, w.K = k->K, w.N = k->N, w.glu = k->glu;
     w.rms_norm = k->rms_norm, w.eps = k->eps, w.skip = skip, w.gamma = gamma, w.sum = sum;
     w.fp16_scales = s_type == ONNX_FLOAT16;
     w.impl = k->impl;

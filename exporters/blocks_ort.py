@@ -482,8 +482,8 @@ def attention(
         g, f"{prefix}/qkv_proj", h, [lw.q, lw.k, lw.v], [lw.q_bias, lw.k_bias, lw.v_bias]
     )  # [1, T, (Hq + 2 Hkv) * D]
     norms = HeadNorms(lw.q_norm, lw.k_norm, eps) if lw.q_norm is not None and lw.k_norm is not None else None
-    # The edge attention ops normalize the heads themselves, bit for bit as the six nodes of head_norms do (one
-    # node a layer instead of seven: docs/decisions/head-norms-in-attention.md); every other path keeps the nodes.
+    # The edge attention ops normalize the heads themselves, bit for bit as the six nodes of head_norms do (one node
+    # a layer instead of seven: docs/decisions/folds-with-onnxruntime-rounding.md); every other path keeps the nodes.
     edge_only = edge_ops and ((linear is True and not step.local) or ring_attention_can_run(d, rotary_dim))
     if norms is not None and not edge_only:
         qkv = head_norms(g, prefix, qkv, norms.q, norms.k, hq=hq, hkv=hkv, head_dim=d, eps=eps)
@@ -540,6 +540,25 @@ def _fold_silu_mul(g: GraphBuilder, act: str) -> None:
     g.nodes.remove(silu)
 
 
+def _fold_gelu_mul(g: GraphBuilder, product: str) -> None:
+    """Gemma 3's GeGLU: where Split(gate_up) -> FastGelu(gate) * up feeds one MatMulQ4/Q8/GGUF, that op reads gate | up
+    itself (its gelu_mul attribute, FastGelu's and Mul's roundings: csrc/silu_mul.h): three nodes a layer less."""
+    (mul,) = [n for n in g.nodes if product in n.output]
+    (gelu,) = [n for n in g.nodes if mul.input[0] in n.output]
+    (split,) = [n for n in g.nodes if gelu.input[0] in n.output]
+    users = [n for n in g.nodes if product in n.input]
+    if len(users) != 1 or users[0].op_type not in EDGE_MATMULS or users[0].input[0] != product:
+        return
+    if split.op_type != "Split" or list(split.output) != [gelu.input[0], mul.input[1]]:
+        return
+    if any(sum(o in n.input for n in g.nodes) != 1 for o in split.output):
+        return
+    users[0].input[0] = split.input[0]
+    users[0].attribute.append(helper.make_attribute("gelu_mul", 1))
+    for n in (split, gelu, mul):
+        g.nodes.remove(n)
+
+
 def mlp(
     g: GraphBuilder,
     prefix: str,
@@ -550,12 +569,16 @@ def mlp(
     silu_mul: bool = False,
     activation: Activation = Activation.SILU,
 ) -> str:
-    """`silu_mul`: edge-runtime's SiluMul (SiLU models only); GELU-tanh (Gemma) runs as com.microsoft FastGelu."""
+    """`silu_mul`: edge-runtime's SiluMul (SiLU models only); GELU-tanh (Gemma) runs as com.microsoft FastGelu, folded
+    into the down projection where that is an edge-runtime op."""
     if activation is Activation.GELU_TANH:
         gate, up = fused_matmuls(g, f"{prefix}/gate_up_proj", h, wf, [(lw.gate, lw.gate_bias), (lw.up, lw.up_bias)])
         g.domains[MS] = 1
         act = g.op("FastGelu", [gate], f"{prefix}/act/FastGelu", domain=MS)
-        return wf.matmul(g, f"{prefix}/down_proj", g.op("Mul", [act, up], f"{prefix}/Mul"), lw.down, lw.down_bias)
+        product = g.op("Mul", [act, up], f"{prefix}/Mul")
+        y = wf.matmul(g, f"{prefix}/down_proj", product, lw.down, lw.down_bias)
+        _fold_gelu_mul(g, product)
+        return y
     if silu_mul:
         parts = [lw.gate, lw.up]
         gate_up = wf.matmul_concat(g, f"{prefix}/gate_up_proj", h, parts, [lw.gate_bias, lw.up_bias])

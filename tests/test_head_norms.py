@@ -192,17 +192,18 @@ def test_half_the_norms_or_a_wrong_size_is_refused_in_one_line(op):
         assert "\n" not in str(err.value).strip().splitlines()[-1]
 
 
-def test_an_edge_export_folds_the_norms_into_its_attention_nodes(tmp_path):
-    """Tiny Gemma 3 (global and local layers, q_norm and k_norm) exported for the edge kernels: no head-norm node
-    left, every attention node takes the layer's two norms and the epsilon, and the export's own validation against
-    the float64 reference passed (export raises otherwise)."""
+def test_an_edge_export_folds_the_norms_and_the_geglu_into_the_edge_ops(tmp_path):
+    """Tiny Gemma 3 (global and local layers, q_norm and k_norm, GeGLU) exported for the edge kernels: no head-norm
+    node left and every attention node takes the layer's two norms and the epsilon; no Split, FastGelu or Mul
+    left in the MLPs, each down projection reading gate | up itself (gelu_mul); and the export's own validation
+    against the float64 reference passed (export raises otherwise)."""
     pytest.importorskip("torch")
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
 
     from .tiny_models import save_tiny_checkpoint
 
-    save_tiny_checkpoint("gemma3", tmp_path / "ckpt")
+    save_tiny_checkpoint("gemma3", tmp_path / "ckpt", intermediate_size=128)  # MatMulQ4 takes K = 128, not 96
     quant = QuantConfig(QuantMethod.INT4, kernel=MatMulKernel.EDGE)
     export(ExportOptions(checkpoint=tmp_path / "ckpt", out=tmp_path / "b", sinks=4, window=16, quant=quant))
     graph = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False).graph
@@ -213,3 +214,9 @@ def test_an_edge_export_folds_the_norms_into_its_attention_nodes(tmp_path):
         layer = n.name.split("/")[2]
         assert list(n.input[RING_NORM_INPUT:]) == [f"/model/{layer}/attn/{w}/weight" for w in ("q_norm", "k_norm")]
         assert [a.name for a in n.attribute if a.name == "qk_norm_epsilon"] == ["qk_norm_epsilon"]
+    assert not [n.name for n in graph.node if "/mlp/" in n.name and n.op_type in ("Split", "FastGelu", "Mul")]
+    downs = [n for n in graph.node if n.name.endswith("/down_proj/MatMulQ4")]
+    assert len(downs) == len(attention)
+    for n in downs:
+        assert [a.i for a in n.attribute if a.name == "gelu_mul"] == [1]
+        assert n.input[0].endswith("/mlp/gate_up_proj/MatMulQ4/output_0")

@@ -208,8 +208,90 @@ def test_silu_mul_attribute_is_silu_mul_then_the_product(op, m):
     x = rng.standard_normal((1, m, 2 * k)).astype(np.float32)
     fused = _session(model(True)).run(None, {"x": x})[0]
     np.testing.assert_array_equal(fused, _session(model(False)).run(None, {"x": x})[0])
-    with pytest.raises(Exception, match=r"last dimension is not 2K \(silu_mul\)"):
+    with pytest.raises(Exception, match=r"last dimension is not 2K \(silu_mul or gelu_mul\)"):
         _session(model(True)).run(None, {"x": x[..., :k]})
+
+
+def gelu_mul_ref(x: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up for x = gate | up, operation for operation as csrc/silu_mul_avx2.c gelu_mul_row rounds
+    it (an FMA as a float64 product and sum, exact for these operands, then one rounding)."""
+    f, d = np.float32, np.float64
+    k = x.shape[-1] // 2
+    g, up = x[..., :k], x[..., k:]
+
+    def fma(a, b, c):
+        return (np.asarray(a, d) * np.asarray(b, d) + np.asarray(c, d)).astype(f)
+
+    arg = (g * ((f(0.035677408136300125) * g).astype(f) * g + f(0.7978845608028654)).astype(f)).astype(f)
+    arg = np.minimum(f(9), np.maximum(f(-9), arg))
+    sq = (arg * arg).astype(f)
+    p = fma(sq, f(-2.76076847742355e-16), f(2.00018790482477e-13))
+    for c in (-8.60467152213735e-11, 5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+              4.89352455891786e-03):  # fmt: skip
+        p = fma(p, sq, f(c))
+    p = (p * arg).astype(f)
+    q = fma(sq, f(1.19825839466702e-06), f(1.18534705686654e-04))
+    for c in (2.26843463243900e-03, 4.89352518554385e-03):
+        q = fma(q, sq, f(c))
+    t = (p / q).astype(f)
+    return (((f(0.5) * g).astype(f) * (t + f(1)).astype(f)).astype(f) * up).astype(f)
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+@pytest.mark.parametrize("m", [1, 3, 13])
+def test_gelu_mul_attribute_is_fastgelu_times_up_then_the_product(op, m):
+    """gelu_mul=1: A is gate | up and the product is over gelu_tanh(gate) * up: bit for bit the op on
+    gelu_mul_ref's activations, and on this CPU bit for bit FastGelu and Mul nodes before the op wherever ONNX
+    Runtime's FastGelu rounds as gelu_mul_ref does (it did on every CPU measured), else within rounding."""
+    rng = np.random.default_rng(m + 40)
+    k, n = 192, 70
+    if op == kernels.MATMUL_Q4:
+        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
+    else:
+        b, s = _weights(rng, k, n)
+
+    def model(kind: str) -> bytes:
+        x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", "W"])  # so the op checks W
+        if kind == "fused":
+            nodes = [helper.make_node(op, ["x", "B", "S"], ["y"], domain=kernels.DOMAIN, K=k, N=n, gelu_mul=1)]
+        elif kind == "nodes":
+            nodes = [
+                helper.make_node("Split", ["x", "halves"], ["gate", "up"], axis=-1),
+                helper.make_node("FastGelu", ["gate"], ["act"], domain="com.microsoft"),
+                helper.make_node("Mul", ["act", "up"], ["prod"]),
+                helper.make_node(op, ["prod", "B", "S"], ["y"], domain=kernels.DOMAIN, K=k, N=n),
+            ]
+        else:  # the activations given: the plain op
+            nodes = [helper.make_node(op, ["x", "B", "S"], ["y"], domain=kernels.DOMAIN, K=k, N=n)]
+        inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S")]
+        inits.append(numpy_helper.from_array(np.array([k, k], np.int64), "halves"))
+        graph = helper.make_graph(nodes, "g", [x_in], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                  inits)  # fmt: skip
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1),
+                  helper.make_opsetid("com.microsoft", 1)]  # fmt: skip
+        return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+    x = np.concatenate([rng.standard_normal((1, m, k)) * 3, rng.standard_normal((1, m, k))], axis=-1)
+    x = x.astype(np.float32)
+    x[0, 0, :4] = [0.0, -12.0, 12.0, 1e-4]  # the clamp of the tanh's argument, both ends, and a tiny gate
+    fused = _session(model("fused")).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(fused, _session(model("plain")).run(None, {"x": gelu_mul_ref(x)})[0])
+    nodes = _session(model("nodes")).run(None, {"x": x})[0]
+    node = helper.make_node("FastGelu", ["g"], ["a"], domain="com.microsoft")
+    fg = helper.make_graph([node], "fg", [helper.make_tensor_value_info("g", TensorProto.FLOAT, None)],
+                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)])  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    gate = np.ascontiguousarray(x[..., :k])
+    ort_gelu = _session(helper.make_model(fg, opset_imports=opsets).SerializeToString()).run(None, {"g": gate})[0]
+    ones = np.concatenate([gate, np.ones_like(gate)], axis=-1)
+    if np.array_equal(ort_gelu, gelu_mul_ref(ones)):
+        np.testing.assert_array_equal(fused, nodes)
+    else:
+        np.testing.assert_allclose(fused, nodes, rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match=r"last dimension is not 2K \(silu_mul or gelu_mul\)"):
+        _session(model("fused")).run(None, {"x": x[..., :k]})
 
 
 @needs_kernels
@@ -290,8 +372,10 @@ def test_rms_norm_attribute_needs_gamma_and_epsilon():
         run({"rms_norm": 1, "epsilon": 1e-5}, ["x", "B", "S"])
     with pytest.raises(Exception, match=r"rms_norm needs gamma \[K\]"):
         run({"rms_norm": 1, "epsilon": 1e-5}, ["x", "B", "S", "", "G64"])
-    with pytest.raises(Exception, match="not both 1"):
+    with pytest.raises(Exception, match="at most one is 1"):
         run({"rms_norm": 1, "epsilon": 1e-5, "silu_mul": 1}, ["x", "B", "S"])
+    with pytest.raises(Exception, match="at most one is 1"):
+        run({"gelu_mul": 1, "silu_mul": 1}, ["x", "B", "S"])
 
 
 @needs_kernels
