@@ -25,6 +25,9 @@
  * norm folded in the same way (rms_norm.h):
  *   inputs  A [..., K], B, scales, skip [..., K] (optional: s = A + skip, else s = A), gamma [K]
  *   outputs Y, argmax (optional), sum [..., K] (optional: s, the residual stream's next value)
+ * And out_norm_epsilon (float, optional): Y is the product's SimplifiedLayerNormalization with weight out_gamma
+ * [N] (input 5), the norm after the product folded in the same way (Gemma 3's post-attention and
+ * post-feed-forward norms); not with the argmax output.
  */
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +48,8 @@ typedef struct {
     int glu;      /* GLU_SILU, GLU_GELU: A is gate | up [..., 2K], the product over act(gate) * up; 0: none */
     int rms_norm; /* the product is over RMSNorm(A (+ skip)) * gamma */
     float eps;
+    int out_norm; /* Y is RMSNorm(product) * out_gamma, with out_eps */
+    float out_eps;
     const QImpl *impl;
 } QKernel;
 
@@ -52,7 +57,7 @@ static const char *q4_name(const OrtCustomOp *op) { (void)op; return "MatMulQ4";
 static const char *q8_name(const OrtCustomOp *op) { (void)op; return "MatMulQ8"; }
 static const char *gguf_name(const OrtCustomOp *op) { (void)op; return "MatMulGGUF"; }
 static const char *op_name(int bits) { return bits == 4 ? "MatMulQ4" : bits == 8 ? "MatMulQ8" : "MatMulGGUF"; }
-static size_t q_inputs(const OrtCustomOp *op) { (void)op; return 5; } /* A, B, scales, skip, gamma */
+static size_t q_inputs(const OrtCustomOp *op) { (void)op; return 6; } /* A, B, scales, skip, gamma, out_gamma */
 static int q_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 1 ? ONNX_UINT8 : i == 2 ? ONNX_UNDEFINED : ONNX_FLOAT; /* scales: float16 or float */
@@ -123,6 +128,16 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
         snprintf(msg, sizeof msg, "%s: silu_mul, gelu_mul and rms_norm are 0 or 1, and at most one is 1", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
     }
+    float out_eps = 0.0f;
+    int out_norm = 0;
+    if ((absent = ORT_KernelInfoGetAttribute_float(g_api)(info, "out_norm_epsilon", &out_eps)))
+        ORT_ReleaseStatus(g_api)(absent);
+    else
+        out_norm = 1;
+    if (out_norm && N % 8) {
+        snprintf(msg, sizeof msg, "%s: out_norm_epsilon needs N a multiple of 8", op);
+        return fail(ORT_INVALID_ARGUMENT, msg);
+    }
     int64_t fp32_compute = 0;
     if ((absent = ORT_KernelInfoGetAttribute_int64(g_api)(info, "fp32_compute", &fp32_compute))) {
         ORT_ReleaseStatus(g_api)(absent);
@@ -151,6 +166,8 @@ static OrtStatus *q_create(const OrtKernelInfo *info, int bits, void **out) {
     k->glu = silu_mul ? GLU_SILU : gelu_mul ? GLU_GELU : 0;
     k->rms_norm = (int)rms_norm;
     k->eps = eps;
+    k->out_norm = out_norm;
+    k->out_eps = out_eps;
     k->impl = impl;
     *out = k;
     return NULL;
@@ -189,6 +206,8 @@ typedef struct {
     float eps;
     const float *skip, *gamma; /* rms_norm: skip may be NULL */
     float *sum;                /* rms_norm: the optional sum output, or NULL */
+    const float *out_gamma;    /* out_norm: Y's norm weight [N], else NULL */
+    float out_eps;
     int64_t M, K, N, cols_per_task;
     float *best;      /* with the argmax output: [tasks][M] each task's largest value of each row, */
     int64_t *best_at; /* and its column */
@@ -217,6 +236,13 @@ static void quantize_task(void *data, size_t r) {
         row = act;
     }
     w->impl->quantize_row(row, w->K, w->M, w->scratch, (int64_t)r);
+}
+
+/* Row r of Y normalized in place (out_norm): after every column task, as the row is whole only then. */
+static void out_norm_task(void *data, size_t r) {
+    const Work *w = data;
+    float *y = w->y + (int64_t)r * w->N;
+    rms_norm_row(y, NULL, w->out_gamma, w->N, w->out_eps, NULL, y);
 }
 
 /* One chunk of columns against every row, eight rows at a time: the chunk's weights stay in cache
@@ -314,6 +340,18 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         TRY(ORT_KernelContext_GetOutput(g_api)(ctx, 1, dims, rank, &arg_v));
         if (arg_v) TRY(ORT_GetTensorMutableData(g_api)(arg_v, (void **)&argmax));
     }
+    const float *out_gamma = NULL;
+    if (k->out_norm) {
+        const OrtValue *g_v = NULL;
+        size_t g_count = 0;
+        TRY(ORT_KernelContext_GetInput(g_api)(ctx, 5, &g_v));
+        if (g_v) TRY(element_count(g_v, &g_count, NULL, NULL, NULL));
+        if (!g_v || (int64_t)g_count != k->N || argmax) {
+            snprintf(msg, sizeof msg, "%s: out_norm_epsilon needs out_gamma [N] (input 5) and no argmax output", op);
+            return fail(ORT_INVALID_ARGUMENT, msg);
+        }
+        TRY(ORT_GetTensorMutableData(g_api)((OrtValue *)g_v, (void **)&out_gamma));
+    }
     if (outputs > 2 && !k->rms_norm) { /* the sum output exists only with the norm */
         snprintf(msg, sizeof msg, "%s: a third output (the sum) needs rms_norm=1", op);
         return fail(ORT_INVALID_ARGUMENT, msg);
@@ -332,6 +370,7 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ORT_GetTensorMutableData(g_api)(y_v, (void **)&w.y));
     w.M = M, w.K = k->K, w.N = k->N, w.glu = k->glu;
     w.rms_norm = k->rms_norm, w.eps = k->eps, w.skip = skip, w.gamma = gamma, w.sum = sum;
+    w.out_gamma = out_gamma, w.out_eps = k->out_eps;
     w.fp16_scales = s_type == ONNX_FLOAT16;
     w.impl = k->impl;
     w.scratch = grown(&t_scratch, k->impl->scratch_bytes(k->K, M));
@@ -358,6 +397,12 @@ static OrtStatus *q_compute(void *kernel, OrtKernelContext *ctx) {
         for (size_t t = 1; t < tasks; t++)
             if (beats(w.best[t * M + r], w.best[at * M + r])) at = t;
         argmax[r] = w.best_at[at * M + r];
+    }
+    if (out_gamma) {
+        if (M == 1)
+            out_norm_task(&w, 0);
+        else
+            TRY(ORT_KernelContext_ParallelFor(g_api)(ctx, out_norm_task, (size_t)M, 0, &w));
     }
     return NULL;
 }

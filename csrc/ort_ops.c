@@ -18,6 +18,7 @@
 #include "attention.h"
 #include "op_common.h"
 #include "qgemm.h"
+#include "rms_norm.h"
 #include "silu_mul.h"
 #include "simd.h"
 
@@ -179,20 +180,8 @@ OrtStatus *attn_head_norms(const AttnHeads *k, const char *op, const OrtValue *q
                 memcpy(y, x, (size_t)d * sizeof(float));
                 continue;
             }
-            /* The arithmetic ONNX Runtime 1.32's SimplifiedLayerNormalization was found to use for float rows
-             * (AMD EPYC, AVX-512: equal bit for bit on 3,000 random rows of 256): the squares accumulated by
-             * FMA in 8 lanes, the lanes summed as hsum8 sums them, inv = 1 / sqrt(sum / D + eps), then
-             * (x * inv) * w. d is a multiple of 8 (checked by the ops). */
-            const float *w = h < k->hq ? wq : wk;
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t e = 0; e < d; e += 8) {
-                __m256 v = _mm256_loadu_ps(x + e);
-                acc = _mm256_fmadd_ps(v, v, acc);
-            }
-            float inv = 1.0f / sqrtf(hsum8(acc) / (float)d + k->qk_norm_eps);
-            __m256 s = _mm256_set1_ps(inv);
-            for (int64_t e = 0; e < d; e += 8)
-                _mm256_storeu_ps(y + e, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + e), s), _mm256_loadu_ps(w + e)));
+            /* SimplifiedLayerNormalization's float arithmetic (rms_norm.h), which the graph ran before */
+            rms_norm_row(x, NULL, h < k->hq ? wq : wk, d, k->qk_norm_eps, NULL, y);
         }
     *qkv = dst;
     return NULL;

@@ -136,7 +136,7 @@ def fold_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
 
       x, delta ─► SkipSimplifiedLayerNorm ─► h ─► MatMulQ4 ─► y       x, delta ─► MatMulQ4(rms_norm) ─► y
                                           └─► x + delta ─► ...   =>                                └─► x + delta
-    One node and one pass over the row less, twice a layer."""
+    One node and one pass over the row less, twice a layer. Then the norms after a product (_fold_output_norms)."""
     norms = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
     for norm in [n for n in g.nodes if n.op_type in norms]:
         users = [n for n in g.nodes if norm.output[0] in n.input]
@@ -157,6 +157,32 @@ def fold_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
             mm.output.extend(["", norm.output[3]])
         eps = next(a.f for a in norm.attribute if a.name == "epsilon")
         mm.attribute.extend([helper.make_attribute("rms_norm", 1), helper.make_attribute("epsilon", eps)])
+        g.nodes.remove(norm)
+    _fold_output_norms(g, outputs)
+
+
+def _fold_output_norms(g: GraphBuilder, outputs: Collection[str]) -> None:
+    """Where a SimplifiedLayerNormalization normalizes the one use of a MatMulQ4/Q8/GGUF's only output (Gemma 3's
+    post-attention and post-feed-forward norms), that op normalizes its rows itself (out_norm_epsilon, out_gamma:
+    csrc/matmul_op.c), rounding as the node does (csrc/rms_norm.h): one node a norm less.
+
+      h ─► MatMulGGUF ─► y ─► SimplifiedLayerNorm(w) ─► z        h ─► MatMulGGUF(out_norm, w) ─► z"""
+    for norm in [n for n in g.nodes if n.op_type == "SimplifiedLayerNormalization"]:
+        makers = [n for n in g.nodes if norm.input[0] in n.output]
+        mm = makers[0] if len(makers) == 1 else None
+        if mm is None or mm.op_type not in EDGE_MATMULS or list(mm.output) != [norm.input[0]]:
+            continue
+        if norm.input[0] in outputs or sum(norm.input[0] in n.input for n in g.nodes) != 1:
+            continue
+        if len(norm.input) != 2 or len(norm.output) != 1 or any(a.name == "axis" and a.i != -1 for a in norm.attribute):
+            continue
+        if any(a.name == "out_norm_epsilon" for a in mm.attribute):
+            continue
+        mm.input.extend([""] * (5 - len(mm.input)))
+        mm.input.append(norm.input[1])
+        eps = next(a.f for a in norm.attribute if a.name == "epsilon")
+        mm.attribute.append(helper.make_attribute("out_norm_epsilon", eps))
+        mm.output[0] = norm.output[0]
         g.nodes.remove(norm)
 
 

@@ -192,11 +192,12 @@ def test_half_the_norms_or_a_wrong_size_is_refused_in_one_line(op):
         assert "\n" not in str(err.value).strip().splitlines()[-1]
 
 
-def test_an_edge_export_folds_the_norms_and_the_geglu_into_the_edge_ops(tmp_path):
+def test_an_edge_export_folds_gemmas_norms_and_geglu_into_the_edge_ops(tmp_path):
     """Tiny Gemma 3 (global and local layers, q_norm and k_norm, GeGLU) exported for the edge kernels: no head-norm
     node left and every attention node takes the layer's two norms and the epsilon; no Split, FastGelu or Mul
-    left in the MLPs, each down projection reading gate | up itself (gelu_mul); and the export's own validation
-    against the float64 reference passed (export raises otherwise)."""
+    left in the MLPs, each down projection reading gate | up itself (gelu_mul); the norms after the output
+    projections inside them (out_norm); and the export's own validation against the float64 reference passed
+    (export raises otherwise)."""
     pytest.importorskip("torch")
     from edge_runtime.exporters.export import ExportOptions, export
     from edge_runtime.exporters.quant import MatMulKernel, QuantConfig, QuantMethod
@@ -220,3 +221,11 @@ def test_an_edge_export_folds_the_norms_and_the_geglu_into_the_edge_ops(tmp_path
     for n in downs:
         assert [a.i for a in n.attribute if a.name == "gelu_mul"] == [1]
         assert n.input[0].endswith("/mlp/gate_up_proj/MatMulQ4/output_0")
+    # Gemma 3's norms after the attention's and the MLP's output projections: inside those products (out_norm)
+    assert not [n.name for n in graph.node if "post_attention_norm" in n.name or "post_feedforward_norm" in n.name]
+    outs = [n for n in graph.node if n.name.endswith(("/o_proj/MatMulQ4", "/down_proj/MatMulQ4"))]
+    assert len(outs) == 2 * len(attention)
+    for n in outs:
+        assert [a.name for a in n.attribute if a.name == "out_norm_epsilon"] == ["out_norm_epsilon"]
+        which = "post_attention_norm" if "o_proj" in n.name else "post_feedforward_norm"
+        assert n.input[5] == f"/model/{n.name.split('/')[2]}/{which}/weight"

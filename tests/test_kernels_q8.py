@@ -348,6 +348,68 @@ def test_rms_norm_attribute_is_the_norm_then_the_product(op, with_skip, m):
     assert err.max() < 2e-2 and np.median(err) < 1e-5
 
 
+def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """SimplifiedLayerNormalization over the last axis as csrc/rms_norm.h rounds it: squares by FMA in 8 lanes (a
+    float64 product and sum, then one rounding), the lanes added as a tree, then (x * (1 / sqrt(mean + eps))) * w."""
+    f = np.float32
+    acc = np.zeros((*x.shape[:-1], 8), f)
+    for e in range(0, x.shape[-1], 8):
+        v = x[..., e : e + 8].astype(np.float64)
+        acc = (v * v + acc).astype(f)
+    while acc.shape[-1] > 1:
+        h = acc.shape[-1] // 2
+        acc = (acc[..., :h] + acc[..., h:]).astype(f)
+    inv = (f(1) / np.sqrt(((acc[..., 0] / f(x.shape[-1])).astype(f) + f(eps)).astype(f))).astype(f)
+    return ((x * inv[..., None]).astype(f) * w).astype(f)
+
+
+@needs_kernels
+@pytest.mark.parametrize("op", [kernels.MATMUL_Q4, kernels.MATMUL_Q8])
+@pytest.mark.parametrize("m", [1, 5])
+def test_out_norm_attribute_is_the_product_then_the_norm(op, m):
+    """out_norm_epsilon with out_gamma (input 5): Y is the product normalized row by row, bit for bit rms_norm_ref
+    of the plain op's output, and bit for bit a SimplifiedLayerNormalization node after the op wherever ONNX
+    Runtime's norm rounds as rms_norm_ref does (it did on every CPU measured), else within rounding."""
+    rng = np.random.default_rng(m + 70)
+    k, n, eps = 128, 72, 1e-6
+    if op == kernels.MATMUL_Q4:
+        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
+    else:
+        b, s = _weights(rng, k, n)
+    w = rng.normal(1.0, 0.3, n).astype(np.float32)
+
+    def model(kind: str, outputs: tuple[str, ...] = ("y",)) -> bytes:
+        if kind == "fused":
+            node = helper.make_node(op, ["x", "B", "S", "", "", "W"], list(outputs), domain=kernels.DOMAIN, K=k, N=n,
+                                    out_norm_epsilon=eps)  # fmt: skip
+            nodes = [node]
+        else:
+            nodes = [helper.make_node(op, ["x", "B", "S"], ["p" if kind == "nodes" else "y"], domain=kernels.DOMAIN,
+                                      K=k, N=n)]  # fmt: skip
+            if kind == "nodes":
+                nodes.append(helper.make_node("SimplifiedLayerNormalization", ["p", "W"], ["y"], axis=-1, epsilon=eps))
+        inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S"), numpy_helper.from_array(w, "W")]
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT if o == "y" else TensorProto.INT64, None)
+                for o in outputs]  # fmt: skip
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
+                                  outs, inits)  # fmt: skip
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)]
+        return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+    x = (rng.standard_normal((1, m, k)) * 2).astype(np.float32)
+    fused = _session(model("fused")).run(None, {"x": x})[0]
+    plain = _session(model("plain")).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(fused, rms_norm_ref(plain, w, eps))
+    nodes = _session(model("nodes")).run(None, {"x": x})[0]
+    if np.array_equal(nodes, rms_norm_ref(plain, w, eps)):  # ONNX Runtime's norm rounds as ours on this CPU
+        np.testing.assert_array_equal(fused, nodes)
+    else:
+        np.testing.assert_allclose(fused, nodes, rtol=1e-5, atol=1e-6)
+    with pytest.raises(Exception, match=r"out_norm_epsilon needs out_gamma \[N\] \(input 5\) and no argmax"):
+        _session(model("fused", ("y", "am"))).run(None, {"x": x})
+
+
 @needs_kernels
 def test_rms_norm_attribute_needs_gamma_and_epsilon():
     rng = np.random.default_rng(3)
