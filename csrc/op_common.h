@@ -99,7 +99,7 @@ OrtStatus *linear_attention_run(const AttnHeads *k, OrtKernelContext *ctx, const
 /* Qwen3's and Gemma 3's per-head RMS norms, before RoPE: with q_norm and k_norm ([D] each) given, *qkv (the op's
  * [T, (hq + 2 hkv) * D] input) is pointed at a per-thread copy whose query and key heads are RMS-normalized
  * (the values copied as they are) with the arithmetic ONNX Runtime's SimplifiedLayerNormalization uses for them
- * on the CPUs measured (ort_ops.c), so a graph that folds those nodes into its attention op computes what it did
+ * on the CPUs measured (rms_norm.h), so a graph that folds those nodes into its attention op computes what it did
  * with them. Neither given: *qkv is left as it is. `op` names the op in errors. */
 OrtStatus *attn_head_norms(const AttnHeads *k, const char *op, const OrtValue *q_norm, const OrtValue *k_norm,
                            int64_t T, int64_t d, const float **qkv);

@@ -7,7 +7,8 @@
  * LinearAttention, over attention.h: GroupQueryAttention's packed-qkv form (inputs qkv, past_key,
  * past_value, seqlens_k, cos_cache, sin_cache; outputs out, present_key, present_value; attributes
  * num_heads, kv_num_heads, scale), plus the optional per-head norms q_norm, k_norm [D] with attribute
- * qk_norm_epsilon (attn_head_norms, op_common.h). Bound with present_* on past_*'s buffers, it writes only the new rows.
+ * qk_norm_epsilon (attn_head_norms, op_common.h). Bound with present_* on past_*'s buffers, it writes only
+ * the new rows.
  * The cache (past_*, present_*) is fp32, fp16 or q8 rows (uint8 [1, Hkv, C, 4 + D]: simd.h), the rest
  * fp32.
  */
