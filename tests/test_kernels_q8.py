@@ -43,6 +43,14 @@ def _weights(rng, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return b, s
 
 
+def _op_weights(rng, op: str, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random B and scales for `op`: MatMulQ4's int4 blocks with fp16 scales, or MatMulQ8's per-channel int8."""
+    if op == kernels.MATMUL_Q4:
+        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+        return b, (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
+    return _weights(rng, k, n)
+
+
 def _reference(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
     """float64: dequantized weights times x rounded to int8 per block of 32 (scale = block max / 127)."""
     n, k = b.shape
@@ -185,11 +193,7 @@ def test_silu_mul_attribute_is_silu_mul_then_the_product(op, m):
     followed by the op (the same row function, then the same quantization)."""
     rng = np.random.default_rng(m)
     k, n = 192, 70
-    if op == kernels.MATMUL_Q4:
-        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
-        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
-    else:
-        b, s = _weights(rng, k, n)
+    b, s = _op_weights(rng, op, k, n)
 
     def model(fused: bool) -> bytes:
         nodes = [] if fused else [helper.make_node(kernels.SILU_MUL, ["x"], ["act"], domain=kernels.DOMAIN)]
@@ -246,11 +250,7 @@ def test_gelu_mul_attribute_is_fastgelu_times_up_then_the_product(op, m):
     Runtime's FastGelu rounds as gelu_mul_ref does (it did on every CPU measured), else within rounding."""
     rng = np.random.default_rng(m + 40)
     k, n = 192, 70
-    if op == kernels.MATMUL_Q4:
-        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
-        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
-    else:
-        b, s = _weights(rng, k, n)
+    b, s = _op_weights(rng, op, k, n)
 
     def model(kind: str) -> bytes:
         x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", "W"])  # so the op checks W
@@ -304,11 +304,7 @@ def test_rms_norm_attribute_is_the_norm_then_the_product(op, with_skip, m):
     where the norms' different summation order moves an activation across an int8 rounding boundary."""
     rng = np.random.default_rng(m)
     k, n, eps = 256, 96, 1e-5
-    if op == kernels.MATMUL_Q4:
-        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
-        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
-    else:
-        b, s = _weights(rng, k, n)
+    b, s = _op_weights(rng, op, k, n)
     gamma = (rng.random(k) + 0.5).astype(np.float32)
     inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "S"), numpy_helper.from_array(gamma, "G")]
     feeds = ["x", "d"] if with_skip else ["x"]
@@ -372,11 +368,7 @@ def test_out_norm_attribute_is_the_product_then_the_norm(op, m):
     Runtime's norm rounds as rms_norm_ref does (it did on every CPU measured), else within rounding."""
     rng = np.random.default_rng(m + 70)
     k, n, eps = 128, 72, 1e-6
-    if op == kernels.MATMUL_Q4:
-        b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
-        s = (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float16)
-    else:
-        b, s = _weights(rng, k, n)
+    b, s = _op_weights(rng, op, k, n)
     w = rng.normal(1.0, 0.3, n).astype(np.float32)
 
     def model(kind: str, outputs: tuple[str, ...] = ("y",)) -> bytes:
