@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import bundle_cache
-from .errors import BundleError, CheckpointError, EdgeRuntimeError
+from .errors import BundleError, CheckpointError, CorruptCheckpointError, EdgeRuntimeError
 
 if TYPE_CHECKING:
     from .targets import TargetProfile
@@ -96,8 +96,12 @@ def _bundle_target(bundle: Path) -> str | None:
 
 
 def check_source(path: Path) -> None:
-    """One line saying why `path` is not something a first-use export reads, before any work."""
+    """One line saying why `path` is not something a first-use export reads, before any work (a .gguf without
+    the format's magic is refused here, before the export is announced, with the words its reader uses)."""
     if bundle_cache.is_source(path):
+        if path.is_file() and not _starts_with(path, b"GGUF"):
+            size = path.stat().st_size
+            raise CorruptCheckpointError(f"'{path}' is not a valid GGUF file (truncated or corrupt?): {size} bytes")
         return
     if not path.exists():
         raise CheckpointError(f"'{path}' does not exist")

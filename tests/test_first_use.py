@@ -126,6 +126,11 @@ def test_bundle_given_a_model_says_which_option_to_use(cache, tiny_gguf, tmp_pat
         assert len(res.output.strip().splitlines()) == 1, res.output
     res = CliRunner().invoke(run_cli, ["--model", str(text), "--target", "x86"])
     assert res.exit_code == 1 and "neither a Hugging Face checkpoint directory nor a .gguf file" in res.output
+    fake = tmp_path / "fake.gguf"  # named as a GGUF, not one: refused before an export is announced
+    fake.write_text("not a gguf")
+    res = CliRunner().invoke(run_cli, ["--model", str(fake), "--target", "x86"])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == f"Error: '{fake}' is not a valid GGUF file (truncated or corrupt?): 10 bytes"
     assert not (cache / "bundles").exists() or not any((cache / "bundles").iterdir())
 
 
