@@ -35,7 +35,7 @@ from edge_runtime.manifest import (
 from edge_runtime.models import LayerWeights, ModelArgs, ModelWeights, RopeKind
 from edge_runtime.models.layer_plan import Sublayer, run_layers
 
-from . import blocks_ort
+from . import blocks_ort, graph_folds
 from .blocks import INT64_MAX, FloatWeights, StepTensors, WeightFormat, attention, mlp, rms_norm
 from .gguf_blocks import GGUFMatrix
 from .graph import GraphBuilder, TensorSink
@@ -263,7 +263,7 @@ def _ort_body(
     if stacked and step.ring_full is not None and _switch_by_fill(args):
         # RingAttention takes every layer's shapes: one node a layer at every fill, no If (_stacked_layers says why)
         h, _ = _ort_layers(g, args, weights, wf, steps, x, linear=None, edge_ops=True, by_fill=True)
-        blocks_ort.fold_norms(g, outputs={h})
+        graph_folds.fold_norms(g, outputs={h})
         return _lm_head(g, args, weights, wf, table, _keep_rows(g, h))
     if stacked and step.ring_full is not None:
         h = _stacked_layers(g, args, weights, wf, steps, x)
@@ -436,7 +436,7 @@ def _stacked_layers(
     for side, linear in (("then", False), ("else", True)):
         b = g.branch(f"/model/ring_full/{side}", scope=f"/ring_full/{side}")
         h, kv = _ort_layers(b, args, weights, wf, steps, x, linear=linear, edge_ops=True)
-        blocks_ort.fold_norms(b, outputs={h, *kv})
+        graph_folds.fold_norms(b, outputs={h, *kv})
         bodies[side] = b.to_graph(blocks_ort.branch_outputs(g, (h, *kv)))
     outs = g.op_multi(
         "If",

@@ -453,7 +453,7 @@ def test_fold_norms_leaves_norms_it_cannot_fold():
     """Only a norm whose output feeds exactly one MatMulQ4/Q8 as A, and is no graph output, is folded."""
     from types import SimpleNamespace
 
-    from edge_runtime.exporters.blocks_ort import fold_norms
+    from edge_runtime.exporters.graph_folds import fold_norms
 
     def graph(extra_reader: bool = False, axis: int = -1) -> SimpleNamespace:
         norm = helper.make_node(
